@@ -1,0 +1,21 @@
+//! The Bridgehead wire protocol, with no I/O: no tokio, no sockets, no clock.
+//!
+//! - [`frame`]: the frames carried in WebSocket binary messages, their encoding and decoding.
+//! - [`ErrorCode`]: why a dial failed or a stream was reset.
+//! - [`ident`]: agent identifiers, the query string an agent announces itself with.
+//! - [`session`]: the per-session stream state machine with credit-based flow control; the
+//!   async crates feed it received frames and local events and carry out what it returns.
+//!
+//! The byte-level specification is `docs/protocol.md`. Time is passed in by the caller as
+//! milliseconds on any monotonic clock.
+
+pub mod error_code;
+pub mod frame;
+pub mod ident;
+pub mod session;
+
+pub use error_code::ErrorCode;
+pub use frame::{DecodeError, Frame, StreamId};
+
+/// The WebSocket subprotocol naming this version of the protocol.
+pub const SUBPROTOCOL: &str = "bridgehead.v1";

@@ -1,0 +1,3 @@
+//! bridgehead-server (being built).
+
+pub mod router;
