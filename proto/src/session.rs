@@ -1,1 +1,663 @@
-//! placeholder
+//! The per-session stream state machine: every stream's phase, send credit and receive window.
+//!
+//! A [`Session`] is one end of one WebSocket. It never does I/O: the caller feeds it frames it
+//! received ([`Session::handle_frame`]) and local events (bytes to send, bytes read, local EOF,
+//! abort, time passed in), then carries out what it asks for: frames to transmit
+//! ([`Session::poll_transmit`]) and [`Event`]s that wake the tasks serving each stream.
+//!
+//! Received DATA is buffered here, bounded by the receive window this end granted, until
+//! [`Session::read`] takes it; reading is what grants the peer more credit. A protocol violation
+//! on one stream resets that stream; only a frame that breaks the session's own rules (a frame
+//! for a stream never opened, a DIAL sent to the server) is a [`SessionError`].
+
+mod stream;
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+use bytes::{Bytes, BytesMut};
+
+use crate::frame::{Frame, StreamId, HEADER_LEN, MAX_DATA_PAYLOAD};
+use crate::ErrorCode;
+use stream::{Phase, Stream};
+
+/// Default receive window per stream and direction.
+pub const DEFAULT_WINDOW: u32 = 256 * 1024;
+/// Largest total credit a peer may grant on one stream.
+pub const MAX_CREDIT: u64 = (1 << 31) - 1;
+/// Default limit of concurrent streams on one session.
+pub const DEFAULT_MAX_STREAMS: usize = 10_000;
+
+/// Which end of the session this is. Only the server opens streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Opens streams (DIAL), answers CONNECT clients.
+    Server,
+    /// Dials targets when asked.
+    Agent,
+}
+
+/// Tunables of one session.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// This end's role.
+    pub role: Role,
+    /// Receive window announced for every stream (bytes the peer may send before a grant).
+    pub initial_window: u32,
+    /// Most streams open at once; beyond it the agent answers `too_many_streams` and the
+    /// server refuses to open.
+    pub max_streams: usize,
+}
+
+impl SessionConfig {
+    /// The defaults for `role`.
+    pub fn new(role: Role) -> SessionConfig {
+        SessionConfig {
+            role,
+            initial_window: DEFAULT_WINDOW,
+            max_streams: DEFAULT_MAX_STREAMS,
+        }
+    }
+}
+
+/// Something the I/O layer must react to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Agent: the server asks for a dial. Answer with [`Session::dial_succeeded`] or
+    /// [`Session::dial_failed`] within `timeout_ms`.
+    DialRequested {
+        stream: StreamId,
+        host: String,
+        port: u16,
+        timeout_ms: u32,
+    },
+    /// Server: the agent's dial succeeded; the stream is open.
+    Opened { stream: StreamId },
+    /// Server: the dial failed (agent's answer, or the deadline passed). The stream is gone.
+    DialFailed {
+        stream: StreamId,
+        code: ErrorCode,
+        message: String,
+    },
+    /// Data or the peer's EOF is ready for [`Session::read`].
+    Readable { stream: StreamId },
+    /// The stream may send again ([`Session::send_credit`] grew from zero).
+    Writable { stream: StreamId },
+    /// The stream was reset; buffered data is discarded and the stream is gone. `by_peer` is
+    /// false when this end reset it (locally, or because the peer broke the protocol).
+    Reset {
+        stream: StreamId,
+        code: ErrorCode,
+        reason: String,
+        by_peer: bool,
+    },
+    /// Both directions ended cleanly and every byte was read; the stream is gone.
+    Closed { stream: StreamId },
+    /// The peer announced that it drains.
+    PeerDraining,
+}
+
+/// What [`Session::read`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadOutcome {
+    /// The next chunk of the peer's data, in order.
+    Data(Bytes),
+    /// Nothing buffered yet; an [`Event::Readable`] will follow.
+    Pending,
+    /// The peer finished its direction and every byte was read.
+    Eof,
+    /// The stream no longer exists (closed or reset; the event said which).
+    Gone,
+}
+
+/// Why a local operation on a stream was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StreamError {
+    #[error("stream {0} does not exist")]
+    Gone(StreamId),
+    #[error("stream {0} is not open yet")]
+    NotOpen(StreamId),
+    #[error("stream {0} already finished sending")]
+    Finished(StreamId),
+}
+
+/// Why the server could not open a stream on this session.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpenError {
+    #[error("the agent is draining")]
+    Draining,
+    #[error("the session carries its limit of {0} streams")]
+    TooManyStreams(usize),
+    #[error("the session used every stream id")]
+    IdsExhausted,
+    #[error("only the server opens streams")]
+    NotServer,
+}
+
+/// A frame that breaks the session's rules: the session must be closed (WebSocket close code
+/// 1002, protocol error) and every stream fails.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionError {
+    #[error("decoding a frame: {0}")]
+    Decode(#[from] crate::DecodeError),
+    #[error("a {0} frame is not allowed towards the {1:?}")]
+    WrongDirection(&'static str, Role),
+    #[error("frame for stream {0}, which was never opened")]
+    UnknownStream(StreamId),
+    #[error("DIAL for stream {0}, not above the last stream id {1}")]
+    StreamIdReused(StreamId, StreamId),
+}
+
+/// One end of a multiplexed session. See the module documentation.
+#[derive(Debug)]
+pub struct Session {
+    config: SessionConfig,
+    streams: HashMap<StreamId, Stream>,
+    /// Server: the last id it opened. Agent: the highest id the server opened.
+    last_id: StreamId,
+    /// Dialing streams by deadline (server only).
+    deadlines: BTreeSet<(u64, StreamId)>,
+    /// Frames that steer the session (DIAL, answers, WINDOW, FIN, RESET, DRAIN); sent first.
+    control: VecDeque<Frame>,
+    /// DATA frames, in the order the streams sent them.
+    data: VecDeque<Frame>,
+    events: VecDeque<Event>,
+    draining: bool,
+    peer_draining: bool,
+}
+
+impl Session {
+    /// A session with no streams.
+    pub fn new(config: SessionConfig) -> Session {
+        Session {
+            config,
+            streams: HashMap::new(),
+            last_id: 0,
+            deadlines: BTreeSet::new(),
+            control: VecDeque::new(),
+            data: VecDeque::new(),
+            events: VecDeque::new(),
+            draining: false,
+            peer_draining: false,
+        }
+    }
+
+    /// This end's role.
+    pub fn role(&self) -> Role {
+        self.config.role
+    }
+
+    /// Streams that exist (dialing, open or half-closed).
+    pub fn stream_count(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Whether `stream` still exists.
+    pub fn contains(&self, stream: StreamId) -> bool {
+        self.streams.contains_key(&stream)
+    }
+
+    /// Whether the peer announced DRAIN.
+    pub fn peer_draining(&self) -> bool {
+        self.peer_draining
+    }
+
+    /// Whether this end announced DRAIN.
+    pub fn draining(&self) -> bool {
+        self.draining
+    }
+
+    /// Server: asks the agent to dial `host:port`, failing the dial if no answer came by
+    /// `now_ms + timeout_ms`.
+    pub fn open(
+        &mut self,
+        host: &str,
+        port: u16,
+        timeout_ms: u32,
+        now_ms: u64,
+    ) -> Result<StreamId, OpenError> {
+        if self.config.role != Role::Server {
+            return Err(OpenError::NotServer);
+        }
+        if self.peer_draining || self.draining {
+            return Err(OpenError::Draining);
+        }
+        if self.streams.len() >= self.config.max_streams {
+            return Err(OpenError::TooManyStreams(self.config.max_streams));
+        }
+        let id = self.last_id.checked_add(1).ok_or(OpenError::IdsExhausted)?;
+        self.last_id = id;
+        let deadline = now_ms.saturating_add(u64::from(timeout_ms));
+        self.streams.insert(
+            id,
+            Stream::new(Phase::Dialing { deadline }, self.config.initial_window),
+        );
+        self.deadlines.insert((deadline, id));
+        self.control.push_back(Frame::Dial {
+            stream: id,
+            timeout_ms,
+            window: self.config.initial_window,
+            port,
+            host: host.to_owned(),
+        });
+        Ok(id)
+    }
+
+    /// Agent: the dial for `stream` succeeded. Fails with [`StreamError::Gone`] when the server
+    /// reset the stream meanwhile: close the new connection.
+    pub fn dial_succeeded(&mut self, stream: StreamId) -> Result<(), StreamError> {
+        let window = self.config.initial_window;
+        let state = self
+            .streams
+            .get_mut(&stream)
+            .ok_or(StreamError::Gone(stream))?;
+        if !matches!(state.phase, Phase::Dialing { .. }) {
+            return Err(StreamError::Gone(stream));
+        }
+        state.phase = Phase::Open;
+        self.control.push_back(Frame::DialOk { stream, window });
+        Ok(())
+    }
+
+    /// Agent: the dial for `stream` failed; the stream is gone.
+    pub fn dial_failed(&mut self, stream: StreamId, code: ErrorCode, message: &str) {
+        if self.streams.remove(&stream).is_some() {
+            self.control.push_back(Frame::DialErr {
+                stream,
+                code,
+                message: message.to_owned(),
+            });
+        }
+    }
+
+    /// Bytes `stream` may send now.
+    pub fn send_credit(&self, stream: StreamId) -> Result<usize, StreamError> {
+        let state = self.streams.get(&stream).ok_or(StreamError::Gone(stream))?;
+        state.check_sendable(stream)?;
+        Ok(state.send_credit as usize)
+    }
+
+    /// Queues as much of `data` as the stream's credit allows, split into DATA frames, and
+    /// returns how many bytes were taken (the caller keeps the rest until [`Event::Writable`]).
+    pub fn send(&mut self, stream: StreamId, mut data: Bytes) -> Result<usize, StreamError> {
+        let state = self
+            .streams
+            .get_mut(&stream)
+            .ok_or(StreamError::Gone(stream))?;
+        state.check_sendable(stream)?;
+        let take = data.len().min(state.send_credit as usize);
+        state.send_credit -= take as u64;
+        let mut taken = data.split_to(take);
+        while !taken.is_empty() {
+            let payload = taken.split_to(taken.len().min(MAX_DATA_PAYLOAD));
+            self.data.push_back(Frame::Data { stream, payload });
+        }
+        Ok(take)
+    }
+
+    /// This end will send no more on `stream` (TCP EOF from the local socket): queues FIN.
+    pub fn finish(&mut self, stream: StreamId) -> Result<(), StreamError> {
+        let state = self
+            .streams
+            .get_mut(&stream)
+            .ok_or(StreamError::Gone(stream))?;
+        state.check_sendable(stream)?;
+        state.send_closed = true;
+        self.control.push_back(Frame::Fin { stream });
+        self.maybe_close(stream);
+        Ok(())
+    }
+
+    /// Takes the next chunk of received data. Reading grants the peer credit again.
+    pub fn read(&mut self, stream: StreamId) -> ReadOutcome {
+        let Some(state) = self.streams.get_mut(&stream) else {
+            return ReadOutcome::Gone;
+        };
+        let outcome = match state.recv_buf.pop_front() {
+            Some(chunk) => {
+                state.consumed(chunk.len());
+                if let Some(increment) = state.grant_due(self.config.initial_window) {
+                    self.control.push_back(Frame::Window { stream, increment });
+                }
+                ReadOutcome::Data(chunk)
+            }
+            None if state.recv_closed => ReadOutcome::Eof,
+            None => ReadOutcome::Pending,
+        };
+        if outcome == ReadOutcome::Eof || matches!(outcome, ReadOutcome::Data(_)) {
+            self.maybe_close(stream);
+        }
+        outcome
+    }
+
+    /// Aborts `stream` in both directions: queues RESET and emits [`Event::Reset`] so every
+    /// task serving the stream learns of it. Does nothing if the stream is already gone.
+    pub fn reset(&mut self, stream: StreamId, code: ErrorCode, reason: &str) {
+        self.reset_stream(stream, code, reason, false);
+    }
+
+    /// Announces that this end drains: the server stops routing new streams here (agent), or
+    /// the agent should reconnect elsewhere once its streams end (server).
+    pub fn drain(&mut self) {
+        if !self.draining {
+            self.draining = true;
+            self.control.push_back(Frame::Drain);
+        }
+    }
+
+    /// Server: the earliest dial deadline, for the caller's timer.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.deadlines.first().map(|(deadline, _)| *deadline)
+    }
+
+    /// Server: fails every dial whose deadline is at or before `now_ms` (RESET `cancelled` to
+    /// the agent, [`Event::DialFailed`] with `timed_out` locally).
+    pub fn handle_timeout(&mut self, now_ms: u64) {
+        while let Some(&(deadline, stream)) = self.deadlines.first() {
+            if deadline > now_ms {
+                break;
+            }
+            self.deadlines.pop_first();
+            if self.streams.remove(&stream).is_some() {
+                self.control.push_back(Frame::Reset {
+                    stream,
+                    code: ErrorCode::Cancelled,
+                    reason: "dial deadline passed".to_owned(),
+                });
+                self.events.push_back(Event::DialFailed {
+                    stream,
+                    code: ErrorCode::TimedOut,
+                    message: "the agent did not answer the dial in time".to_owned(),
+                });
+            }
+        }
+    }
+
+    /// The session is over (the WebSocket closed or failed): every stream fails at once.
+    /// Dialing streams get [`Event::DialFailed`], the others [`Event::Reset`]. Nothing is
+    /// queued for transmission.
+    pub fn abort(&mut self, reason: &str) {
+        let mut ids: Vec<StreamId> = self.streams.keys().copied().collect();
+        ids.sort_unstable();
+        for stream in ids {
+            let Some(state) = self.streams.remove(&stream) else {
+                continue;
+            };
+            if let Phase::Dialing { deadline } = state.phase {
+                self.deadlines.remove(&(deadline, stream));
+                if self.config.role == Role::Server {
+                    self.events.push_back(Event::DialFailed {
+                        stream,
+                        code: ErrorCode::ConnectionReset,
+                        message: reason.to_owned(),
+                    });
+                    continue;
+                }
+            }
+            self.events.push_back(Event::Reset {
+                stream,
+                code: ErrorCode::ConnectionReset,
+                reason: reason.to_owned(),
+                by_peer: false,
+            });
+        }
+        self.control.clear();
+        self.data.clear();
+    }
+
+    /// The next event for the I/O layer.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The next frame to transmit: control frames first, then DATA in order.
+    pub fn poll_transmit(&mut self) -> Option<Frame> {
+        self.control.pop_front().or_else(|| self.data.pop_front())
+    }
+
+    /// Whether frames are waiting for [`Session::poll_transmit`].
+    pub fn has_transmit(&self) -> bool {
+        !self.control.is_empty() || !self.data.is_empty()
+    }
+
+    /// Encodes queued frames into `dst` (one WebSocket message) until it holds at least
+    /// `max_bytes` or the queue is empty; returns the number of frames encoded.
+    pub fn encode_transmit(&mut self, dst: &mut BytesMut, max_bytes: usize) -> usize {
+        let mut frames = 0;
+        while dst.len() + HEADER_LEN < max_bytes {
+            let Some(frame) = self.poll_transmit() else {
+                break;
+            };
+            frame.encode(dst);
+            frames += 1;
+        }
+        frames
+    }
+
+    /// Applies one frame from the peer.
+    pub fn handle_frame(&mut self, frame: Frame) -> Result<(), SessionError> {
+        let role = self.config.role;
+        match frame {
+            Frame::Dial {
+                stream,
+                timeout_ms,
+                window,
+                port,
+                host,
+            } => {
+                if role != Role::Agent {
+                    return Err(SessionError::WrongDirection("DIAL", role));
+                }
+                if stream <= self.last_id {
+                    return Err(SessionError::StreamIdReused(stream, self.last_id));
+                }
+                self.last_id = stream;
+                if self.draining {
+                    self.refuse(stream, ErrorCode::Draining, "the agent is draining");
+                } else if self.streams.len() >= self.config.max_streams {
+                    self.refuse(
+                        stream,
+                        ErrorCode::TooManyStreams,
+                        "the agent carries its limit of streams",
+                    );
+                } else {
+                    let mut state =
+                        Stream::new(Phase::Dialing { deadline: 0 }, self.config.initial_window);
+                    state.send_credit = u64::from(window);
+                    self.streams.insert(stream, state);
+                    self.events.push_back(Event::DialRequested {
+                        stream,
+                        host,
+                        port,
+                        timeout_ms,
+                    });
+                }
+            }
+            Frame::DialOk { stream, window } => {
+                if role != Role::Server {
+                    return Err(SessionError::WrongDirection("DIAL_OK", role));
+                }
+                let Some(state) = self.known(stream)? else {
+                    return Ok(());
+                };
+                let Phase::Dialing { deadline } = state.phase else {
+                    self.violation(stream, "DIAL_OK for a stream that is already open");
+                    return Ok(());
+                };
+                state.phase = Phase::Open;
+                state.send_credit = u64::from(window);
+                self.deadlines.remove(&(deadline, stream));
+                self.events.push_back(Event::Opened { stream });
+            }
+            Frame::DialErr {
+                stream,
+                code,
+                message,
+            } => {
+                if role != Role::Server {
+                    return Err(SessionError::WrongDirection("DIAL_ERR", role));
+                }
+                let Some(state) = self.known(stream)? else {
+                    return Ok(());
+                };
+                let Phase::Dialing { deadline } = state.phase else {
+                    self.violation(stream, "DIAL_ERR for a stream that is already open");
+                    return Ok(());
+                };
+                self.deadlines.remove(&(deadline, stream));
+                self.streams.remove(&stream);
+                self.events.push_back(Event::DialFailed {
+                    stream,
+                    code,
+                    message,
+                });
+            }
+            Frame::Data { stream, payload } => {
+                let Some(state) = self.known(stream)? else {
+                    return Ok(());
+                };
+                if !matches!(state.phase, Phase::Open) {
+                    self.violation(stream, "DATA before the dial was answered");
+                } else if state.recv_closed {
+                    self.violation(stream, "DATA after FIN");
+                } else if payload.len() as u64 > state.recv_allowed {
+                    let reason = format!(
+                        "DATA of {} bytes exceeds the {} bytes of credit granted",
+                        payload.len(),
+                        state.recv_allowed
+                    );
+                    self.reset_stream(stream, ErrorCode::FlowControl, &reason, false);
+                } else {
+                    state.recv_allowed -= payload.len() as u64;
+                    let was_empty = state.recv_buf.is_empty();
+                    state.recv_buf.push_back(payload);
+                    if was_empty {
+                        self.events.push_back(Event::Readable { stream });
+                    }
+                }
+            }
+            Frame::Window { stream, increment } => {
+                let Some(state) = self.known(stream)? else {
+                    return Ok(());
+                };
+                if state.send_closed {
+                    return Ok(());
+                }
+                let before = state.send_credit;
+                state.send_credit += u64::from(increment);
+                if state.send_credit > MAX_CREDIT {
+                    let reason = "WINDOW grants more than 2^31-1 bytes of credit";
+                    self.reset_stream(stream, ErrorCode::FlowControl, reason, false);
+                } else if before == 0 && matches!(state.phase, Phase::Open) {
+                    self.events.push_back(Event::Writable { stream });
+                }
+            }
+            Frame::Fin { stream } => {
+                let Some(state) = self.known(stream)? else {
+                    return Ok(());
+                };
+                if !matches!(state.phase, Phase::Open) {
+                    self.violation(stream, "FIN before the dial was answered");
+                } else if state.recv_closed {
+                    self.violation(stream, "a second FIN");
+                } else {
+                    state.recv_closed = true;
+                    if state.recv_buf.is_empty() {
+                        self.events.push_back(Event::Readable { stream });
+                    }
+                    self.maybe_close(stream);
+                }
+            }
+            Frame::Reset {
+                stream,
+                code,
+                reason,
+            } => {
+                if self.known(stream)?.is_none() {
+                    return Ok(());
+                }
+                let state = self.remove(stream);
+                if let Some(Phase::Dialing { .. }) = state.map(|s| s.phase) {
+                    if role == Role::Server {
+                        self.events.push_back(Event::DialFailed {
+                            stream,
+                            code,
+                            message: reason,
+                        });
+                        return Ok(());
+                    }
+                }
+                self.events.push_back(Event::Reset {
+                    stream,
+                    code,
+                    reason,
+                    by_peer: true,
+                });
+            }
+            Frame::Drain => {
+                if !self.peer_draining {
+                    self.peer_draining = true;
+                    self.events.push_back(Event::PeerDraining);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The live stream `stream`, `None` for one that existed and is closed (frames for it are
+    /// ignored: they may cross a RESET), or an error for an id never opened.
+    fn known(&mut self, stream: StreamId) -> Result<Option<&mut Stream>, SessionError> {
+        if stream > self.last_id {
+            return Err(SessionError::UnknownStream(stream));
+        }
+        Ok(self.streams.get_mut(&stream))
+    }
+
+    fn refuse(&mut self, stream: StreamId, code: ErrorCode, message: &str) {
+        self.control.push_back(Frame::DialErr {
+            stream,
+            code,
+            message: message.to_owned(),
+        });
+    }
+
+    fn violation(&mut self, stream: StreamId, reason: &str) {
+        self.reset_stream(stream, ErrorCode::StreamState, reason, false);
+    }
+
+    fn reset_stream(&mut self, stream: StreamId, code: ErrorCode, reason: &str, by_peer: bool) {
+        if self.remove(stream).is_none() {
+            return;
+        }
+        self.control.push_back(Frame::Reset {
+            stream,
+            code,
+            reason: reason.to_owned(),
+        });
+        self.events.push_back(Event::Reset {
+            stream,
+            code,
+            reason: reason.to_owned(),
+            by_peer,
+        });
+    }
+
+    fn remove(&mut self, stream: StreamId) -> Option<Stream> {
+        let state = self.streams.remove(&stream)?;
+        if let Phase::Dialing { deadline } = state.phase {
+            self.deadlines.remove(&(deadline, stream));
+        }
+        // DATA already queued for a reset stream would be ignored by the peer; drop it now.
+        if !state.send_closed {
+            self.data.retain(|frame| frame.stream() != stream);
+        }
+        Some(state)
+    }
+
+    /// Frees `stream` once both directions ended and every received byte was read.
+    fn maybe_close(&mut self, stream: StreamId) {
+        if self.streams.get(&stream).is_some_and(Stream::finished) {
+            self.streams.remove(&stream);
+            self.events.push_back(Event::Closed { stream });
+        }
+    }
+}
