@@ -156,9 +156,9 @@ pub struct Session {
     last_id: StreamId,
     /// Dialing streams by deadline (server only).
     deadlines: BTreeSet<(u64, StreamId)>,
-    /// Frames that steer the session (DIAL, answers, WINDOW, FIN, RESET, DRAIN); sent first.
+    /// Frames that steer the session (DIAL, answers, WINDOW, RESET, DRAIN); sent first.
     control: VecDeque<Frame>,
-    /// DATA frames, in the order the streams sent them.
+    /// DATA and FIN frames, in the order the streams sent them.
     data: VecDeque<Frame>,
     events: VecDeque<Event>,
     draining: bool,
@@ -302,7 +302,8 @@ impl Session {
             .ok_or(StreamError::Gone(stream))?;
         state.check_sendable(stream)?;
         state.send_closed = true;
-        self.control.push_back(Frame::Fin { stream });
+        // FIN travels behind the stream's queued DATA, never ahead of it.
+        self.data.push_back(Frame::Fin { stream });
         self.maybe_close(stream);
         Ok(())
     }
@@ -646,10 +647,8 @@ impl Session {
         if let Phase::Dialing { deadline } = state.phase {
             self.deadlines.remove(&(deadline, stream));
         }
-        // DATA already queued for a reset stream would be ignored by the peer; drop it now.
-        if !state.send_closed {
-            self.data.retain(|frame| frame.stream() != stream);
-        }
+        // DATA and FIN queued for a reset stream would be ignored by the peer; drop them now.
+        self.data.retain(|frame| frame.stream() != stream);
         Some(state)
     }
 

@@ -1,0 +1,259 @@
+//! The state one session's tasks share: the protocol state machine and per-stream wake-ups.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use bridgehead_proto::session::{Event, Session, SessionConfig};
+use bridgehead_proto::{ErrorCode, StreamId};
+use tokio::sync::Notify;
+
+/// How a stream ended, as its tasks learn it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// Both directions finished and everything was read.
+    Closed,
+    /// Reset by either end (or the session ended).
+    Reset {
+        code: ErrorCode,
+        reason: String,
+        by_peer: bool,
+    },
+}
+
+/// Wake-ups for one stream's tasks.
+#[derive(Debug, Default)]
+pub(crate) struct Signals {
+    pub(crate) read: Notify,
+    pub(crate) write: Notify,
+}
+
+/// Per-stream bookkeeping next to the session.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pub(crate) signals: Arc<Signals>,
+    /// Server: the dial's answer, once known.
+    pub(crate) dial: Option<Result<(), (ErrorCode, String)>>,
+    /// Set once the stream is gone from the session.
+    pub(crate) ending: Option<Ending>,
+}
+
+/// A dial the server asked for, waiting for the agent's accept loop.
+#[derive(Debug)]
+pub(crate) struct PendingDial {
+    pub(crate) stream: StreamId,
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) timeout_ms: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct State {
+    pub(crate) session: Session,
+    pub(crate) slots: HashMap<StreamId, Slot>,
+    pub(crate) dials: VecDeque<PendingDial>,
+    pub(crate) closed: Option<String>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    /// Wakes the writer: frames are queued, or the session closed.
+    pub(crate) transmit: Notify,
+    /// Wakes the agent's accept loop.
+    pub(crate) dials: Notify,
+    /// Wakes whoever waits for the end of the session or for the peer's DRAIN.
+    pub(crate) lifecycle: Notify,
+    epoch: Instant,
+}
+
+impl Shared {
+    pub(crate) fn new(config: SessionConfig) -> Shared {
+        Shared {
+            state: Mutex::new(State {
+                session: Session::new(config),
+                slots: HashMap::new(),
+                dials: VecDeque::new(),
+                closed: None,
+            }),
+            transmit: Notify::new(),
+            dials: Notify::new(),
+            lifecycle: Notify::new(),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Milliseconds on the session's monotonic clock.
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Runs `f` on the state, then delivers the events it caused and wakes the writer if it
+    /// queued frames. The lock is never held across an await.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let mut state = self.lock();
+        let result = f(&mut state);
+        self.dispatch(&mut state);
+        result
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the state half-updated in a way that
+        // matters more than losing the session; keep serving.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn dispatch(&self, state: &mut State) {
+        let mut lifecycle = false;
+        while let Some(event) = state.session.poll_event() {
+            match event {
+                Event::DialRequested {
+                    stream,
+                    host,
+                    port,
+                    timeout_ms,
+                } => {
+                    state.slots.insert(stream, Slot::new());
+                    state.dials.push_back(PendingDial {
+                        stream,
+                        host,
+                        port,
+                        timeout_ms,
+                    });
+                    self.dials.notify_one();
+                }
+                Event::Opened { stream } => state.answer(stream, Ok(())),
+                Event::DialFailed {
+                    stream,
+                    code,
+                    message,
+                } => {
+                    state.answer(stream, Err((code, message.clone())));
+                    state.end(
+                        stream,
+                        Ending::Reset {
+                            code,
+                            reason: message,
+                            by_peer: true,
+                        },
+                    );
+                }
+                Event::Readable { stream } => state.wake(stream, true, false),
+                Event::Writable { stream } => state.wake(stream, false, true),
+                Event::Reset {
+                    stream,
+                    code,
+                    reason,
+                    by_peer,
+                } => state.end(
+                    stream,
+                    Ending::Reset {
+                        code,
+                        reason,
+                        by_peer,
+                    },
+                ),
+                Event::Closed { stream } => state.end(stream, Ending::Closed),
+                Event::PeerDraining => lifecycle = true,
+            }
+        }
+        if state.session.has_transmit() {
+            self.transmit.notify_one();
+        }
+        if lifecycle {
+            self.lifecycle.notify_waiters();
+        }
+    }
+
+    pub(crate) fn open_streams(&self) -> usize {
+        self.lock().session.stream_count()
+    }
+
+    pub(crate) fn peer_draining(&self) -> bool {
+        self.lock().session.peer_draining()
+    }
+
+    pub(crate) fn closed_reason(&self) -> Option<String> {
+        self.lock().closed.clone()
+    }
+
+    pub(crate) async fn closed(&self) -> String {
+        loop {
+            let notified = self.lifecycle.notified();
+            if let Some(reason) = self.closed_reason() {
+                return reason;
+            }
+            notified.await;
+        }
+    }
+
+    pub(crate) async fn peer_drained(&self) {
+        loop {
+            let notified = self.lifecycle.notified();
+            if self.with(|s| s.session.peer_draining() || s.closed.is_some()) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    pub(crate) fn drain(&self) {
+        self.with(|state| state.session.drain());
+    }
+
+    /// Ends the session: every stream fails, waiters wake, the driver stops.
+    pub(crate) fn close(&self, reason: &str) {
+        self.with(|state| {
+            if state.closed.is_none() {
+                state.closed = Some(reason.to_owned());
+                state.session.abort(reason);
+            }
+        });
+        // Dials that were never accepted fail with the session.
+        self.transmit.notify_one();
+        self.dials.notify_waiters();
+        self.lifecycle.notify_waiters();
+    }
+}
+
+impl Slot {
+    pub(crate) fn new() -> Slot {
+        Slot {
+            signals: Arc::new(Signals::default()),
+            dial: None,
+            ending: None,
+        }
+    }
+}
+
+impl State {
+    fn answer(&mut self, stream: StreamId, answer: Result<(), (ErrorCode, String)>) {
+        if let Some(slot) = self.slots.get_mut(&stream) {
+            slot.dial = Some(answer);
+            slot.signals.read.notify_one();
+        }
+    }
+
+    fn wake(&self, stream: StreamId, read: bool, write: bool) {
+        if let Some(slot) = self.slots.get(&stream) {
+            if read {
+                slot.signals.read.notify_one();
+            }
+            if write {
+                slot.signals.write.notify_one();
+            }
+        }
+    }
+
+    fn end(&mut self, stream: StreamId, ending: Ending) {
+        if let Some(slot) = self.slots.get_mut(&stream) {
+            if slot.ending.is_none() {
+                slot.ending = Some(ending);
+            }
+            slot.signals.read.notify_one();
+            slot.signals.write.notify_one();
+        }
+    }
+}

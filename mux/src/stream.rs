@@ -1,0 +1,323 @@
+//! One tunnel's end of the session: [`MuxStream`], and the agent's [`DialRequest`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bridgehead_proto::session::{OpenError, ReadOutcome, StreamError};
+use bridgehead_proto::{ErrorCode, StreamId};
+use bytes::Bytes;
+
+use crate::shared::{Ending, Shared, Signals, Slot};
+use crate::OpenFailure;
+
+/// How a stream ended abnormally, as seen by a read or write.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("stream reset ({code}{}): {reason}", if *.by_peer { " by peer" } else { "" })]
+pub struct StreamEnd {
+    /// The reset's code.
+    pub code: ErrorCode,
+    /// The reset's reason text.
+    pub reason: String,
+    /// Whether the other end (or its target/client) reset it.
+    pub by_peer: bool,
+}
+
+/// One tunnel over the session. Dropping it without [`MuxStream::finish`]ing both ways resets
+/// the stream, so nothing outlives its owner.
+pub struct MuxStream {
+    shared: Arc<Shared>,
+    id: StreamId,
+    signals: Arc<Signals>,
+}
+
+impl fmt::Debug for MuxStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MuxStream").field("id", &self.id).finish()
+    }
+}
+
+impl MuxStream {
+    fn new(shared: Arc<Shared>, id: StreamId, signals: Arc<Signals>) -> MuxStream {
+        MuxStream {
+            shared,
+            id,
+            signals,
+        }
+    }
+
+    /// The stream id on the wire.
+    pub fn id(&self) -> StreamId {
+        self.id
+    }
+
+    /// The next chunk the peer sent, in order; `Ok(None)` once the peer finished its direction
+    /// and every byte was read.
+    pub async fn read(&self) -> Result<Option<Bytes>, StreamEnd> {
+        loop {
+            let notified = self.signals.read.notified();
+            let outcome = self.shared.with(|state| {
+                let ending = state.slots.get(&self.id).and_then(|s| s.ending.clone());
+                if let Some(Ending::Reset {
+                    code,
+                    reason,
+                    by_peer,
+                }) = ending
+                {
+                    return Err(StreamEnd {
+                        code,
+                        reason,
+                        by_peer,
+                    });
+                }
+                Ok(state.session.read(self.id))
+            })?;
+            match outcome {
+                ReadOutcome::Data(chunk) => return Ok(Some(chunk)),
+                ReadOutcome::Eof | ReadOutcome::Gone => return Ok(None),
+                ReadOutcome::Pending => notified.await,
+            }
+        }
+    }
+
+    /// Waits until the stream may send, and returns how many bytes it may send now.
+    pub async fn writable(&self) -> Result<usize, StreamEnd> {
+        loop {
+            let notified = self.signals.write.notified();
+            let credit = self.shared.with(|state| {
+                if let Some(end) = self.reset_of(state) {
+                    return Err(end);
+                }
+                state
+                    .session
+                    .send_credit(self.id)
+                    .map_err(|error| self.local_end(error))
+            })?;
+            if credit > 0 {
+                return Ok(credit);
+            }
+            notified.await;
+        }
+    }
+
+    /// Sends all of `data`, waiting for credit as needed.
+    pub async fn write(&self, mut data: Bytes) -> Result<(), StreamEnd> {
+        while !data.is_empty() {
+            self.writable().await?;
+            let taken = self.shared.with(|state| {
+                state
+                    .session
+                    .send(self.id, data.clone())
+                    .map_err(|error| self.local_end(error))
+            })?;
+            let _ = data.split_to(taken);
+        }
+        Ok(())
+    }
+
+    /// Ends this direction (FIN); the peer's direction stays open.
+    pub fn finish(&self) -> Result<(), StreamEnd> {
+        self.shared.with(|state| {
+            if let Some(end) = self.reset_of(state) {
+                return Err(end);
+            }
+            state
+                .session
+                .finish(self.id)
+                .map_err(|error| self.local_end(error))
+        })
+    }
+
+    /// Aborts both directions with `code` and `reason`.
+    pub fn reset(&self, code: ErrorCode, reason: &str) {
+        self.shared
+            .with(|state| state.session.reset(self.id, code, reason));
+    }
+
+    fn reset_of(&self, state: &crate::shared::State) -> Option<StreamEnd> {
+        match state.slots.get(&self.id).and_then(|s| s.ending.clone()) {
+            Some(Ending::Reset {
+                code,
+                reason,
+                by_peer,
+            }) => Some(StreamEnd {
+                code,
+                reason,
+                by_peer,
+            }),
+            _ => None,
+        }
+    }
+
+    fn local_end(&self, error: StreamError) -> StreamEnd {
+        StreamEnd {
+            code: ErrorCode::StreamState,
+            reason: error.to_string(),
+            by_peer: false,
+        }
+    }
+}
+
+impl Drop for MuxStream {
+    fn drop(&mut self) {
+        self.shared.with(|state| {
+            if state.session.contains(self.id) {
+                state
+                    .session
+                    .reset(self.id, ErrorCode::Cancelled, "stream dropped");
+            }
+            state.slots.remove(&self.id);
+        });
+    }
+}
+
+/// Server side of [`crate::Mux::open`].
+pub(crate) async fn open(
+    shared: &Arc<Shared>,
+    host: &str,
+    port: u16,
+    timeout: Duration,
+) -> Result<MuxStream, OpenFailure> {
+    let timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+    let now = shared.now_ms();
+    let (id, signals) = shared.with(|state| {
+        if let Some(reason) = &state.closed {
+            return Err(OpenFailure::SessionClosed(reason.clone()));
+        }
+        let id = state
+            .session
+            .open(host, port, timeout_ms, now)
+            .map_err(OpenFailure::Refused)?;
+        let slot = Slot::new();
+        let signals = slot.signals.clone();
+        state.slots.insert(id, slot);
+        Ok((id, signals))
+    })?;
+    // From here the handle owns the slot: dropping it (client gone) resets the stream.
+    let stream = MuxStream::new(shared.clone(), id, signals);
+    let deadline = tokio::time::Instant::now() + timeout;
+    let signals = stream.signals.clone();
+    loop {
+        let notified = signals.read.notified();
+        let answer = shared.with(|state| {
+            let slot = state.slots.get(&id)?;
+            match (&slot.dial, &state.closed) {
+                (Some(answer), _) => Some(answer.clone()),
+                (None, Some(reason)) => Some(Err((ErrorCode::ConnectionReset, reason.clone()))),
+                (None, None) => None,
+            }
+        });
+        match answer {
+            Some(Ok(())) => return Ok(stream),
+            Some(Err((code, message))) => {
+                if shared.closed_reason().is_some() && code == ErrorCode::ConnectionReset {
+                    return Err(OpenFailure::SessionClosed(message));
+                }
+                return Err(OpenFailure::Dial { code, message });
+            }
+            None => {}
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            let now = shared.now_ms();
+            shared.with(|state| state.session.handle_timeout(now));
+            // The session's own clock decides; if it still waits (ms rounding), cancel it.
+            if shared.with(|state| state.session.contains(id)) {
+                stream.reset(ErrorCode::Cancelled, "dial deadline passed");
+            }
+            return Err(OpenFailure::TimedOut(timeout));
+        }
+    }
+}
+
+/// Agent side of [`crate::Mux::accept`].
+pub(crate) async fn accept(shared: &Arc<Shared>) -> Option<DialRequest> {
+    loop {
+        let notified = shared.dials.notified();
+        let next = shared.with(|state| {
+            if state.closed.is_some() {
+                return Err(());
+            }
+            let dial = state.dials.pop_front();
+            Ok(dial.and_then(|dial| {
+                let signals = state.slots.get(&dial.stream)?.signals.clone();
+                Some((dial, signals))
+            }))
+        });
+        match next {
+            Err(()) => return None,
+            Ok(Some((dial, signals))) => {
+                return Some(DialRequest {
+                    stream: MuxStream::new(shared.clone(), dial.stream, signals),
+                    host: dial.host,
+                    port: dial.port,
+                    timeout: Duration::from_millis(u64::from(dial.timeout_ms)),
+                })
+            }
+            Ok(None) => notified.await,
+        }
+    }
+}
+
+/// Agent: the server asks for a dial. Answer with [`DialRequest::accept`] once connected or
+/// [`DialRequest::reject`]; dropping it rejects it.
+#[derive(Debug)]
+pub struct DialRequest {
+    stream: MuxStream,
+    /// Target host: an IPv4 or IPv6 literal (no brackets) or a name to resolve.
+    pub host: String,
+    /// Target port.
+    pub port: u16,
+    /// How long the server waits for the answer.
+    pub timeout: Duration,
+}
+
+impl DialRequest {
+    /// The stream id on the wire.
+    pub fn id(&self) -> StreamId {
+        self.stream.id
+    }
+
+    /// Resolves when the server gave up on this dial (reset or session end) — race it with
+    /// the connect.
+    pub async fn cancelled(&self) {
+        loop {
+            let notified = self.stream.signals.read.notified();
+            if self
+                .stream
+                .shared
+                .with(|state| state.closed.is_some() || !state.session.contains(self.stream.id))
+            {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// The dial succeeded: tell the server and get the stream. Fails when the server gave up
+    /// meanwhile; close the new connection then.
+    pub fn accept(self) -> Result<MuxStream, StreamEnd> {
+        let id = self.stream.id;
+        self.stream.shared.with(|state| {
+            state.session.dial_succeeded(id).map_err(|error| StreamEnd {
+                code: ErrorCode::Cancelled,
+                reason: error.to_string(),
+                by_peer: true,
+            })
+        })?;
+        Ok(self.stream)
+    }
+
+    /// The dial failed with `code`.
+    pub fn reject(self, code: ErrorCode, message: &str) {
+        let id = self.stream.id;
+        self.stream
+            .shared
+            .with(|state| state.session.dial_failed(id, code, message));
+    }
+}
+
+impl From<OpenError> for OpenFailure {
+    fn from(error: OpenError) -> OpenFailure {
+        OpenFailure::Refused(error)
+    }
+}
