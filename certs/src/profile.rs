@@ -1,0 +1,102 @@
+//! The certificate profiles: what the CA and each kind of leaf certificate contain.
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType, PKCS_ECDSA_P256_SHA256,
+};
+use time::{Duration, OffsetDateTime};
+
+use crate::{CertError, CertKey};
+
+/// The CA's common name.
+pub(crate) const CA_COMMON_NAME: &str = "bridgehead-ca";
+
+/// How long the CA is valid.
+const CA_LIFETIME: Duration = Duration::days(3653);
+
+/// How long a leaf certificate is valid.
+const LEAF_LIFETIME: Duration = Duration::days(365);
+
+/// How far into the past validity starts, so that clocks a little behind still accept it.
+const BACKDATE: Duration = Duration::hours(1);
+
+/// The CA that signs every leaf, and its certificate.
+pub(crate) struct Ca {
+    pub(crate) cert_key: CertKey,
+    pub(crate) issuer: Issuer<'static, KeyPair>,
+}
+
+/// What a leaf certificate is for: its extended key usage.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Role {
+    /// A TLS server (`serverAuth`).
+    Server,
+    /// A TLS client (`clientAuth`).
+    Client,
+}
+
+/// Makes a self-signed CA that may sign leaves but no further CAs.
+pub(crate) fn ca() -> Result<Ca, CertError> {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, CA_COMMON_NAME);
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    (params.not_before, params.not_after) = validity(CA_LIFETIME);
+
+    let key = new_key()?;
+    let cert = params.self_signed(&key)?;
+    Ok(Ca {
+        cert_key: CertKey {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        },
+        issuer: Issuer::new(params, key),
+    })
+}
+
+/// Makes a leaf certificate with a fresh key, signed by `issuer`.
+pub(crate) fn leaf(
+    issuer: &Issuer<'static, KeyPair>,
+    common_name: &str,
+    role: Role,
+    sans: &[SanType],
+) -> Result<CertKey, CertError> {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    params.subject_alt_names = sans.to_vec();
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![match role {
+        Role::Server => ExtendedKeyUsagePurpose::ServerAuth,
+        Role::Client => ExtendedKeyUsagePurpose::ClientAuth,
+    }];
+    params.use_authority_key_identifier_extension = true;
+    (params.not_before, params.not_after) = validity(LEAF_LIFETIME);
+
+    let key = new_key()?;
+    let cert = params.signed_by(&key, issuer)?;
+    Ok(CertKey {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+fn new_key() -> Result<KeyPair, CertError> {
+    Ok(KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?)
+}
+
+/// `(not_before, not_after)`: from an hour ago until `lifetime` from now.
+fn validity(lifetime: Duration) -> (OffsetDateTime, OffsetDateTime) {
+    let now = OffsetDateTime::now_utc();
+    (now - BACKDATE, now + lifetime)
+}
