@@ -147,7 +147,7 @@ impl Frame {
 
     fn body_len(&self) -> usize {
         match self {
-            Frame::Dial { host, .. } => 4 + 4 + 2 + 1 + host.len().min(MAX_HOST_LEN),
+            Frame::Dial { host, .. } => 4 + 4 + 2 + 1 + cut(host, MAX_HOST_LEN).len(),
             Frame::DialOk { .. } | Frame::Window { .. } => 4,
             Frame::DialErr { message: text, .. } | Frame::Reset { reason: text, .. } => {
                 1 + truncated(text).len()
@@ -299,7 +299,7 @@ impl Frame {
                 }
             }
             kind::DIAL_ERR | kind::RESET => {
-                if len < 1 || len > 1 + MAX_REASON_LEN {
+                if !(1..=1 + MAX_REASON_LEN).contains(&len) {
                     return Err(DecodeError::BadLength {
                         kind,
                         len,
@@ -354,10 +354,7 @@ impl Frame {
     /// Iterates over the frames of one WebSocket message. After the first error the iterator
     /// ends (the session must close: frame boundaries are lost).
     pub fn decode_all(src: Bytes) -> Frames {
-        Frames {
-            src,
-            failed: false,
-        }
+        Frames { src, failed: false }
     }
 }
 
