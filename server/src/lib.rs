@@ -1,3 +1,223 @@
-//! bridgehead-server (being built).
+//! bridgehead-server: HTTP CONNECT tunnels into a private network, through connected agents.
+//!
+//! Components, one module each: [`config`] (flags into a validated [`Config`]), [`frontend`]
+//! (the CONNECT listener, mTLS TCP or Unix socket, on hyper), [`agent_endpoint`] (agents'
+//! WebSocket sessions), [`registry`] (connected agents and the route table over them),
+//! [`router`] (the strategy list, pure), [`tunnel`] (target parsing, routing and dialing, and
+//! the one mapping of failures to HTTP statuses), [`health`] and [`metrics`].
+//!
+//! [`run`] takes listeners that are already bound, so tests bind port 0 and hand them in.
+//! Left out: multi-server agent spreading (`--server-count` is accepted and logged), and
+//! token authentication of agents (certificates only).
 
+pub mod agent_endpoint;
+pub mod config;
+pub mod frontend;
+pub mod health;
+pub mod metrics;
+pub mod registry;
 pub mod router;
+pub mod tls;
+pub mod tunnel;
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bridgehead_mux::Keepalive;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+pub use config::{Cli, Config, FrontendConfig};
+
+use metrics::Metrics;
+use registry::Registry;
+
+/// What every connection task shares.
+#[derive(Debug)]
+pub struct Context {
+    pub registry: Registry,
+    pub metrics: Metrics,
+    pub server_id: String,
+    pub dial_timeout: Duration,
+    pub handshake_timeout: Duration,
+    pub keepalive: Keepalive,
+    pub pending_dials: Arc<Semaphore>,
+    pub max_pending_dials: usize,
+    pub max_tunnels_per_agent: usize,
+    /// Every spliced tunnel, so shutdown can wait for them.
+    pub tunnels: TaskTracker,
+}
+
+/// The frontend's bound listener.
+#[derive(Debug)]
+pub enum FrontendListener {
+    Tcp(TcpListener),
+    Unix(UnixListener, std::path::PathBuf),
+}
+
+/// Every listener the server serves, bound before [`run`].
+#[derive(Debug)]
+pub struct Listeners {
+    pub frontend: FrontendListener,
+    pub agent: TcpListener,
+    pub health: TcpListener,
+}
+
+impl Listeners {
+    /// Binds what `config` asks for (port 0 binds an ephemeral port).
+    pub async fn bind(config: &Config) -> anyhow::Result<Listeners> {
+        let frontend = match &config.frontend {
+            FrontendConfig::Tcp { bind, .. } => FrontendListener::Tcp(
+                TcpListener::bind(bind)
+                    .await
+                    .with_context(|| format!("binding the frontend on {bind}"))?,
+            ),
+            FrontendConfig::Unix { path } => {
+                FrontendListener::Unix(frontend::bind_unix(path)?, path.clone())
+            }
+        };
+        let agent = TcpListener::bind(config.agent_bind)
+            .await
+            .with_context(|| format!("binding the agent endpoint on {}", config.agent_bind))?;
+        let health = TcpListener::bind(config.health_bind)
+            .await
+            .with_context(|| format!("binding the health port on {}", config.health_bind))?;
+        Ok(Listeners {
+            frontend,
+            agent,
+            health,
+        })
+    }
+}
+
+/// Serves until `shutdown`, then stops accepting, lets open tunnels finish within the grace
+/// period, and closes every agent session.
+pub async fn run(
+    config: Config,
+    listeners: Listeners,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    bridgehead_runtime::tls::install_crypto_provider();
+    let cluster_tls = tls::acceptor(
+        &config.cluster_cert,
+        &config.cluster_key,
+        &config.cluster_ca,
+    )
+    .context("agent endpoint TLS")?;
+    let ctx = Arc::new(Context {
+        registry: Registry::new(config.strategies.clone(), config.max_tunnels_per_agent),
+        metrics: Metrics::new(),
+        server_id: config.server_id.clone(),
+        dial_timeout: config.dial_timeout,
+        handshake_timeout: config.handshake_timeout,
+        keepalive: config.keepalive,
+        pending_dials: Arc::new(Semaphore::new(config.max_pending_dials)),
+        max_pending_dials: config.max_pending_dials,
+        max_tunnels_per_agent: config.max_tunnels_per_agent,
+        tunnels: TaskTracker::new(),
+    });
+    let connections = TaskTracker::new();
+    let sessions = TaskTracker::new();
+    let session_token = CancellationToken::new();
+    let background = TaskTracker::new();
+
+    let strategies: Vec<String> = config.strategies.iter().map(ToString::to_string).collect();
+    info!(server_id = %config.server_id, strategies = %strategies.join(","), "starting");
+    let agent_addr = listeners.agent.local_addr()?;
+    let health_addr = listeners.health.local_addr()?;
+    match listeners.frontend {
+        FrontendListener::Tcp(listener) => {
+            let FrontendConfig::Tcp {
+                cert,
+                key,
+                client_ca,
+                ..
+            } = &config.frontend
+            else {
+                anyhow::bail!("a TCP frontend listener needs a TCP frontend configuration");
+            };
+            let acceptor = tls::acceptor(cert, key, client_ca).context("frontend TLS")?;
+            announce("frontend", &listener.local_addr()?.to_string());
+            background.spawn(frontend::serve_tcp(
+                listener,
+                acceptor,
+                ctx.clone(),
+                shutdown.clone(),
+                connections.clone(),
+            ));
+        }
+        FrontendListener::Unix(listener, path) => {
+            announce("frontend", &format!("unix:{}", path.display()));
+            background.spawn(frontend::serve_unix(
+                listener,
+                ctx.clone(),
+                shutdown.clone(),
+                connections.clone(),
+            ));
+        }
+    }
+    announce("agent endpoint", &agent_addr.to_string());
+    announce("health", &health_addr.to_string());
+    background.spawn(agent_endpoint::serve(
+        listeners.agent,
+        cluster_tls,
+        ctx.clone(),
+        shutdown.clone(),
+        session_token.clone(),
+        sessions.clone(),
+    ));
+    let health_ctx = ctx.clone();
+    background.spawn(bridgehead_runtime::health::serve(
+        listeners.health,
+        move |path| health::route(&health_ctx, path),
+        shutdown.clone(),
+        TaskTracker::new(),
+    ));
+
+    shutdown.cancelled().await;
+    info!(grace = ?config.grace_period, tunnels = ctx.tunnels.len(), "shutting down: no new connections, waiting for open tunnels");
+    for session in ctx.registry.sessions() {
+        session.drain();
+    }
+    connections.close();
+    ctx.tunnels.close();
+    let drained = tokio::time::timeout(config.grace_period, async {
+        connections.wait().await;
+        ctx.tunnels.wait().await;
+    })
+    .await
+    .is_ok();
+    session_token.cancel();
+    sessions.close();
+    background.close();
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        sessions.wait().await;
+        ctx.tunnels.wait().await;
+        background.wait().await;
+    })
+    .await
+    .is_ok();
+    if drained && closed {
+        info!("shutdown complete: every tunnel finished");
+    } else {
+        warn!(
+            tunnels = ctx.tunnels.len(),
+            "shutdown complete: tunnels still open at the end of the grace period were cut"
+        );
+    }
+    Ok(())
+}
+
+/// Logs a bound address and prints it on stdout in a line scripts can read:
+/// `bridgehead-server <what> listening on <address>`.
+fn announce(what: &str, address: &str) {
+    info!(%address, "{what} listening");
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "bridgehead-server {what} listening on {address}");
+    let _ = stdout.flush();
+}

@@ -1,1 +1,47 @@
-fn main() {}
+//! bridgehead-server's entry point: flags, logging, crypto provider, bind, run.
+
+use bridgehead_runtime::{logging, signal, tls, EX_USAGE};
+use bridgehead_server::{Cli, Listeners};
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) if error.use_stderr() => {
+            let _ = error.print();
+            std::process::exit(EX_USAGE);
+        }
+        Err(error) => {
+            let _ = error.print();
+            std::process::exit(0);
+        }
+    };
+    let config = match cli.validate() {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("bridgehead-server: {error:#}");
+            std::process::exit(EX_USAGE);
+        }
+    };
+    logging::init(config.log_format);
+    tls::install_crypto_provider();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("bridgehead-server: starting the runtime: {error}");
+            std::process::exit(1);
+        }
+    };
+    let result = runtime.block_on(async {
+        let listeners = Listeners::bind(&config).await?;
+        let shutdown = CancellationToken::new();
+        signal::cancel_on_signal(shutdown.clone())?;
+        bridgehead_server::run(config, listeners, shutdown).await
+    });
+    if let Err(error) = result {
+        tracing::error!(error = %format!("{error:#}"), "bridgehead-server failed");
+        eprintln!("bridgehead-server: {error:#}");
+        std::process::exit(1);
+    }
+}

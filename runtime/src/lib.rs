@@ -1,0 +1,18 @@
+//! What `bridgehead-server` and `bridgehead-agent` share at run time.
+//!
+//! - [`duration`]: durations written as ANP writes them (`10s`, `500ms`, `1m30s`).
+//! - [`logging`]: tracing setup, text or JSON.
+//! - [`tls`]: loading PEM certificates and keys, the one rustls crypto provider.
+//! - [`signal`]: SIGTERM/SIGINT into a cancellation token.
+//! - [`health`]: the small HTTP server for `/healthz`, `/readyz`, `/metrics` and friends.
+//!
+//! Nothing here knows about tunnels.
+
+pub mod duration;
+pub mod health;
+pub mod logging;
+pub mod signal;
+pub mod tls;
+
+/// Exit code for a bad command line or configuration (BSD `EX_USAGE`).
+pub const EX_USAGE: i32 = 64;

@@ -1,0 +1,238 @@
+//! Command line and environment into a validated [`Config`].
+
+use std::fmt;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use bridgehead_runtime::duration;
+use bridgehead_runtime::logging::LogFormat;
+use clap::Parser;
+
+use crate::router::{parse_strategies, Strategy};
+
+/// bridgehead-server: HTTP CONNECT tunnels into a private network, through connected agents.
+///
+/// kube-apiserver (EgressSelectorConfiguration, proxyProtocol HTTPConnect), curl -p or any
+/// HTTP CONNECT client connects to the frontend (mTLS TCP, or a Unix socket with --uds-name);
+/// bridgehead-agents connect to the agent port with a WebSocket over TLS. Every flag can also
+/// be set through the environment variable named in its help.
+#[derive(Debug, Parser)]
+#[command(name = "bridgehead-server", version)]
+pub struct Cli {
+    /// Frontend (CONNECT) TCP port; 0 binds an ephemeral port. Ignored (must be 0 or default)
+    /// with --uds-name.
+    #[arg(long, env = "BRIDGEHEAD_SERVER_PORT", default_value_t = 8131)]
+    pub server_port: u16,
+    /// Address the frontend binds.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_SERVER_BIND_ADDRESS",
+        default_value = "0.0.0.0"
+    )]
+    pub server_bind_address: IpAddr,
+    /// Frontend certificate (PEM), presented to kube-apiserver / curl.
+    #[arg(long, env = "BRIDGEHEAD_SERVER_CERT")]
+    pub server_cert: Option<PathBuf>,
+    /// Frontend private key (PEM).
+    #[arg(long, env = "BRIDGEHEAD_SERVER_KEY")]
+    pub server_key: Option<PathBuf>,
+    /// CA bundle (PEM) that client certificates of CONNECT clients must chain to. Required for
+    /// the TCP frontend: clients without a valid certificate are refused.
+    #[arg(long, env = "BRIDGEHEAD_SERVER_CA_CERT")]
+    pub server_ca_cert: Option<PathBuf>,
+    /// Serve plain HTTP CONNECT on this Unix socket instead of the TCP frontend (mode 0660;
+    /// a stale socket file is replaced).
+    #[arg(long, env = "BRIDGEHEAD_UDS_NAME")]
+    pub uds_name: Option<PathBuf>,
+    /// Port agents connect to (WebSocket over TLS); 0 binds an ephemeral port.
+    #[arg(long, env = "BRIDGEHEAD_AGENT_PORT", default_value_t = 8132)]
+    pub agent_port: u16,
+    /// Address the agent endpoint binds.
+    #[arg(long, env = "BRIDGEHEAD_AGENT_BIND_ADDRESS", default_value = "0.0.0.0")]
+    pub agent_bind_address: IpAddr,
+    /// Certificate (PEM) presented to agents.
+    #[arg(long, env = "BRIDGEHEAD_CLUSTER_CERT")]
+    pub cluster_cert: PathBuf,
+    /// Private key (PEM) for --cluster-cert.
+    #[arg(long, env = "BRIDGEHEAD_CLUSTER_KEY")]
+    pub cluster_key: PathBuf,
+    /// CA bundle (PEM) that agent client certificates must chain to.
+    #[arg(long, env = "BRIDGEHEAD_CLUSTER_CA_CERT")]
+    pub cluster_ca_cert: PathBuf,
+    /// Health, readiness, metrics and /agents port; 0 binds an ephemeral port.
+    #[arg(long, env = "BRIDGEHEAD_HEALTH_PORT", default_value_t = 8092)]
+    pub health_port: u16,
+    /// Address the health port binds.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_HEALTH_BIND_ADDRESS",
+        default_value = "0.0.0.0"
+    )]
+    pub health_bind_address: IpAddr,
+    /// Ordered, comma-separated routing strategies; the first that finds a usable agent wins.
+    /// Valid: destHost, destCIDR, defaultRoute, default.
+    #[arg(long, env = "BRIDGEHEAD_PROXY_STRATEGIES", default_value = "default")]
+    pub proxy_strategies: String,
+    /// This server's id (logged, shown in /agents).
+    #[arg(long, env = "BRIDGEHEAD_SERVER_ID")]
+    pub server_id: Option<String>,
+    /// Number of servers behind one address (ANP compatibility; Bridgehead agents connect to
+    /// the address they are given, so only 1 is meaningful today).
+    #[arg(long, env = "BRIDGEHEAD_SERVER_COUNT", default_value_t = 1)]
+    pub server_count: u32,
+    /// How long an agent may take to dial a target before the client gets 504.
+    #[arg(long, env = "BRIDGEHEAD_DIAL_TIMEOUT", default_value = "10s")]
+    pub dial_timeout: String,
+    /// Time allowed for a client's TLS handshake and CONNECT header, and an agent's handshake.
+    #[arg(long, env = "BRIDGEHEAD_HANDSHAKE_TIMEOUT", default_value = "10s")]
+    pub handshake_timeout: String,
+    /// WebSocket ping interval towards agents; an agent silent for 3 intervals is dropped.
+    #[arg(long, env = "BRIDGEHEAD_KEEPALIVE_TIME", default_value = "5s")]
+    pub keepalive_time: String,
+    /// Most dials waiting for an agent's answer at once; beyond it clients get 503.
+    #[arg(long, env = "BRIDGEHEAD_MAX_PENDING_DIALS", default_value_t = 1024)]
+    pub max_pending_dials: usize,
+    /// Most tunnels one agent carries at once; beyond it the router picks another or 503.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_MAX_TUNNELS_PER_AGENT",
+        default_value_t = 10_000
+    )]
+    pub max_tunnels_per_agent: usize,
+    /// On SIGTERM, how long open tunnels may continue before they are cut.
+    #[arg(long, env = "BRIDGEHEAD_SHUTDOWN_GRACE_PERIOD", default_value = "30s")]
+    pub shutdown_grace_period: String,
+    /// Log format: text or json.
+    #[arg(long, env = "BRIDGEHEAD_LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
+}
+
+/// The frontend's listener kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrontendConfig {
+    /// mTLS over TCP.
+    Tcp {
+        bind: std::net::SocketAddr,
+        cert: PathBuf,
+        key: PathBuf,
+        client_ca: PathBuf,
+    },
+    /// Plain HTTP CONNECT on a Unix socket.
+    Unix { path: PathBuf },
+}
+
+/// Validated configuration.
+#[derive(Clone)]
+pub struct Config {
+    pub frontend: FrontendConfig,
+    pub agent_bind: std::net::SocketAddr,
+    pub cluster_cert: PathBuf,
+    pub cluster_key: PathBuf,
+    pub cluster_ca: PathBuf,
+    pub health_bind: std::net::SocketAddr,
+    pub strategies: Vec<Strategy>,
+    pub server_id: String,
+    pub dial_timeout: Duration,
+    pub handshake_timeout: Duration,
+    pub keepalive: bridgehead_mux::Keepalive,
+    pub max_pending_dials: usize,
+    pub max_tunnels_per_agent: usize,
+    pub grace_period: Duration,
+    pub log_format: LogFormat,
+}
+
+impl fmt::Debug for Config {
+    // Written out so that adding a secret-bearing field later is a conscious choice.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("frontend", &self.frontend)
+            .field("agent_bind", &self.agent_bind)
+            .field("health_bind", &self.health_bind)
+            .field("strategies", &self.strategies)
+            .field("server_id", &self.server_id)
+            .field("dial_timeout", &self.dial_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cli {
+    /// Checks the flags and builds the [`Config`]; the error is one line for the operator.
+    pub fn validate(self) -> anyhow::Result<Config> {
+        let frontend = match self.uds_name {
+            Some(path) => {
+                if self.server_port != 0 && self.server_port != 8131 {
+                    bail!("--uds-name turns the TCP frontend off; pass --server-port=0 or leave it out");
+                }
+                FrontendConfig::Unix { path }
+            }
+            None => {
+                let (Some(cert), Some(key)) = (self.server_cert, self.server_key) else {
+                    bail!(
+                        "the TCP frontend needs --server-cert and --server-key (or use --uds-name)"
+                    );
+                };
+                let Some(client_ca) = self.server_ca_cert else {
+                    bail!("the TCP frontend needs --server-ca-cert: CONNECT clients must present a certificate");
+                };
+                FrontendConfig::Tcp {
+                    bind: (self.server_bind_address, self.server_port).into(),
+                    cert,
+                    key,
+                    client_ca,
+                }
+            }
+        };
+        let strategies = parse_strategies(&self.proxy_strategies).context("--proxy-strategies")?;
+        let keepalive_time = parse_duration("--keepalive-time", &self.keepalive_time)?;
+        if keepalive_time.is_zero() {
+            bail!("--keepalive-time must be above 0");
+        }
+        if self.max_pending_dials == 0 || self.max_tunnels_per_agent == 0 {
+            bail!("--max-pending-dials and --max-tunnels-per-agent must be at least 1");
+        }
+        if self.server_count != 1 {
+            tracing::warn!(
+                server_count = self.server_count,
+                "--server-count above 1 is accepted for ANP compatibility; agents connect to one server each"
+            );
+        }
+        let log_format = self
+            .log_format
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("--log-format: {e}"))?;
+        Ok(Config {
+            frontend,
+            agent_bind: (self.agent_bind_address, self.agent_port).into(),
+            cluster_cert: self.cluster_cert,
+            cluster_key: self.cluster_key,
+            cluster_ca: self.cluster_ca_cert,
+            health_bind: (self.health_bind_address, self.health_port).into(),
+            strategies,
+            server_id: self.server_id.unwrap_or_else(default_server_id),
+            dial_timeout: parse_duration("--dial-timeout", &self.dial_timeout)?,
+            handshake_timeout: parse_duration("--handshake-timeout", &self.handshake_timeout)?,
+            keepalive: bridgehead_mux::Keepalive {
+                interval: keepalive_time,
+                timeout: keepalive_time * 3,
+            },
+            max_pending_dials: self.max_pending_dials,
+            max_tunnels_per_agent: self.max_tunnels_per_agent,
+            grace_period: parse_duration("--shutdown-grace-period", &self.shutdown_grace_period)?,
+            log_format,
+        })
+    }
+}
+
+fn parse_duration(flag: &str, value: &str) -> anyhow::Result<Duration> {
+    duration::parse(value).with_context(|| flag.to_owned())
+}
+
+fn default_server_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "bridgehead-server".to_owned())
+}

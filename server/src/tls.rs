@@ -1,0 +1,31 @@
+//! The two TLS endpoints: the CONNECT frontend and the agent endpoint, both requiring a client
+//! certificate from their own CA and speaking only `http/1.1` over ALPN.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+use bridgehead_runtime::tls::{load_certs, load_key, load_roots, provider};
+use rustls::server::WebPkiClientVerifier;
+use rustls::ServerConfig;
+use tokio_rustls::TlsAcceptor;
+
+/// A TLS acceptor presenting `cert`/`key` and requiring a client certificate that chains to
+/// `client_ca`. The CA's name is advertised in the CertificateRequest, which Go clients
+/// (kube-apiserver) need before they send their certificate.
+pub fn acceptor(cert: &Path, key: &Path, client_ca: &Path) -> anyhow::Result<TlsAcceptor> {
+    let provider = provider();
+    let roots = load_roots(client_ca)?;
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
+        .build()
+        .with_context(|| format!("building the client verifier from {}", client_ca.display()))?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("choosing TLS versions")?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(load_certs(cert)?, load_key(key)?)
+        .with_context(|| format!("using {} with {}", cert.display(), key.display()))?;
+    // HTTP/1.1 only: Go offers h2 to proxies and must not get it.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
