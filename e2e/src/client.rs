@@ -1,0 +1,179 @@
+//! Clients: one that speaks exactly as kube-apiserver's egress dialer does, curl, and a
+//! minimal HTTP GET for health endpoints.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection, StreamOwned};
+
+use crate::Pki;
+
+/// Every blocking client read or write gives up after this long, so no test can hang.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A byte stream to the frontend: mTLS over TCP, or a Unix socket.
+pub trait Conn: Read + Write + Send {}
+impl<T: Read + Write + Send> Conn for T {}
+
+/// What the frontend answered to a CONNECT.
+#[derive(Debug)]
+pub struct ConnectReply {
+    /// The status code.
+    pub status: u16,
+    /// The whole response head, as received.
+    pub head: String,
+    /// Bytes that arrived in the same reads as the head, after it (kube-apiserver fails when
+    /// there are any on a 200).
+    pub extra: Vec<u8>,
+}
+
+/// TLS client config with `pki`'s CA and, unless `cert` is `None`, a client certificate
+/// (`("client.crt", "client.key")`). ALPN as Go's proxy dialer: none.
+pub fn tls_config(pki: &Pki, cert: Option<(&str, &str)>) -> anyhow::Result<Arc<ClientConfig>> {
+    bridgehead_runtime::tls::install_crypto_provider();
+    let roots = bridgehead_runtime::tls::load_roots(&pki.path("ca.crt"))?;
+    let builder = ClientConfig::builder().with_root_certificates(roots);
+    let config = match cert {
+        Some((crt, key)) => builder.with_client_auth_cert(
+            bridgehead_runtime::tls::load_certs(&pki.path(crt))?,
+            bridgehead_runtime::tls::load_key(&pki.path(key))?,
+        )?,
+        None => builder.with_no_client_auth(),
+    };
+    Ok(Arc::new(config))
+}
+
+/// Opens an mTLS connection to the frontend as kube-apiserver does (fresh connection, no
+/// session resumption), with `client.crt`.
+pub fn tls_connect(pki: &Pki, frontend: SocketAddr) -> anyhow::Result<Box<dyn Conn>> {
+    tls_connect_with(
+        tls_config(pki, Some(("client.crt", "client.key")))?,
+        frontend,
+    )
+}
+
+/// Like [`tls_connect`] with an explicit TLS config.
+pub fn tls_connect_with(
+    config: Arc<ClientConfig>,
+    frontend: SocketAddr,
+) -> anyhow::Result<Box<dyn Conn>> {
+    let tcp = TcpStream::connect(frontend)?;
+    tcp.set_read_timeout(Some(IO_TIMEOUT))?;
+    tcp.set_write_timeout(Some(IO_TIMEOUT))?;
+    tcp.set_nodelay(true)?;
+    let name = ServerName::IpAddress(frontend.ip().into());
+    let conn = ClientConnection::new(config, name)?;
+    let mut stream = StreamOwned::new(conn, tcp);
+    // Drive the handshake now so certificate errors surface here.
+    while stream.conn.is_handshaking() {
+        stream.conn.complete_io(&mut stream.sock)?;
+    }
+    Ok(Box::new(stream))
+}
+
+/// Opens the Unix-socket frontend.
+pub fn uds_connect(path: &Path) -> anyhow::Result<Box<dyn Conn>> {
+    let sock = std::os::unix::net::UnixStream::connect(path)?;
+    sock.set_read_timeout(Some(IO_TIMEOUT))?;
+    sock.set_write_timeout(Some(IO_TIMEOUT))?;
+    Ok(Box::new(sock))
+}
+
+/// Writes exactly what kube-apiserver writes — `CONNECT <target> HTTP/1.1\r\nHost:
+/// 127.0.0.1\r\n\r\n` — and reads the response head the way Go's `http.ReadResponse` over a
+/// `bufio.Reader` does: whatever the reads return past the head is reported in `extra`.
+pub fn kube_connect(conn: &mut dyn Conn, target: &str) -> anyhow::Result<ConnectReply> {
+    write!(conn, "CONNECT {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")?;
+    conn.flush()?;
+    read_head(conn)
+}
+
+/// Sends `request` verbatim and reads the response head.
+pub fn raw_request(conn: &mut dyn Conn, request: &[u8]) -> anyhow::Result<ConnectReply> {
+    conn.write_all(request)?;
+    conn.flush()?;
+    read_head(conn)
+}
+
+fn read_head(conn: &mut dyn Conn) -> anyhow::Result<ConnectReply> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let end = loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end + 4;
+        }
+        let n = conn
+            .read(&mut chunk)
+            .context("reading the CONNECT response")?;
+        if n == 0 {
+            bail!(
+                "connection closed before the response head ended: {:?}",
+                String::from_utf8_lossy(&buf)
+            );
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .with_context(|| format!("bad status line in {head:?}"))?;
+    Ok(ConnectReply {
+        status,
+        head,
+        extra: buf[end..].to_vec(),
+    })
+}
+
+/// Reads until EOF (bounded by [`IO_TIMEOUT`] per read).
+pub fn read_to_end(conn: &mut dyn Conn) -> std::io::Result<Vec<u8>> {
+    let mut all = Vec::new();
+    conn.read_to_end(&mut all)?;
+    Ok(all)
+}
+
+/// Runs `curl -p` through the mTLS frontend to `url`; returns curl's output.
+pub fn curl(pki: &Pki, frontend: &str, url: &str, extra: &[&str]) -> anyhow::Result<Output> {
+    let mut command = Command::new("curl");
+    command.args([
+        "-sS",
+        "--max-time",
+        "20",
+        "-p",
+        "-x",
+        &format!("https://{frontend}"),
+    ]);
+    command.arg("--proxy-cacert").arg(pki.path("ca.crt"));
+    command.arg("--proxy-cert").arg(pki.path("client.crt"));
+    command.arg("--proxy-key").arg(pki.path("client.key"));
+    command.args(extra).arg(url);
+    Ok(command.output()?)
+}
+
+/// A plain HTTP/1.1 GET: (status, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut tcp = TcpStream::connect(addr)?;
+    tcp.set_read_timeout(Some(IO_TIMEOUT))?;
+    write!(
+        tcp,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    tcp.read_to_string(&mut response)?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .context("no response head")?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .context("bad status line")?;
+    Ok((status, body.to_owned()))
+}

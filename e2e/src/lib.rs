@@ -1,0 +1,17 @@
+//! End-to-end harness: runs the real `bridgehead-server` and `bridgehead-agent` binaries on
+//! loopback with a PKI made at test time, plus targets and a client that speaks exactly as
+//! kube-apiserver does.
+//!
+//! - [`Pki`]: a fresh CA and certificates in a temporary directory.
+//! - [`Server`], [`Agent`]: child processes bound to port 0; their addresses are read from the
+//!   `... listening on ADDR` lines they print. Killed on drop.
+//! - [`client`]: the kube-apiserver-style CONNECT client and curl helpers.
+//! - [`target`]: echo and "who am I" targets.
+//!
+//! The binaries must be built first (`cargo build --bins`); the README's test command does it.
+
+pub mod client;
+pub mod process;
+pub mod target;
+
+pub use process::{Agent, AgentOptions, Pki, Server, ServerOptions};

@@ -1,0 +1,366 @@
+//! Starting the binaries and reading what they announce.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+/// How long a process may take to announce its listeners.
+const STARTUP: Duration = Duration::from_secs(20);
+
+/// A fresh PKI on disk.
+#[derive(Debug)]
+pub struct Pki {
+    dir: tempfile::TempDir,
+    /// The same PKI in memory, to issue more certificates.
+    pub pki: bridgehead_certs::Pki,
+}
+
+impl Pki {
+    pub fn new() -> anyhow::Result<Pki> {
+        let pki = bridgehead_certs::Pki::generate(&[])?;
+        let dir = tempfile::tempdir()?;
+        pki.write_dir(dir.path(), true)?;
+        Ok(Pki { dir, pki })
+    }
+
+    /// `ca.crt`, `client.key`, ... in the PKI directory.
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// The directory holding the workspace's binaries (next to this test executable's `deps/`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir
+}
+
+/// The path of a workspace binary; fails with a hint when it was not built.
+pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    let path = bin_dir().join(name);
+    if !path.exists() {
+        bail!(
+            "{} not found: run `cargo build --bins` first",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// A child process killed on drop, its stdout announcements collected.
+#[derive(Debug)]
+pub struct Process {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    pub log: PathBuf,
+    _logdir: tempfile::TempDir,
+}
+
+impl Process {
+    /// Spawns `command` with stderr to a log file and waits until it printed one
+    /// `... <what> listening on <addr>` line for each of `wants`; returns them in order.
+    pub fn spawn(mut command: Command, wants: &[&str]) -> anyhow::Result<(Process, Vec<String>)> {
+        let logdir = tempfile::tempdir()?;
+        let log = logdir.path().join("stderr.log");
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log)?)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "debug".into()),
+            );
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("spawning {command:?}"))?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let (tx, rx) = mpsc::sync_channel(64);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let process = Process {
+            child,
+            lines: rx,
+            log,
+            _logdir: logdir,
+        };
+        let mut found = vec![None; wants.len()];
+        let deadline = Instant::now() + STARTUP;
+        while found.iter().any(Option::is_none) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = match process.lines.recv_timeout(left) {
+                Ok(line) => line,
+                Err(_) => bail!(
+                    "{:?} did not announce {wants:?} in time; stderr:\n{}",
+                    command.get_program(),
+                    process.stderr()
+                ),
+            };
+            for (i, what) in wants.iter().enumerate() {
+                if let Some((_, addr)) = line.split_once(&format!("{what} listening on ")) {
+                    found[i] = Some(addr.trim().to_owned());
+                }
+            }
+        }
+        Ok((
+            process,
+            found.into_iter().map(Option::unwrap_or_default).collect(),
+        ))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What the process logged so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Open file descriptors of the process.
+    pub fn fd_count(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid())).map_or(0, |dir| dir.count())
+    }
+
+    /// Sends a signal (e.g. `libc::SIGTERM` = 15) with kill(1).
+    pub fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()?;
+        if !status.success() {
+            bail!("kill -{signal} failed");
+        }
+        Ok(())
+    }
+
+    /// Waits for the process to exit, at most `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                bail!("process {} did not exit within {timeout:?}", self.pid());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the process at once (SIGKILL).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Flags for [`Server::start`] beyond the PKI and ephemeral ports.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    /// Serve the frontend on this Unix socket instead of mTLS TCP.
+    pub uds: Option<PathBuf>,
+    /// Extra flags, e.g. `["--proxy-strategies", "destHost,default"]`.
+    pub args: Vec<String>,
+    /// Bind addresses (default 127.0.0.1).
+    pub bind: Option<String>,
+}
+
+/// A running `bridgehead-server`.
+#[derive(Debug)]
+pub struct Server {
+    pub process: Process,
+    /// `127.0.0.1:port`, or `unix:/path` with a UDS frontend.
+    pub frontend: String,
+    pub agent_addr: SocketAddr,
+    pub health: SocketAddr,
+}
+
+impl Server {
+    pub fn start(pki: &Pki, options: ServerOptions) -> anyhow::Result<Server> {
+        let bind = options
+            .bind
+            .clone()
+            .unwrap_or_else(|| "127.0.0.1".to_owned());
+        let mut command = Command::new(binary("bridgehead-server")?);
+        command.args(["--agent-port", "0", "--health-port", "0"]);
+        command.args([
+            "--agent-bind-address",
+            &bind,
+            "--health-bind-address",
+            &bind,
+        ]);
+        command.arg("--cluster-cert").arg(pki.path("cluster.crt"));
+        command.arg("--cluster-key").arg(pki.path("cluster.key"));
+        command.arg("--cluster-ca-cert").arg(pki.path("ca.crt"));
+        match &options.uds {
+            Some(path) => {
+                command
+                    .arg("--uds-name")
+                    .arg(path)
+                    .args(["--server-port", "0"]);
+            }
+            None => {
+                command.args(["--server-port", "0", "--server-bind-address", &bind]);
+                command.arg("--server-cert").arg(pki.path("server.crt"));
+                command.arg("--server-key").arg(pki.path("server.key"));
+                command.arg("--server-ca-cert").arg(pki.path("ca.crt"));
+            }
+        }
+        command.args(&options.args);
+        let (process, addrs) = Process::spawn(command, &["frontend", "agent endpoint", "health"])?;
+        Ok(Server {
+            process,
+            frontend: addrs[0].clone(),
+            agent_addr: addrs[1].parse()?,
+            health: addrs[2].parse()?,
+        })
+    }
+
+    /// The frontend's TCP address (panics for a UDS frontend).
+    pub fn frontend_addr(&self) -> SocketAddr {
+        self.frontend
+            .parse()
+            .unwrap_or_else(|_| panic!("frontend {} is not TCP", self.frontend))
+    }
+
+    /// GET on the health port: (status, body).
+    pub fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        crate::client::http_get(self.health, path)
+    }
+
+    /// Waits (bounded) until `GET /agents` lists `n` agents that are not draining.
+    pub fn wait_agents(&self, n: usize) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let count = self
+                .agents()?
+                .iter()
+                .filter(|a| a["draining"] == false)
+                .count();
+            if count == n {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "expected {n} agents, have {count}; server log:\n{}",
+                    self.process.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The `agents` array of `GET /agents`.
+    pub fn agents(&self) -> anyhow::Result<Vec<serde_json::Value>> {
+        let (_, body) = self.get("/agents")?;
+        let json: serde_json::Value = serde_json::from_str(&body)?;
+        Ok(json["agents"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// The value of a metric line `name{labels} value` on /metrics (0 when absent).
+    pub fn metric(&self, series: &str) -> anyhow::Result<f64> {
+        let (_, body) = self.get("/metrics")?;
+        Ok(body
+            .lines()
+            .find_map(|line| {
+                line.strip_prefix(series)
+                    .and_then(|rest| rest.trim().parse().ok())
+            })
+            .unwrap_or(0.0))
+    }
+}
+
+/// Flags for [`Agent::start`].
+#[derive(Debug, Clone, Default)]
+pub struct AgentOptions {
+    pub id: Option<String>,
+    /// `--agent-identifiers` query.
+    pub identifiers: Option<String>,
+    pub args: Vec<String>,
+    /// Run the agent inside this network namespace (`ip netns exec NAME`).
+    pub netns: Option<String>,
+    /// Connect to this address instead of the server's agent endpoint.
+    pub server: Option<SocketAddr>,
+}
+
+/// A running `bridgehead-agent`.
+#[derive(Debug)]
+pub struct Agent {
+    pub process: Process,
+    pub health: SocketAddr,
+}
+
+impl Agent {
+    pub fn start(pki: &Pki, server: &Server, options: AgentOptions) -> anyhow::Result<Agent> {
+        let addr = options.server.unwrap_or(server.agent_addr);
+        let mut command = match &options.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns])
+                    .arg(binary("bridgehead-agent")?);
+                c
+            }
+            None => Command::new(binary("bridgehead-agent")?),
+        };
+        command.args(["--proxy-server-host", &addr.ip().to_string()]);
+        command.args(["--proxy-server-port", &addr.port().to_string()]);
+        command.arg("--ca-cert").arg(pki.path("ca.crt"));
+        command.arg("--agent-cert").arg(pki.path("agent.crt"));
+        command.arg("--agent-key").arg(pki.path("agent.key"));
+        command.args([
+            "--health-server-port",
+            "0",
+            "--health-bind-address",
+            "127.0.0.1",
+        ]);
+        command.args([
+            "--keepalive-time",
+            "1s",
+            "--sync-interval",
+            "100ms",
+            "--sync-interval-cap",
+            "1s",
+        ]);
+        if let Some(id) = &options.id {
+            command.args(["--agent-id", id]);
+        }
+        if let Some(ids) = &options.identifiers {
+            command.args(["--agent-identifiers", ids]);
+        }
+        command.args(&options.args);
+        let (process, addrs) = Process::spawn(command, &["health"])?;
+        Ok(Agent {
+            process,
+            health: addrs[0].parse()?,
+        })
+    }
+
+    /// GET on the agent's health port.
+    pub fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        crate::client::http_get(self.health, path)
+    }
+}
