@@ -1,0 +1,319 @@
+//! The command line ([`Cli`]) and the validated [`Config`] the agent runs with.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use bridgehead_mux::Keepalive;
+use bridgehead_proto::ident::AgentIdentifiers;
+use bridgehead_runtime::duration::{self, DurationError};
+use bridgehead_runtime::logging::LogFormat;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::Parser;
+use rustls_pki_types::ServerName;
+
+/// The session is declared dead after this many keepalive intervals of silence.
+const KEEPALIVE_MISSES: u32 = 3;
+
+/// bridgehead-agent: keeps a WebSocket tunnel to bridgehead-server and dials the targets the
+/// server asks for.
+///
+/// Every flag can also be set from the environment variable `BRIDGEHEAD_<FLAG>` (upper snake
+/// case, e.g. `BRIDGEHEAD_AGENT_IDENTIFIERS`). Durations are written as `10s`, `500ms`, `1m30s`.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "bridgehead-agent", version)]
+pub struct Cli {
+    /// Host name or IP address of bridgehead-server's agent endpoint.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_PROXY_SERVER_HOST",
+        default_value = "127.0.0.1",
+        value_name = "HOST"
+    )]
+    pub proxy_server_host: String,
+
+    /// Port of bridgehead-server's agent endpoint.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_PROXY_SERVER_PORT",
+        default_value_t = 8132,
+        value_name = "PORT"
+    )]
+    pub proxy_server_port: u16,
+
+    /// PEM file with the CA that signed the server's cluster (agent endpoint) certificate.
+    #[arg(long, env = "BRIDGEHEAD_CA_CERT", value_name = "FILE")]
+    pub ca_cert: PathBuf,
+
+    /// PEM client certificate presented to the server (give --agent-key too).
+    #[arg(long, env = "BRIDGEHEAD_AGENT_CERT", value_name = "FILE")]
+    pub agent_cert: Option<PathBuf>,
+
+    /// PEM private key of --agent-cert.
+    #[arg(long, env = "BRIDGEHEAD_AGENT_KEY", value_name = "FILE")]
+    pub agent_key: Option<PathBuf>,
+
+    /// This agent's unique name (or give `id=` in --agent-identifiers) [default: the host name,
+    /// else a random id].
+    #[arg(long, env = "BRIDGEHEAD_AGENT_ID", value_name = "ID")]
+    pub agent_id: Option<String>,
+
+    /// What this agent can reach, in query syntax, keys repeatable:
+    /// `host=node1&ipv4=10.0.0.5&ipv6=fd00::5&cidr=10.244.1.0/24&default-route=true`.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_AGENT_IDENTIFIERS",
+        default_value = "",
+        hide_default_value = true,
+        value_name = "QUERY"
+    )]
+    pub agent_identifiers: String,
+
+    /// File holding a bearer token sent as `Authorization: Bearer <token>` when connecting;
+    /// re-read on every connect.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_SERVICE_ACCOUNT_TOKEN_PATH",
+        value_name = "FILE"
+    )]
+    pub service_account_token_path: Option<PathBuf>,
+
+    /// Port of the health server (/healthz, /readyz, /metrics); 0 picks a free port.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_HEALTH_SERVER_PORT",
+        default_value_t = 8093,
+        value_name = "PORT"
+    )]
+    pub health_server_port: u16,
+
+    /// Address the health server binds.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_HEALTH_BIND_ADDRESS",
+        default_value = "0.0.0.0",
+        value_name = "IP"
+    )]
+    pub health_bind_address: IpAddr,
+
+    /// Interval between WebSocket pings; the session is dead after three intervals of silence.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_KEEPALIVE_TIME",
+        default_value = "5s",
+        value_parser = parse_duration,
+        value_name = "DURATION"
+    )]
+    pub keepalive_time: Duration,
+
+    /// First delay before reconnecting; it doubles after each failure up to --sync-interval-cap.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_SYNC_INTERVAL",
+        default_value = "1s",
+        value_parser = parse_duration,
+        value_name = "DURATION"
+    )]
+    pub sync_interval: Duration,
+
+    /// Longest delay between reconnect attempts.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_SYNC_INTERVAL_CAP",
+        default_value = "30s",
+        value_parser = parse_duration,
+        value_name = "DURATION"
+    )]
+    pub sync_interval_cap: Duration,
+
+    /// On SIGTERM/SIGINT, how long open tunnels may take to finish before they are cut.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_DRAIN_GRACE_PERIOD",
+        default_value = "30s",
+        value_parser = parse_duration,
+        value_name = "DURATION"
+    )]
+    pub drain_grace_period: Duration,
+
+    /// Log line format.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_LOG_FORMAT",
+        default_value = "text",
+        value_parser = PossibleValuesParser::new(["text", "json"])
+            .try_map(|s| s.parse::<LogFormat>()),
+    )]
+    pub log_format: LogFormat,
+
+    /// Name to verify in the server's certificate (DNS name or IP address)
+    /// [default: --proxy-server-host].
+    #[arg(long, env = "BRIDGEHEAD_SERVER_NAME", value_name = "NAME")]
+    pub server_name: Option<String>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, DurationError> {
+    duration::parse(s)
+}
+
+/// A client certificate and its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+}
+
+/// The validated configuration. It holds file paths, never key material or tokens: the files
+/// are read when connecting, so rotated certificates and tokens are picked up on reconnect.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The server's host, without brackets around an IPv6 literal.
+    pub server_host: String,
+    /// The server's agent port.
+    pub server_port: u16,
+    /// The name verified in the server's certificate.
+    pub server_name: ServerName<'static>,
+    /// CA bundle for the server's certificate.
+    pub ca_cert: PathBuf,
+    /// Client certificate, if any.
+    pub client_cert: Option<ClientCert>,
+    /// What the agent announces, `id` included.
+    pub identifiers: AgentIdentifiers,
+    /// Bearer token file, if any.
+    pub token_path: Option<PathBuf>,
+    /// Where the health server binds.
+    pub health_address: SocketAddr,
+    /// Session keepalive.
+    pub keepalive: Keepalive,
+    /// First reconnect delay.
+    pub sync_interval: Duration,
+    /// Longest reconnect delay.
+    pub sync_interval_cap: Duration,
+    /// How long a drain may take on shutdown.
+    pub drain_grace_period: Duration,
+    /// Log line format.
+    pub log_format: LogFormat,
+}
+
+impl Config {
+    /// The agent's id.
+    pub fn agent_id(&self) -> &str {
+        self.identifiers.id.as_deref().unwrap_or_default()
+    }
+
+    /// `host:port` of the server, with brackets around an IPv6 literal: for URLs and logs.
+    pub fn server_authority(&self) -> String {
+        if self.server_host.parse::<Ipv6Addr>().is_ok() {
+            format!("[{}]:{}", self.server_host, self.server_port)
+        } else {
+            format!("{}:{}", self.server_host, self.server_port)
+        }
+    }
+}
+
+impl Cli {
+    /// Checks everything that can be checked before binding: identifiers, the certificate
+    /// pair, durations, and that the TLS files load.
+    pub fn into_config(self) -> anyhow::Result<Config> {
+        let server_host = strip_brackets(self.proxy_server_host.trim()).to_owned();
+        if server_host.is_empty() {
+            bail!("--proxy-server-host is empty");
+        }
+        if self.proxy_server_port == 0 {
+            bail!("--proxy-server-port must not be 0");
+        }
+        let server_name = self.server_name.as_deref().unwrap_or(&server_host);
+        let server_name =
+            ServerName::try_from(strip_brackets(server_name).to_owned()).map_err(|_| {
+                anyhow::anyhow!(
+                    "invalid --server-name {server_name:?}: not a DNS name or IP address"
+                )
+            })?;
+
+        let mut identifiers = AgentIdentifiers::parse(&self.agent_identifiers)
+            .context("invalid --agent-identifiers")?;
+        identifiers
+            .reject_unknown()
+            .context("invalid --agent-identifiers")?;
+        let agent_id = match (self.agent_id, identifiers.id.take()) {
+            (Some(_), Some(_)) => {
+                bail!("--agent-identifiers sets id= and --agent-id is given too; keep one")
+            }
+            (Some(id), None) | (None, Some(id)) => id,
+            (None, None) => default_agent_id(),
+        };
+        identifiers.id = Some(agent_id);
+        // Round trip through the parser so the id is validated by the same rules the server
+        // applies.
+        AgentIdentifiers::parse(&identifiers.to_query()).context("invalid --agent-id")?;
+
+        let client_cert = match (self.agent_cert, self.agent_key) {
+            (Some(cert), Some(key)) => Some(ClientCert { cert, key }),
+            (None, None) => None,
+            (Some(_), None) => bail!("--agent-cert needs --agent-key"),
+            (None, Some(_)) => bail!("--agent-key needs --agent-cert"),
+        };
+
+        if self.keepalive_time.is_zero() {
+            bail!("--keepalive-time must be above 0");
+        }
+        if self.sync_interval.is_zero() {
+            bail!("--sync-interval must be above 0");
+        }
+        if self.sync_interval_cap < self.sync_interval {
+            bail!(
+                "--sync-interval-cap ({:?}) is below --sync-interval ({:?})",
+                self.sync_interval_cap,
+                self.sync_interval
+            );
+        }
+
+        let config = Config {
+            server_host,
+            server_port: self.proxy_server_port,
+            server_name,
+            ca_cert: self.ca_cert,
+            client_cert,
+            identifiers,
+            token_path: self.service_account_token_path,
+            health_address: SocketAddr::new(self.health_bind_address, self.health_server_port),
+            keepalive: Keepalive {
+                interval: self.keepalive_time,
+                timeout: self.keepalive_time * KEEPALIVE_MISSES,
+            },
+            sync_interval: self.sync_interval,
+            sync_interval_cap: self.sync_interval_cap,
+            drain_grace_period: self.drain_grace_period,
+            log_format: self.log_format,
+        };
+        // Fail now, not on the first connect, if the CA or the client pair does not load.
+        crate::connect::tls_config(&config)?;
+        Ok(config)
+    }
+}
+
+fn strip_brackets(host: &str) -> &str {
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+}
+
+/// The host name (`/proc/sys/kernel/hostname`, else `$HOSTNAME`), else a random id.
+fn default_agent_id() -> String {
+    let usable = |name: &str| {
+        let name = name.trim();
+        (!name.is_empty() && name.bytes().all(|b| b.is_ascii_graphic())).then(|| name.to_owned())
+    };
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .and_then(|name| usable(&name))
+        .or_else(|| {
+            std::env::var("HOSTNAME")
+                .ok()
+                .and_then(|name| usable(&name))
+        })
+        .unwrap_or_else(|| format!("agent-{:016x}", rand::random::<u64>()))
+}

@@ -1,0 +1,225 @@
+//! Reaching the server: TCP, TLS, then the WebSocket upgrade to `/connect?<identifiers>`.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use bridgehead_proto::SUBPROTOCOL;
+use bridgehead_runtime::tls;
+use http::header::{HeaderValue, AUTHORIZATION, SEC_WEBSOCKET_PROTOCOL};
+use http::StatusCode;
+use rustls::ClientConfig;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Error as WsError;
+use tokio_tungstenite::WebSocketStream;
+
+use crate::config::Config;
+
+/// Longest wait for the TCP connection (resolution included).
+const TCP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest wait for the TLS handshake, and again for the WebSocket upgrade.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest part of a refusal's body that makes it into the logs.
+const MAX_LOGGED_BODY: usize = 512;
+
+/// The WebSocket to the server.
+pub(crate) type ServerWebSocket = WebSocketStream<TlsStream<TcpStream>>;
+
+/// A connected, upgraded session transport.
+#[derive(Debug)]
+pub(crate) struct Connected {
+    pub(crate) ws: ServerWebSocket,
+    /// The server's address as connected.
+    pub(crate) peer: SocketAddr,
+}
+
+/// Why connecting to the server failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConnectError {
+    /// Resolving or connecting failed.
+    #[error("connecting to {server}: {source}")]
+    Tcp { server: String, source: io::Error },
+    /// A step did not finish in time.
+    #[error("{step} with {server} timed out after {timeout:?}")]
+    TimedOut {
+        step: &'static str,
+        server: String,
+        timeout: Duration,
+    },
+    /// The CA or client certificate files did not load.
+    #[error("{0:#}")]
+    TlsFiles(anyhow::Error),
+    /// The TLS handshake failed (certificate, name, protocol).
+    #[error("TLS handshake with {server}: {source}")]
+    Tls { server: String, source: io::Error },
+    /// The token file did not read or holds an unusable token.
+    #[error("service account token: {0:#}")]
+    Token(anyhow::Error),
+    /// The server answered the upgrade with an HTTP error.
+    #[error("server refused the connection with {status}: {body}")]
+    Refused { status: StatusCode, body: String },
+    /// The upgrade failed otherwise.
+    #[error("WebSocket upgrade with {server}: {source}")]
+    WebSocket { server: String, source: WsError },
+    /// The server picked another protocol version.
+    #[error("server answered subprotocol {0:?}, expected {SUBPROTOCOL:?}")]
+    Subprotocol(Option<String>),
+}
+
+/// The rustls client configuration: roots from `--ca-cert`, the client pair if given, ALPN
+/// `http/1.1`.
+pub(crate) fn tls_config(config: &Config) -> anyhow::Result<Arc<ClientConfig>> {
+    let roots = tls::load_roots(&config.ca_cert).context("loading --ca-cert")?;
+    let builder = ClientConfig::builder_with_provider(tls::provider())
+        .with_safe_default_protocol_versions()
+        .context("configuring TLS")?
+        .with_root_certificates(roots);
+    let mut client = match &config.client_cert {
+        Some(pair) => {
+            let certs = tls::load_certs(&pair.cert).context("loading --agent-cert")?;
+            let key = tls::load_key(&pair.key).context("loading --agent-key")?;
+            builder
+                .with_client_auth_cert(certs, key)
+                .context("--agent-cert and --agent-key do not make a usable pair")?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    client.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(client))
+}
+
+/// Connects and upgrades; every step has a timeout.
+pub(crate) async fn connect(config: &Config) -> Result<Connected, ConnectError> {
+    let server = config.server_authority();
+    let tls = tls_config(config).map_err(ConnectError::TlsFiles)?;
+
+    let tcp = tokio::time::timeout(
+        TCP_CONNECT_TIMEOUT,
+        TcpStream::connect((config.server_host.as_str(), config.server_port)),
+    )
+    .await
+    .map_err(|_| ConnectError::TimedOut {
+        step: "TCP connect",
+        server: server.clone(),
+        timeout: TCP_CONNECT_TIMEOUT,
+    })?
+    .map_err(|source| ConnectError::Tcp {
+        server: server.clone(),
+        source,
+    })?;
+    let peer = tcp.peer_addr().map_err(|source| ConnectError::Tcp {
+        server: server.clone(),
+        source,
+    })?;
+    // Small frames (pings, window grants) must not wait for Nagle.
+    let _ = tcp.set_nodelay(true);
+
+    let tls = tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        TlsConnector::from(tls).connect(config.server_name.clone(), tcp),
+    )
+    .await
+    .map_err(|_| ConnectError::TimedOut {
+        step: "TLS handshake",
+        server: server.clone(),
+        timeout: HANDSHAKE_TIMEOUT,
+    })?
+    .map_err(|source| ConnectError::Tls {
+        server: server.clone(),
+        source,
+    })?;
+
+    let request = upgrade_request(config, &server)?;
+    let upgrade = tokio_tungstenite::client_async_with_config(
+        request,
+        tls,
+        Some(bridgehead_mux::websocket_config()),
+    );
+    let (ws, response) = tokio::time::timeout(HANDSHAKE_TIMEOUT, upgrade)
+        .await
+        .map_err(|_| ConnectError::TimedOut {
+            step: "WebSocket upgrade",
+            server: server.clone(),
+            timeout: HANDSHAKE_TIMEOUT,
+        })?
+        .map_err(|error| match error {
+            WsError::Http(response) => ConnectError::Refused {
+                status: response.status(),
+                body: body_text(response.body().as_deref()),
+            },
+            source => ConnectError::WebSocket {
+                server: server.clone(),
+                source,
+            },
+        })?;
+    let subprotocol = response
+        .headers()
+        .get(SEC_WEBSOCKET_PROTOCOL)
+        .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
+    if subprotocol.as_deref() != Some(SUBPROTOCOL) {
+        return Err(ConnectError::Subprotocol(subprotocol));
+    }
+    Ok(Connected { ws, peer })
+}
+
+/// `GET wss://<server>/connect?id=…&host=…` with the subprotocol and, if configured, the token.
+fn upgrade_request(
+    config: &Config,
+    server: &str,
+) -> Result<tokio_tungstenite::tungstenite::handshake::client::Request, ConnectError> {
+    let uri = format!("wss://{server}/connect?{}", config.identifiers.to_query());
+    let mut request = uri
+        .into_client_request()
+        .map_err(|source| ConnectError::WebSocket {
+            server: server.to_owned(),
+            source,
+        })?;
+    let headers = request.headers_mut();
+    headers.insert(
+        SEC_WEBSOCKET_PROTOCOL,
+        HeaderValue::from_static(SUBPROTOCOL),
+    );
+    if let Some(path) = &config.token_path {
+        headers.insert(AUTHORIZATION, bearer(path).map_err(ConnectError::Token)?);
+    }
+    Ok(request)
+}
+
+/// `Bearer <token>` from the token file, re-read on every connect (tokens rotate).
+fn bearer(path: &std::path::Path) -> anyhow::Result<HeaderValue> {
+    let token =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let token = token.trim();
+    if token.is_empty() {
+        anyhow::bail!("{} is empty", path.display());
+    }
+    let mut value = HeaderValue::from_str(&format!("Bearer {token}")).with_context(|| {
+        format!(
+            "{} holds characters not allowed in a header",
+            path.display()
+        )
+    })?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+/// The body of a refusal as one printable line, shortened.
+fn body_text(body: Option<&[u8]>) -> String {
+    let text = String::from_utf8_lossy(body.unwrap_or_default());
+    let text: String = text
+        .trim()
+        .chars()
+        .take(MAX_LOGGED_BODY)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if text.is_empty() {
+        "(no reason given)".to_owned()
+    } else {
+        text
+    }
+}

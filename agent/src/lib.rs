@@ -1,0 +1,153 @@
+//! `bridgehead-agent`: sits inside the private network, keeps one WebSocket session open to
+//! `bridgehead-server`, and dials the targets the server asks for, splicing each TCP
+//! connection onto its stream of the session.
+//!
+//! [`run`] is the whole agent: the health server, and a reconnect loop that connects
+//! (TCP, TLS with the `--ca-cert` roots and an optional client certificate, the WebSocket
+//! upgrade to `/connect?id=…&host=…` with subprotocol `bridgehead.v1` and an optional bearer
+//! token), runs the session (dials in [`dial`], one task per tunnel), and waits with
+//! [`backoff::Backoff`] between attempts. [`config`] turns the command line into a validated
+//! [`Config`]. On shutdown the agent announces DRAIN and lets open tunnels finish within the
+//! grace period.
+//!
+//! Not here: the wire protocol and flow control (`bridgehead-proto`, `bridgehead-mux`), and
+//! any policy on which targets may be dialed — the server routes, the agent dials what it is
+//! asked.
+
+pub mod backoff;
+pub mod config;
+mod connect;
+pub mod dial;
+mod health;
+mod session;
+
+use std::time::{Duration, Instant};
+
+use bridgehead_runtime::health::serve;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{error, info, info_span, warn, Instrument};
+
+pub use config::{Cli, Config};
+
+use backoff::Backoff;
+use connect::ConnectError;
+use health::Health;
+
+/// A session that lasted this long was healthy: the next reconnect starts from the first delay.
+const HEALTHY_SESSION: Duration = Duration::from_secs(10);
+
+/// Runs the agent until `shutdown` is cancelled and the live session (if any) drained. Serves
+/// `/healthz`, `/readyz` and `/metrics` on `health`.
+pub async fn run(
+    config: Config,
+    health_listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let health_address = health_listener.local_addr()?;
+    info!(address = %health_address, "health server listening");
+    info!(
+        server = %config.server_authority(),
+        agent = %config.agent_id(),
+        identifiers = %config.identifiers,
+        "starting"
+    );
+
+    let health = Health::new(&config.server_authority());
+    let health_stop = CancellationToken::new();
+    let health_tasks = TaskTracker::new();
+    let routes = {
+        let health = health.clone();
+        move |path: &str| health.reply(path)
+    };
+    let health_server = tokio::spawn(serve(
+        health_listener,
+        routes,
+        health_stop.clone(),
+        health_tasks.clone(),
+    ));
+
+    reconnect_loop(&config, &health, &shutdown).await;
+
+    health_stop.cancel();
+    let _ = health_server.await;
+    health_tasks.close();
+    let _ = tokio::time::timeout(Duration::from_secs(1), health_tasks.wait()).await;
+    info!("stopped");
+    Ok(())
+}
+
+/// Connects, runs the session, and starts over with backoff, until shutdown.
+async fn reconnect_loop(config: &Config, health: &Health, shutdown: &CancellationToken) {
+    let mut backoff = Backoff::new(config.sync_interval, config.sync_interval_cap);
+    let mut rng = StdRng::from_os_rng();
+    let mut first = true;
+    while !shutdown.is_cancelled() {
+        if !first {
+            health.metrics().reconnecting();
+        }
+        first = false;
+        let attempt = tokio::select! {
+            attempt = connect::connect(config) => attempt,
+            () = shutdown.cancelled() => break,
+        };
+        match attempt {
+            Ok(connected) => {
+                let started = Instant::now();
+                let peer = connected.peer;
+                info!(
+                    server = %peer,
+                    identifiers = %config.identifiers,
+                    "connected to server"
+                );
+                health.set_connected(peer);
+                let span = info_span!("session", server = %peer);
+                let reason = session::run(connected, config, health, shutdown)
+                    .instrument(span)
+                    .await;
+                health.set_not_connected(format!("session with {peer} ended: {reason}"));
+                if shutdown.is_cancelled() {
+                    info!(server = %peer, %reason, "session closed");
+                    break;
+                }
+                if started.elapsed() > HEALTHY_SESSION {
+                    backoff.reset();
+                }
+                let delay = backoff.next_delay(&mut rng);
+                warn!(server = %peer, %reason, retry_in = ?delay, "session with server ended");
+                if !sleep_or_shutdown(delay, shutdown).await {
+                    break;
+                }
+            }
+            Err(error) => {
+                health.set_not_connected(error.to_string());
+                let delay = backoff.next_delay(&mut rng);
+                match &error {
+                    // The server looked at us and said no (bad identifiers, auth): that needs
+                    // an operator, whatever the retries do.
+                    ConnectError::Refused { status, body } => error!(
+                        status = status.as_u16(),
+                        reason = %body,
+                        retry_in = ?delay,
+                        "server refused the connection"
+                    ),
+                    _ => warn!(%error, retry_in = ?delay, "connecting to server failed"),
+                }
+                if !sleep_or_shutdown(delay, shutdown).await {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Sleeps `delay`; false if shutdown came first.
+async fn sleep_or_shutdown(delay: Duration, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(delay) => true,
+        () = shutdown.cancelled() => false,
+    }
+}

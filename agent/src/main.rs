@@ -1,0 +1,91 @@
+//! The `bridgehead-agent` binary: parse, validate, set up logging and TLS, bind, run.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use bridgehead_agent::Cli;
+use bridgehead_runtime::{logging, signal, tls, EX_USAGE};
+use clap::error::ErrorKind;
+use clap::Parser;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::error;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error)
+            if matches!(
+                error.kind(),
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+            ) =>
+        {
+            error.exit()
+        }
+        Err(error) => usage_error(clap_message(&error)),
+    };
+    let config = match cli.into_config() {
+        Ok(config) => config,
+        Err(error) => usage_error(format!("{error:#}")),
+    };
+    logging::init(config.log_format);
+    tls::install_crypto_provider();
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            error!(%error, "starting the tokio runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let health = TcpListener::bind(config.health_address)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "binding the health server to {}: {e}",
+                    config.health_address
+                )
+            })?;
+        let address = health.local_addr()?;
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "bridgehead-agent health listening on {address}")?;
+        stdout.flush()?;
+        drop(stdout);
+        let shutdown = CancellationToken::new();
+        signal::cancel_on_signal(shutdown.clone())?;
+        bridgehead_agent::run(config, health, shutdown).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            error!(error = format!("{error:#}"), "bridgehead-agent failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Prints `bridgehead-agent: <message>` and exits with `EX_USAGE`.
+fn usage_error(message: String) -> ! {
+    eprintln!("bridgehead-agent: {message}");
+    std::process::exit(EX_USAGE)
+}
+
+/// A clap error on one line: its first paragraph (the message and any detail lines, such as
+/// the missing flags or the possible values), without the `error: ` prefix.
+fn clap_message(error: &clap::Error) -> String {
+    let rendered = error.render().to_string();
+    let message = rendered
+        .lines()
+        .take_while(|line| !line.trim().is_empty())
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ");
+    message
+        .strip_prefix("error: ")
+        .unwrap_or(&message)
+        .to_owned()
+}

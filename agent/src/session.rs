@@ -1,0 +1,200 @@
+//! One connected session: drive the multiplexer, take the server's dials, splice each tunnel,
+//! and drain on shutdown.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::net::Ipv6Addr;
+use std::time::{Duration, Instant};
+
+use bridgehead_mux::pump::{self, Moved};
+use bridgehead_mux::{DialRequest, Mux};
+use bytes::Bytes;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, info_span, warn, Instrument};
+
+use crate::config::Config;
+use crate::connect::Connected;
+use crate::dial::{self, DialError};
+use crate::health::{Health, Metrics};
+
+/// After a drain in which tunnels ended, how long the session stays up so the server can
+/// consume their last bytes before the close (which discards unread data).
+const CLOSE_LINGER: Duration = Duration::from_secs(1);
+
+/// After the session ended, how long its tunnel tasks get to notice and finish.
+const TASKS_AFTER_SESSION: Duration = Duration::from_secs(5);
+
+/// Runs the session until it ends (server gone, keepalive timeout, protocol error) or, once
+/// `shutdown` fires, until it drained. Returns why it ended.
+pub(crate) async fn run(
+    connected: Connected,
+    config: &Config,
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> String {
+    let Connected { ws, peer: _ } = connected;
+    let mux = Mux::agent();
+    let tracker = TaskTracker::new();
+    // Stops the driver; cancelled only at the end of a drain, never straight from `shutdown`.
+    let stop = CancellationToken::new();
+
+    let driver = mux.run(ws, config.keepalive, stop.clone());
+    let background = async {
+        tokio::join!(
+            accept_loop(&mux, &tracker, health.metrics()),
+            drain_on_shutdown(
+                &mux,
+                &tracker,
+                health,
+                shutdown,
+                config.drain_grace_period,
+                &stop
+            ),
+        );
+        std::future::pending::<Infallible>().await
+    };
+    let result = tokio::select! {
+        result = driver => result,
+        never = background => match never {},
+    };
+    let reason = match result {
+        Ok(()) => mux.closed().await,
+        Err(error) => error.to_string(),
+    };
+
+    // Every stream failed with the session; let their tasks see it and finish.
+    tracker.close();
+    if tokio::time::timeout(TASKS_AFTER_SESSION, tracker.wait())
+        .await
+        .is_err()
+    {
+        warn!(
+            tasks = tracker.len(),
+            "tunnel tasks still running after the session ended"
+        );
+    }
+    reason
+}
+
+/// Spawns a tunnel task for every dial the server asks for, until the session ends.
+async fn accept_loop(mux: &Mux, tracker: &TaskTracker, metrics: &Metrics) {
+    while let Some(request) = mux.accept().await {
+        let span = info_span!(
+            "stream",
+            stream = request.id(),
+            target = %Target(&request.host, request.port),
+        );
+        tracker.spawn(tunnel(request, metrics.clone()).instrument(span));
+    }
+}
+
+/// On shutdown: announce DRAIN, wait for the tunnels to finish (at most `grace`), then stop
+/// the session.
+async fn drain_on_shutdown(
+    mux: &Mux,
+    tracker: &TaskTracker,
+    health: &Health,
+    shutdown: &CancellationToken,
+    grace: Duration,
+    stop: &CancellationToken,
+) {
+    shutdown.cancelled().await;
+    health.set_shutting_down();
+    info!(
+        open_streams = mux.open_streams(),
+        grace_period = ?grace,
+        "draining: the server routes no new tunnels here"
+    );
+    mux.drain();
+    tracker.close();
+    let busy = !tracker.is_empty();
+    let started = Instant::now();
+    match tokio::time::timeout(grace, tracker.wait()).await {
+        Ok(()) => {
+            info!(elapsed = ?started.elapsed(), "drain complete: every tunnel finished");
+            if busy {
+                // The server may not have read the last bytes of the tunnels that just ended,
+                // and closing the session discards what it has not read yet.
+                let linger = CLOSE_LINGER.min(grace.saturating_sub(started.elapsed()));
+                tokio::select! {
+                    () = tokio::time::sleep(linger) => {}
+                    _ = mux.closed() => {}
+                }
+            }
+        }
+        Err(_) => warn!(
+            open_streams = mux.open_streams(),
+            "drain grace period passed; cutting the remaining tunnels"
+        ),
+    }
+    stop.cancel();
+}
+
+/// One tunnel: dial within the server's deadline (unless the server gives up first), answer,
+/// then splice until both directions end.
+async fn tunnel(request: DialRequest, metrics: Metrics) {
+    let started = Instant::now();
+    let dialed = tokio::select! {
+        dialed = dial::dial(&request.host, request.port, request.timeout) => dialed,
+        () = request.cancelled() => {
+            debug!("the server gave up on the dial");
+            return;
+        }
+    };
+    metrics.dial_finished(
+        dialed.as_ref().err().map(DialError::code),
+        started.elapsed(),
+    );
+    let mut socket = match dialed {
+        Ok(socket) => socket,
+        Err(error) => {
+            let code = error.code();
+            debug!(%error, %code, "dial failed");
+            request.reject(code, &error.to_string());
+            return;
+        }
+    };
+    let stream = match request.accept() {
+        Ok(stream) => stream,
+        Err(end) => {
+            debug!(reason = %end, "the server gave up before the dial finished");
+            return;
+        }
+    };
+    debug!(elapsed = ?started.elapsed(), "tunnel open");
+    let _open = metrics.stream_opened();
+    let mut moved = Moved::default();
+    let result = pump::splice(&mut socket, &stream, Bytes::new(), &mut moved).await;
+    metrics.moved(moved);
+    match result {
+        Ok(()) => debug!(
+            from_target = moved.up,
+            to_target = moved.down,
+            "tunnel closed"
+        ),
+        Err(error) => {
+            // The client's end failed: let the target see a reset, not a clean close.
+            let _ = socket.set_zero_linger();
+            debug!(
+                %error,
+                from_target = moved.up,
+                to_target = moved.down,
+                "tunnel reset"
+            );
+        }
+    }
+}
+
+/// `host:port`, with brackets around an IPv6 literal.
+struct Target<'a>(&'a str, u16);
+
+impl fmt::Display for Target<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.parse::<Ipv6Addr>().is_ok() {
+            write!(f, "[{}]:{}", self.0, self.1)
+        } else {
+            write!(f, "{}:{}", self.0, self.1)
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! The command line: defaults, validation, and the binary's exit code 64 on a bad config.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use bridgehead_agent::Cli;
+use bridgehead_certs::Pki;
+use clap::Parser;
+
+struct Files {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl Files {
+    fn new() -> Files {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pki");
+        Pki::generate(&[]).unwrap().write_dir(&path, false).unwrap();
+        Files { _dir: dir, path }
+    }
+
+    fn file(&self, name: &str) -> String {
+        self.path.join(name).display().to_string()
+    }
+}
+
+fn parse(args: &[&str]) -> anyhow::Result<bridgehead_agent::Config> {
+    let cli = Cli::try_parse_from(std::iter::once("bridgehead-agent").chain(args.iter().copied()))?;
+    cli.into_config()
+}
+
+fn error_of(args: &[&str]) -> String {
+    format!("{:#}", parse(args).unwrap_err())
+}
+
+#[test]
+fn defaults() {
+    let f = Files::new();
+    let ca = f.file("ca.crt");
+    let config = parse(&["--ca-cert", &ca, "--agent-id", "a1"]).unwrap();
+    assert_eq!(config.server_host, "127.0.0.1");
+    assert_eq!(config.server_port, 8132);
+    assert_eq!(config.server_authority(), "127.0.0.1:8132");
+    assert_eq!(config.health_address.to_string(), "0.0.0.0:8093");
+    assert_eq!(config.keepalive.interval, Duration::from_secs(5));
+    assert_eq!(config.keepalive.timeout, Duration::from_secs(15));
+    assert_eq!(config.sync_interval, Duration::from_secs(1));
+    assert_eq!(config.sync_interval_cap, Duration::from_secs(30));
+    assert_eq!(config.drain_grace_period, Duration::from_secs(30));
+    assert_eq!(config.agent_id(), "a1");
+    assert_eq!(config.identifiers.to_query(), "id=a1");
+    assert!(config.client_cert.is_none());
+    assert!(config.token_path.is_none());
+}
+
+#[test]
+fn identifiers_and_server_name() {
+    let f = Files::new();
+    let (ca, crt, key) = (f.file("ca.crt"), f.file("agent.crt"), f.file("agent.key"));
+    let config = parse(&[
+        "--ca-cert",
+        &ca,
+        "--agent-cert",
+        &crt,
+        "--agent-key",
+        &key,
+        "--agent-id",
+        "node-1",
+        "--agent-identifiers",
+        "host=node1&ipv4=10.0.0.5&ipv6=fd00::5&cidr=10.244.1.7/24&default-route=true",
+        "--proxy-server-host",
+        "[::1]",
+        "--keepalive-time",
+        "500ms",
+    ])
+    .unwrap();
+    assert_eq!(
+        config.identifiers.to_query(),
+        "id=node-1&host=node1&ipv4=10.0.0.5&ipv6=fd00%3A%3A5&cidr=10.244.1.0%2F24&default-route=true"
+    );
+    assert_eq!(config.server_host, "::1");
+    assert_eq!(config.server_authority(), "[::1]:8132");
+    assert!(
+        matches!(
+            config.server_name,
+            rustls_pki_types::ServerName::IpAddress(_)
+        ),
+        "{:?}",
+        config.server_name
+    );
+    assert_eq!(config.keepalive.timeout, Duration::from_millis(1500));
+    assert!(config.client_cert.is_some());
+}
+
+#[test]
+fn id_from_the_identifiers() {
+    let f = Files::new();
+    let config = parse(&[
+        "--ca-cert",
+        &f.file("ca.crt"),
+        "--agent-identifiers",
+        "host=a&id=from-query",
+    ])
+    .unwrap();
+    assert_eq!(config.agent_id(), "from-query");
+    assert_eq!(config.identifiers.to_query(), "id=from-query&host=a");
+}
+
+#[test]
+fn default_agent_id_is_set() {
+    let f = Files::new();
+    let config = parse(&["--ca-cert", &f.file("ca.crt")]).unwrap();
+    assert!(!config.agent_id().is_empty());
+}
+
+#[test]
+fn invalid_configs() {
+    let f = Files::new();
+    let (ca, crt, key) = (f.file("ca.crt"), f.file("agent.crt"), f.file("agent.key"));
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--agent-identifiers", "host=a&zone=b"],
+            "unknown identifier key \"zone\"",
+        ),
+        (
+            &["--agent-identifiers", "ipv4=10.0.0.300"],
+            "invalid --agent-identifiers",
+        ),
+        (
+            &["--agent-identifiers", "id=x&host=a", "--agent-id", "y"],
+            "--agent-identifiers sets id= and --agent-id is given too",
+        ),
+        (&["--agent-id", "has space"], "invalid --agent-id"),
+        (&["--agent-cert", &crt], "--agent-cert needs --agent-key"),
+        (&["--agent-key", &key], "--agent-key needs --agent-cert"),
+        (&["--agent-cert", &crt, "--agent-key", &ca], "--agent-key"),
+        (
+            &["--keepalive-time", "0"],
+            "--keepalive-time must be above 0",
+        ),
+        (
+            &["--sync-interval", "10s", "--sync-interval-cap", "1s"],
+            "--sync-interval-cap",
+        ),
+        (&["--server-name", "bad name!"], "invalid --server-name"),
+    ];
+    for (args, want) in cases {
+        let mut all = vec!["--ca-cert", ca.as_str()];
+        all.extend_from_slice(args);
+        let error = error_of(&all);
+        assert!(error.contains(want), "{args:?}: {error}");
+    }
+    let error = error_of(&["--ca-cert", "/nonexistent/ca.crt"]);
+    assert!(error.contains("loading --ca-cert"), "{error}");
+}
+
+#[test]
+fn bad_durations_are_clap_errors() {
+    let error = Cli::try_parse_from([
+        "bridgehead-agent",
+        "--ca-cert",
+        "x",
+        "--sync-interval",
+        "1x",
+    ])
+    .unwrap_err();
+    assert!(error.to_string().contains("invalid duration"), "{error}");
+}
+
+fn run_binary(args: &[&str]) -> (Option<i32>, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_bridgehead-agent"))
+        .args(args)
+        .env_remove("BRIDGEHEAD_AGENT_ID")
+        .output()
+        .unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn assert_usage_error(args: &[&str], want: &str) {
+    let (code, stderr) = run_binary(args);
+    assert_eq!(code, Some(64), "{args:?}: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr:?}");
+    assert!(stderr.starts_with("bridgehead-agent: "), "{stderr:?}");
+    assert!(stderr.contains(want), "{stderr:?} lacks {want:?}");
+}
+
+#[test]
+fn binary_exits_64_on_bad_config() {
+    let f = Files::new();
+    let (ca, crt) = (f.file("ca.crt"), f.file("agent.crt"));
+    assert_usage_error(
+        &[
+            "--ca-cert",
+            &ca,
+            "--agent-identifiers",
+            "host=a&colour=blue",
+        ],
+        "unknown identifier key \"colour\"",
+    );
+    assert_usage_error(
+        &["--ca-cert", &ca, "--agent-cert", &crt],
+        "--agent-cert needs --agent-key",
+    );
+    assert_usage_error(
+        &["--ca-cert", &ca, "--drain-grace-period", "soon"],
+        "invalid duration",
+    );
+    assert_usage_error(&[], "--ca-cert");
+    assert_usage_error(&["--ca-cert", &ca, "--no-such-flag"], "--no-such-flag");
+    let missing = Path::new("/nonexistent/ca.crt").display().to_string();
+    assert_usage_error(&["--ca-cert", &missing], "loading --ca-cert");
+}
+
+#[test]
+fn binary_help_and_version_exit_0() {
+    for flag in ["--help", "--version"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_bridgehead-agent"))
+            .arg(flag)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(0), "{flag}");
+    }
+}
+
+#[test]
+fn flags_read_the_environment() {
+    let f = Files::new();
+    let output = Command::new(env!("CARGO_BIN_EXE_bridgehead-agent"))
+        .env("BRIDGEHEAD_CA_CERT", f.file("ca.crt"))
+        .env("BRIDGEHEAD_AGENT_IDENTIFIERS", "host=a&shoe-size=9")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("shoe-size"));
+}
