@@ -187,6 +187,9 @@ pub struct ServerOptions {
     pub args: Vec<String>,
     /// Bind addresses (default 127.0.0.1).
     pub bind: Option<String>,
+    /// Bind address of the agent endpoint alone (default: `bind`), e.g. an address agents in
+    /// network namespaces reach while the frontend and health port stay on loopback.
+    pub agent_bind: Option<String>,
 }
 
 /// A running `bridgehead-server`.
@@ -207,9 +210,10 @@ impl Server {
             .unwrap_or_else(|| "127.0.0.1".to_owned());
         let mut command = Command::new(binary("bridgehead-server")?);
         command.args(["--agent-port", "0", "--health-port", "0"]);
+        let agent_bind = options.agent_bind.as_deref().unwrap_or(&bind);
         command.args([
             "--agent-bind-address",
-            &bind,
+            agent_bind,
             "--health-bind-address",
             &bind,
         ]);
