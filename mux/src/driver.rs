@@ -28,6 +28,8 @@ pub fn websocket_config() -> WebSocketConfig {
 }
 /// The writer batches frames into messages of about this size.
 const BATCH_BYTES: usize = 256 * 1024;
+/// How long a closing session may take to flush frames queued before the close.
+const CLOSE_FLUSH: Duration = Duration::from_secs(1);
 
 /// How often to ping and how long silence may last before the session is declared dead.
 #[derive(Debug, Clone, Copy)]
@@ -125,28 +127,17 @@ impl Mux {
             loop {
                 let notified = shared.transmit.notified();
                 if let Some(reason) = shared.closed_reason() {
+                    // A last DATA and FIN queued before the close still go out, briefly.
+                    let flush = send_queued(&mut sink, shared, &mut buf);
+                    let _ = tokio::time::timeout(CLOSE_FLUSH, flush).await;
                     return Err::<(), _>((reason, true));
                 }
-                let mut sent = false;
-                loop {
-                    buf.reserve(BATCH_BYTES);
-                    let frames =
-                        shared.with(|state| state.session.encode_transmit(&mut buf, BATCH_BYTES));
-                    if frames == 0 {
-                        break;
-                    }
-                    let message = Message::Binary(buf.split().freeze());
-                    if let Err(error) = sink.feed(message).await {
-                        return Err((error.to_string(), false));
-                    }
-                    sent = true;
-                }
-                if sent {
-                    if let Err(error) = sink.flush().await {
-                        return Err((error.to_string(), false));
-                    }
-                }
+                send_queued(&mut sink, shared, &mut buf)
+                    .await
+                    .map_err(|error| (error, false))?;
                 tokio::select! {
+                    // Queued frames go out before a ping or a shutdown.
+                    biased;
                     () = notified => {}
                     _ = ping.tick() => {
                         if let Err(error) = sink.send(Message::Ping(Default::default())).await {
@@ -193,4 +184,32 @@ impl Mux {
             other => other,
         }
     }
+}
+
+/// Encodes every queued frame into messages of up to [`BATCH_BYTES`], writes and flushes them.
+async fn send_queued<S>(
+    sink: &mut futures_util::stream::SplitSink<WebSocketStream<S>, Message>,
+    shared: &crate::shared::Shared,
+    buf: &mut BytesMut,
+) -> Result<(), String>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut sent = false;
+    loop {
+        buf.reserve(BATCH_BYTES);
+        let frames = shared.with(|state| state.session.encode_transmit(buf, BATCH_BYTES));
+        if frames == 0 {
+            break;
+        }
+        let message = Message::Binary(buf.split().freeze());
+        sink.feed(message)
+            .await
+            .map_err(|error| error.to_string())?;
+        sent = true;
+    }
+    if sent {
+        sink.flush().await.map_err(|error| error.to_string())?;
+    }
+    Ok(())
 }

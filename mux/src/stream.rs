@@ -56,21 +56,16 @@ impl MuxStream {
     pub async fn read(&self) -> Result<Option<Bytes>, StreamEnd> {
         loop {
             let notified = self.signals.read.notified();
+            // Data that arrived before a reset of the session is still delivered first.
             let outcome = self.shared.with(|state| {
-                let ending = state.slots.get(&self.id).and_then(|s| s.ending.clone());
-                if let Some(Ending::Reset {
-                    code,
-                    reason,
-                    by_peer,
-                }) = ending
-                {
-                    return Err(StreamEnd {
-                        code,
-                        reason,
-                        by_peer,
-                    });
+                let outcome = state.session.read(self.id);
+                match outcome {
+                    ReadOutcome::Pending | ReadOutcome::Gone => match self.reset_of(state) {
+                        Some(end) => Err(end),
+                        None => Ok(outcome),
+                    },
+                    outcome => Ok(outcome),
                 }
-                Ok(state.session.read(self.id))
             })?;
             match outcome {
                 ReadOutcome::Data(chunk) => return Ok(Some(chunk)),

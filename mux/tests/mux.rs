@@ -246,3 +246,23 @@ async fn keepalive_detects_a_silent_peer() {
         "{result:?}"
     );
 }
+
+/// The agent writes its last bytes and FIN and closes its session right away: the server
+/// still reads every byte and a clean EOF.
+#[tokio::test]
+async fn last_bytes_survive_a_session_close() {
+    let p = pair().await;
+    let agent = p.agent.clone();
+    tokio::spawn(async move {
+        let stream = next_dial(&agent).await.accept().unwrap();
+        stream.write(Bytes::from_static(b"tail")).await.unwrap();
+        stream.finish().unwrap();
+        agent.close("agent exiting");
+    });
+    let stream = p.server.open("x", 1, Duration::from_secs(5)).await.unwrap();
+    p.server.closed().await;
+    assert_eq!(stream.read().await.unwrap().as_deref(), Some(&b"tail"[..]));
+    assert_eq!(stream.read().await.unwrap(), None);
+    // The send direction died with the session.
+    assert!(stream.write(Bytes::from_static(b"x")).await.is_err());
+}

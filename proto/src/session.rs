@@ -313,6 +313,21 @@ impl Session {
         let Some(state) = self.streams.get_mut(&stream) else {
             return ReadOutcome::Gone;
         };
+        if state.aborted {
+            // What arrived before the session ended is still delivered, then the stream goes.
+            return match state.recv_buf.pop_front() {
+                Some(chunk) => ReadOutcome::Data(chunk),
+                None => {
+                    let eof = state.recv_closed;
+                    self.streams.remove(&stream);
+                    if eof {
+                        ReadOutcome::Eof
+                    } else {
+                        ReadOutcome::Gone
+                    }
+                }
+            };
+        }
         let outcome = match state.recv_buf.pop_front() {
             Some(chunk) => {
                 state.consumed(chunk.len());
@@ -374,12 +389,27 @@ impl Session {
     }
 
     /// The session is over (the WebSocket closed or failed): every stream fails at once.
-    /// Dialing streams get [`Event::DialFailed`], the others [`Event::Reset`]. Nothing is
-    /// queued for transmission.
+    /// Dialing streams get [`Event::DialFailed`], the others [`Event::Reset`]. Data a stream
+    /// received before the end stays readable ([`Session::read`] returns it, then `Eof` if the
+    /// peer had finished, else `Gone`); nothing can be sent any more. Frames queued before
+    /// stay queued, so the I/O layer may still flush them (a last DATA and FIN).
     pub fn abort(&mut self, reason: &str) {
         let mut ids: Vec<StreamId> = self.streams.keys().copied().collect();
         ids.sort_unstable();
         for stream in ids {
+            if let Some(state) = self.streams.get_mut(&stream) {
+                if matches!(state.phase, Phase::Open) && !state.recv_buf.is_empty() {
+                    state.aborted = true;
+                    state.send_closed = true;
+                    self.events.push_back(Event::Reset {
+                        stream,
+                        code: ErrorCode::ConnectionReset,
+                        reason: reason.to_owned(),
+                        by_peer: false,
+                    });
+                    continue;
+                }
+            }
             let Some(state) = self.streams.remove(&stream) else {
                 continue;
             };
@@ -401,8 +431,6 @@ impl Session {
                 by_peer: false,
             });
         }
-        self.control.clear();
-        self.data.clear();
     }
 
     /// The next event for the I/O layer.
@@ -452,7 +480,13 @@ impl Session {
                     return Err(SessionError::StreamIdReused(stream, self.last_id));
                 }
                 self.last_id = stream;
-                if self.draining {
+                if u64::from(window) > MAX_CREDIT {
+                    self.refuse(
+                        stream,
+                        ErrorCode::FlowControl,
+                        "DIAL grants more than 2^31-1 bytes of credit",
+                    );
+                } else if self.draining {
                     self.refuse(stream, ErrorCode::Draining, "the agent is draining");
                 } else if self.streams.len() >= self.config.max_streams {
                     self.refuse(
@@ -487,6 +521,16 @@ impl Session {
                 state.phase = Phase::Open;
                 state.send_credit = u64::from(window);
                 self.deadlines.remove(&(deadline, stream));
+                if u64::from(window) > MAX_CREDIT {
+                    let reason = "DIAL_OK grants more than 2^31-1 bytes of credit";
+                    self.reset_stream(stream, ErrorCode::FlowControl, reason, false);
+                    self.events.push_back(Event::DialFailed {
+                        stream,
+                        code: ErrorCode::FlowControl,
+                        message: reason.to_owned(),
+                    });
+                    return Ok(());
+                }
                 self.events.push_back(Event::Opened { stream });
             }
             Frame::DialErr {

@@ -32,6 +32,9 @@ pub(super) struct Stream {
     pub(super) recv_allowed: u64,
     /// Bytes read since the last grant.
     pub(super) unacked: u64,
+    /// The session ended while this stream still held received data: it stays only until
+    /// that data is read.
+    pub(super) aborted: bool,
 }
 
 impl Stream {
@@ -44,6 +47,7 @@ impl Stream {
             recv_buf: VecDeque::new(),
             recv_allowed: u64::from(window),
             unacked: 0,
+            aborted: false,
         }
     }
 
