@@ -4,10 +4,13 @@ use std::io;
 
 use bridgehead_proto::frame::MAX_DATA_PAYLOAD;
 use bridgehead_proto::ErrorCode;
-use bytes::{BufMut, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 
 use crate::{MuxStream, StreamEnd};
+
+/// Size of the inline buffer an idle tunnel waits on.
+const IDLE_READ: usize = 2048;
 
 /// Bytes moved by a finished splice.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -33,65 +36,36 @@ pub enum SpliceError {
 /// Copies bytes both ways between `socket` and `stream` until both directions ended. A socket
 /// EOF becomes FIN on the stream and the peer's FIN shuts the socket's write side, so each
 /// direction ends on its own. `initial` holds bytes the client sent ahead (after its CONNECT
-/// head); they go first. On error the stream is reset. `moved` counts progress as it happens.
+/// head); they go first. On error the stream is reset. `moved` holds the byte counts when it
+/// returns.
 pub async fn splice<S>(
     socket: S,
     stream: &MuxStream,
-    initial: bytes::Bytes,
+    initial: Bytes,
     moved: &mut Moved,
 ) -> Result<(), SpliceError>
 where
     S: AsyncRead + AsyncWrite,
 {
-    let (mut rd, mut wr) = tokio::io::split(socket);
-    let mut up_bytes = 0u64;
-    let mut down_bytes = 0u64;
-    let result = {
-        let up = async {
-            if !initial.is_empty() {
-                up_bytes += initial.len() as u64;
-                stream.write(initial).await?;
-            }
-            let mut buf = BytesMut::new();
-            loop {
-                let credit = stream.writable().await?;
-                let want = credit.min(MAX_DATA_PAYLOAD);
-                buf.reserve(want);
-                let n = rd.read_buf(&mut (&mut buf).limit(want)).await?;
-                if n == 0 {
-                    stream.finish()?;
-                    return Ok::<(), SpliceError>(());
-                }
-                up_bytes += n as u64;
-                stream.write(buf.split().freeze()).await?;
-            }
-        };
-        let down = async {
-            while let Some(chunk) = stream.read().await? {
-                down_bytes += chunk.len() as u64;
-                wr.write_all(&chunk).await?;
-            }
-            wr.shutdown().await?;
-            Ok::<(), SpliceError>(())
-        };
-        tokio::pin!(up, down);
-        let (mut up_done, mut down_done) = (false, false);
-        let result = loop {
-            tokio::select! {
-                result = &mut up, if !up_done => match result {
-                    Ok(()) => up_done = true,
-                    Err(error) => break Err(error),
-                },
-                result = &mut down, if !down_done => match result {
-                    Ok(()) => down_done = true,
-                    Err(error) => break Err(error),
-                },
-            }
-            if up_done && down_done {
-                break Ok(());
-            }
-        };
-        result
+    let (rd, wr) = tokio::io::split(socket);
+    let up = uplink(rd, stream, initial, &mut moved.up);
+    let down = downlink(wr, stream, &mut moved.down);
+    tokio::pin!(up, down);
+    let (mut up_done, mut down_done) = (false, false);
+    let result = loop {
+        tokio::select! {
+            result = &mut up, if !up_done => match result {
+                Ok(()) => up_done = true,
+                Err(error) => break Err(error),
+            },
+            result = &mut down, if !down_done => match result {
+                Ok(()) => down_done = true,
+                Err(error) => break Err(error),
+            },
+        }
+        if up_done && down_done {
+            break Ok(());
+        }
     };
     if let Err(error) = &result {
         let (code, reason) = match error {
@@ -100,7 +74,64 @@ where
         };
         stream.reset(code, &reason);
     }
-    moved.up = up_bytes;
-    moved.down = down_bytes;
     result
+}
+
+/// Socket to stream, reading only as much as the stream's credit allows.
+///
+/// An idle tunnel waits on a small inline buffer; only a read that fills it switches to large
+/// heap reads, and the large buffer is let go as soon as a read comes up short again, so
+/// thousands of idle tunnels hold no read buffers.
+async fn uplink<S: AsyncRead>(
+    mut rd: ReadHalf<S>,
+    stream: &MuxStream,
+    initial: Bytes,
+    count: &mut u64,
+) -> Result<(), SpliceError> {
+    if !initial.is_empty() {
+        *count += initial.len() as u64;
+        stream.write(initial).await?;
+    }
+    let mut small = [0u8; IDLE_READ];
+    let mut big = BytesMut::new();
+    let mut streaming = false;
+    loop {
+        let credit = stream.writable().await?;
+        let chunk = if streaming {
+            let want = credit.min(MAX_DATA_PAYLOAD);
+            big.reserve(want);
+            let n = rd.read_buf(&mut (&mut big).limit(want)).await?;
+            streaming = n == want;
+            let chunk = big.split().freeze();
+            if !streaming {
+                big = BytesMut::new();
+            }
+            chunk
+        } else {
+            let want = credit.min(IDLE_READ);
+            let n = rd.read(&mut small[..want]).await?;
+            streaming = n == want;
+            Bytes::copy_from_slice(&small[..n])
+        };
+        if chunk.is_empty() {
+            stream.finish()?;
+            return Ok(());
+        }
+        *count += chunk.len() as u64;
+        stream.write(chunk).await?;
+    }
+}
+
+/// Stream to socket; the peer's FIN shuts the socket's write side.
+async fn downlink<S: AsyncWrite>(
+    mut wr: WriteHalf<S>,
+    stream: &MuxStream,
+    count: &mut u64,
+) -> Result<(), SpliceError> {
+    while let Some(chunk) = stream.read().await? {
+        *count += chunk.len() as u64;
+        wr.write_all(&chunk).await?;
+    }
+    wr.shutdown().await?;
+    Ok(())
 }
