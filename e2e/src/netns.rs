@@ -1,0 +1,436 @@
+//! Test hosts in network namespaces, so routing tests can prove which agent carried a tunnel.
+//!
+//! [`TestNet::new`] creates one namespace per host, each joined to the root namespace by a veth
+//! pair on its own `/30` in `10.250.<slot>.0/24` (root side `.4i+1`, host side `.4i+2`). The host
+//! side also gets `fd00:250:<slot>:<i>::2/64`. `<slot>` is a `/24` no root interface uses yet,
+//! so several nets (parallel tests, several test processes) never share an address; namespace and
+//! link names carry the test process's pid and a counter (`bh<pid>n<k>`, `bh<pid>v<k>`).
+//!
+//! Nothing routes beyond the test: a namespace has no default route, only its own link and, for
+//! hosts other than the first, a `/32` route to [`TestNet::server_v4`] (the root side of the
+//! first host's link), where the server's agent endpoint listens. So an agent can only reach the
+//! addresses of its own namespace: a tunnel routed to the wrong agent fails or is answered by
+//! the wrong host's [`TestNet::who_am_i`], and the test sees it.
+//!
+//! Everything is deleted on drop (namespaces, root-side links, `/etc/netns/<ns>/`, target
+//! processes). A test process killed with SIGKILL leaves its namespaces behind; list them with
+//! `ip netns list | grep '^bh'` and remove them with `ip netns del`. Targets exit by themselves
+//! when the test process goes away (their stdin closes).
+//!
+//! Creating namespaces needs root ([`is_root`]); the routing tests skip without it.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Mutex, OnceLock};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+/// How long a target may take to announce its listener.
+const TARGET_STARTUP: Duration = Duration::from_secs(20);
+
+/// The most hosts one net holds (one `/30` each in a `/24`).
+const MAX_HOSTS: usize = 64;
+
+/// Names of hosts by index; [`Host::name`].
+const NAMES: [&str; 8] = ["A", "B", "C", "D", "E", "F", "G", "H"];
+
+/// Where `ip netns exec` looks for per-namespace files to mount over `/etc`.
+const ETC_NETNS: &str = "/etc/netns";
+
+/// Numbers namespaces and links uniquely within this process.
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// Held while a net picks its `/24` and puts addresses on it, so two nets of this process never
+/// pick the same one; and while creating or removing directories in [`ETC_NETNS`].
+static SLOTS: Mutex<()> = Mutex::new(());
+
+/// A who-am-i TCP server: binds `argv[2]` (`host:port`, IPv6 in brackets, port 0 for any; `::`
+/// accepts IPv4 too), prints `who-am-i listening on ADDR`, then answers every connection with
+/// `argv[1]` and a newline, ends its direction and reads until the client closes. Exits when its
+/// stdin closes (the test dropped it, or the test process died).
+const WHO_AM_I: &str = r#"
+import socket, sys, threading
+name, spec = sys.argv[1], sys.argv[2]
+host, _, port = spec.rpartition(":")
+host = host.strip("[]")
+if ":" in host:
+    listener = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+else:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind((host, int(port)))
+listener.listen(512)
+bound = listener.getsockname()
+shown = "[%s]:%d" % bound[:2] if ":" in bound[0] else "%s:%d" % bound[:2]
+print("who-am-i listening on " + shown, flush=True)
+
+def handle(conn):
+    try:
+        conn.sendall((name + "\n").encode())
+        conn.shutdown(socket.SHUT_WR)
+        while conn.recv(4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+def serve():
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+threading.Thread(target=serve, daemon=True).start()
+sys.stdin.read()
+"#;
+
+/// Whether this process runs as root (effective uid 0), which network namespaces need.
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+            // Uid: real effective saved filesystem
+            line.split_whitespace().nth(2).map(|euid| euid == "0")
+        })
+        .unwrap_or(false)
+}
+
+/// Runs `ip` with `args`; fails with its stderr.
+pub fn ip(args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new("ip")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("running ip (iproute2)")?;
+    if !out.status.success() {
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// One test host: a network namespace linked to the root namespace.
+#[derive(Debug)]
+pub struct Host {
+    index: usize,
+    ns: String,
+    root_link: String,
+    v4: Ipv4Addr,
+    v6: Ipv6Addr,
+    root_v4: Ipv4Addr,
+    hosts_dir: Option<PathBuf>,
+}
+
+impl Host {
+    /// The namespace's name (for `ip netns exec` and [`crate::AgentOptions::netns`]).
+    pub fn ns_name(&self) -> &str {
+        &self.ns
+    }
+
+    /// `A`, `B`, `C`, ... by index: what [`TestNet::who_am_i_everywhere`] answers here.
+    pub fn name(&self) -> &'static str {
+        NAMES.get(self.index).copied().unwrap_or("?")
+    }
+
+    /// The host's IPv4 address (on its end of the link).
+    pub fn v4(&self) -> Ipv4Addr {
+        self.v4
+    }
+
+    /// The host's IPv6 address (on its end of the link).
+    pub fn v6(&self) -> Ipv6Addr {
+        self.v6
+    }
+}
+
+/// A target process running inside a namespace.
+#[derive(Debug)]
+struct Target {
+    child: Child,
+    /// Closing it makes the target exit.
+    stdin: Option<ChildStdin>,
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A few test hosts in network namespaces; deleted on drop.
+#[derive(Debug)]
+pub struct TestNet {
+    hosts: Vec<Host>,
+    targets: Vec<Target>,
+}
+
+impl TestNet {
+    /// Creates `hosts` namespaces (at most 8 get letter names), each linked to the root
+    /// namespace, with loopback up.
+    pub fn new(hosts: usize) -> anyhow::Result<TestNet> {
+        if hosts == 0 || hosts > MAX_HOSTS {
+            bail!("a TestNet holds 1 to {MAX_HOSTS} hosts, not {hosts}");
+        }
+        let mut net = TestNet {
+            hosts: Vec::new(),
+            targets: Vec::new(),
+        };
+        let pid = std::process::id();
+        let _slots = SLOTS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let slot = free_slot()?;
+        for index in 0..hosts {
+            let k = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let ns = format!("bh{pid}n{k}");
+            let root_link = format!("bh{pid}v{k}");
+            if root_link.len() > 15 {
+                bail!("interface name {root_link} is longer than 15 characters");
+            }
+            let base = u8::try_from(index * 4).context("too many hosts")?;
+            let root_v4 = Ipv4Addr::new(10, 250, slot, base + 1);
+            let v4 = Ipv4Addr::new(10, 250, slot, base + 2);
+            let v6 = Ipv6Addr::new(0xfd00, 0x250, slot.into(), index as u16, 0, 0, 0, 2);
+            ip(&["netns", "add", &ns])?;
+            net.hosts.push(Host {
+                index,
+                ns: ns.clone(),
+                root_link: root_link.clone(),
+                v4,
+                v6,
+                root_v4,
+                hosts_dir: None,
+            });
+            ip(&[
+                "link", "add", &root_link, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+            ])?;
+            ip(&["addr", "add", &format!("{root_v4}/30"), "dev", &root_link])?;
+            ip(&["link", "set", &root_link, "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+            ip(&["-n", &ns, "addr", "add", &format!("{v4}/30"), "dev", "eth0"])?;
+            ip(&[
+                "-n",
+                &ns,
+                "-6",
+                "addr",
+                "add",
+                &format!("{v6}/64"),
+                "dev",
+                "eth0",
+                "nodad",
+            ])?;
+            ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+        }
+        let server = net.server_v4();
+        for host in &net.hosts[1..] {
+            ip(&[
+                "-n",
+                &host.ns,
+                "route",
+                "add",
+                &format!("{server}/32"),
+                "via",
+                &host.root_v4.to_string(),
+                "dev",
+                "eth0",
+            ])?;
+        }
+        Ok(net)
+    }
+
+    /// Host `i`.
+    pub fn host(&self, i: usize) -> &Host {
+        &self.hosts[i]
+    }
+
+    /// The root namespace's address on host `i`'s link.
+    pub fn root_v4(&self, i: usize) -> Ipv4Addr {
+        self.hosts[i].root_v4
+    }
+
+    /// The root-namespace address every host reaches: bind the server's agent endpoint here
+    /// ([`crate::ServerOptions::agent_bind`]). It is [`TestNet::root_v4`] of host 0.
+    pub fn server_v4(&self) -> Ipv4Addr {
+        self.hosts[0].root_v4
+    }
+
+    /// Runs `command` (a program and its arguments) inside host `i`'s namespace and waits for
+    /// it; fails with its stderr when it fails.
+    pub fn run_in(&self, i: usize, command: &[&str]) -> anyhow::Result<Output> {
+        let (program, args) = command.split_first().context("empty command")?;
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.hosts[i].ns, program])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running {command:?} in {}", self.hosts[i].ns))?;
+        if !out.status.success() {
+            bail!(
+                "{command:?} in {}: {}",
+                self.hosts[i].ns,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(out)
+    }
+
+    /// Adds `cidr` (e.g. `10.251.7.9/32`, `fd00:251:7::9/128`) to host `i`'s loopback: an
+    /// address that exists only inside that namespace, so several hosts can have the same one.
+    pub fn add_local_address(&self, i: usize, cidr: &str) -> anyhow::Result<()> {
+        let mut args = vec!["-n", &self.hosts[i].ns, "addr", "add", cidr, "dev", "lo"];
+        if cidr.contains(':') {
+            args.push("nodad");
+        }
+        ip(&args)?;
+        Ok(())
+    }
+
+    /// Writes `/etc/netns/<ns>/hosts` for host `i`: `localhost` plus `entries` (address,
+    /// names). `ip netns exec` mounts it over `/etc/hosts`, so processes started afterwards in
+    /// that namespace (agents) resolve the names; nothing else sees them.
+    pub fn set_hosts(&mut self, i: usize, entries: &[(&str, &str)]) -> anyhow::Result<()> {
+        let dir = PathBuf::from(ETC_NETNS).join(&self.hosts[i].ns);
+        let mut text = String::from("127.0.0.1 localhost\n::1 localhost\n");
+        for (address, names) in entries {
+            text.push_str(&format!("{address} {names}\n"));
+        }
+        self.hosts[i].hosts_dir = Some(dir.clone());
+        // Another test process may remove an empty /etc/netns between the two steps: retry.
+        let _etc = SLOTS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut attempts = 0;
+        loop {
+            let written = std::fs::create_dir_all(&dir)
+                .and_then(|()| std::fs::write(dir.join("hosts"), &text));
+            match written {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempts < 3 => {
+                    attempts += 1;
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("writing {}/hosts", dir.display()))
+                }
+            }
+        }
+    }
+
+    /// Starts a who-am-i target inside host `i`'s namespace on `addr` (`ip:port`, IPv6 in
+    /// brackets; port 0 picks one; `[::]` takes IPv4 too) answering `name` and a newline to
+    /// every connection; returns the bound address. It runs until the net is dropped.
+    pub fn who_am_i(&mut self, i: usize, addr: &str, name: &str) -> anyhow::Result<SocketAddr> {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.hosts[i].ns])
+            .arg(python())
+            .args(["-c", WHO_AM_I, name, addr])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("spawning a who-am-i target (python3)")?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().context("no stdout")?;
+        let mut stderr = child.stderr.take().context("no stderr")?;
+        self.targets.push(Target { child, stdin });
+        let (tx, rx) = mpsc::sync_channel(1);
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(TARGET_STARTUP).unwrap_or_default();
+        match line.trim().strip_prefix("who-am-i listening on ") {
+            Some(bound) => Ok(bound.parse()?),
+            None => {
+                // The target exits on failure; kill it in case it is stuck, then read why.
+                if let Some(target) = self.targets.last_mut() {
+                    let _ = target.child.kill();
+                }
+                let mut why = String::new();
+                let _ = stderr.read_to_string(&mut why);
+                bail!("who-am-i {name} on {addr} in {}: {why}", self.hosts[i].ns)
+            }
+        }
+    }
+
+    /// Starts a who-am-i on `[::]` (IPv4 and IPv6, every address of the namespace) in every
+    /// host, all on one port, each answering its host's [`Host::name`]; returns the port.
+    /// Start it before the agents, so nothing else holds the port in a namespace.
+    pub fn who_am_i_everywhere(&mut self) -> anyhow::Result<u16> {
+        let mut port = 0;
+        for i in 0..self.hosts.len() {
+            let name = self.hosts[i].name();
+            port = self.who_am_i(i, &format!("[::]:{port}"), name)?.port();
+        }
+        Ok(port)
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        self.targets.clear();
+        for host in &self.hosts {
+            // Deleting one end of a veth pair deletes both.
+            let _ = ip(&["link", "del", &host.root_link]);
+            let _ = ip(&["netns", "del", &host.ns]);
+            if let Some(dir) = &host.hosts_dir {
+                let _etc = SLOTS
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                let _ = std::fs::remove_dir_all(dir);
+                // Only succeeds once empty: the last net out leaves /etc as it found it.
+                let _ = std::fs::remove_dir(ETC_NETNS);
+            }
+        }
+    }
+}
+
+/// A `/24` of `10.250.0.0/16` that no interface of the root namespace has an address in. Called
+/// with [`SLOTS`] held; other test processes start their search elsewhere (by pid).
+fn free_slot() -> anyhow::Result<u8> {
+    let start = std::process::id() as usize + COUNTER.load(Ordering::Relaxed) * 17;
+    for n in 0..256 {
+        let slot = ((start + n) % 256) as u8;
+        if ip(&[
+            "-4",
+            "-o",
+            "addr",
+            "show",
+            "to",
+            &format!("10.250.{slot}.0/24"),
+        ])?
+        .trim()
+        .is_empty()
+        {
+            return Ok(slot);
+        }
+    }
+    bail!("every /24 of 10.250.0.0/16 is in use; stale test namespaces? (ip netns list)")
+}
+
+/// The python3 interpreter itself (not a version manager's shim, which would add startup time
+/// per target), found once.
+fn python() -> &'static str {
+    static PYTHON: OnceLock<String> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+            .filter(|path| !path.is_empty())
+            .unwrap_or_else(|| "python3".to_owned())
+    })
+}
