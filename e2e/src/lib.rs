@@ -10,6 +10,7 @@
 //!
 //! The binaries must be built first (`cargo build --bins`); the README's test command does it.
 
+pub mod bench;
 pub mod client;
 pub mod netns;
 pub mod process;

@@ -1,0 +1,321 @@
+//! The benchmark tool behind `cargo run --release -p bridgehead-e2e --bin bench`: the real
+//! release binaries on loopback (mTLS frontend, agent WebSocket over TLS), measured side by
+//! side with direct loopback TCP in the same run, against the targets of the performance
+//! issue.
+//!
+//! - [`route`]: how the client reaches a target (direct, mTLS frontend, Unix socket).
+//! - [`target`]: the in-process target (upload sink, download source, echo).
+//! - [`rig`]: the server/agent processes under test.
+//! - Measurements: [`throughput`] (and CPU per GiB), [`setup`], [`latency`] (round trips),
+//!   [`memory`] (idle tunnels), [`stall`] (stalled neighbour).
+//! - [`report`] (tables, JSON lines, PASS/MISS), [`plot`] (SVG), [`profile`] (`perf record`).
+//!
+//! Every load loop is bounded in count and in time. The client's own CPU is not counted;
+//! on a small machine it competes with the server and agent, as it does with the target in
+//! the direct runs.
+
+pub mod latency;
+pub mod memory;
+pub mod plot;
+pub mod procfs;
+pub mod profile;
+pub mod report;
+pub mod rig;
+pub mod route;
+pub mod setup;
+pub mod stall;
+pub mod target;
+pub mod throughput;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde_json::json;
+
+use profile::Profiler;
+use report::Report;
+use rig::Rig;
+use target::Target;
+
+/// Command line of the `bench` binary.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "bench",
+    about = "Benchmarks Bridgehead against direct loopback TCP",
+    long_about = "Benchmarks Bridgehead against direct loopback TCP. Needs the release \
+                  binaries: run `cargo build --release --bins` first."
+)]
+pub struct Options {
+    /// Small sizes and short bounds: a smoke run for CI (under a minute).
+    #[arg(long)]
+    pub quick: bool,
+    /// Run only these measurements (repeatable, or comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Measurement>,
+    /// JSON lines output, one object per measurement [default: <out-dir>/results.jsonl].
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Directory for the SVG plots [default: target/bench].
+    #[arg(long)]
+    pub out_dir: Option<PathBuf>,
+    /// Record the server and agent with `perf record` during the one-tunnel bulk runs and the
+    /// mTLS setup run at concurrency 1, into this directory (slows those runs down).
+    #[arg(long)]
+    pub perf: Option<PathBuf>,
+    /// Internal: serve the bench target in this process (the memory measurement's child).
+    #[arg(long, hide = true)]
+    pub serve_target: bool,
+}
+
+/// A measurement `--only` can select.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Measurement {
+    /// Bulk throughput at 1/4/16/64 tunnels each way, with server+agent CPU per GiB.
+    Throughput,
+    /// Tunnel setup rate and latency at concurrency 1 and 16.
+    Setup,
+    /// 64-byte round trips on an open tunnel.
+    Rtt,
+    /// Server+agent memory with 1,000 and 10,000 idle tunnels.
+    Memory,
+    /// A bulk tunnel's throughput beside a stalled one.
+    Stall,
+}
+
+/// Sizes and time bounds of every measurement.
+#[derive(Debug, Clone)]
+pub struct Budget {
+    /// Bytes of one bulk run (split between its tunnels).
+    pub bulk_bytes: u64,
+    /// Time bound of one bulk run.
+    pub bulk_time: Duration,
+    pub setup_count: usize,
+    pub setup_time: Duration,
+    pub rtt_count: usize,
+    pub rtt_time: Duration,
+    /// Idle tunnel counts, ascending.
+    pub idle: Vec<usize>,
+    pub stall_rounds: usize,
+}
+
+impl Budget {
+    /// The full run.
+    pub fn full() -> Budget {
+        Budget {
+            bulk_bytes: 1 << 30,
+            bulk_time: Duration::from_secs(5),
+            setup_count: 10_000,
+            setup_time: Duration::from_secs(5),
+            rtt_count: 20_000,
+            rtt_time: Duration::from_secs(3),
+            idle: vec![1_000, 10_000],
+            stall_rounds: 2,
+        }
+    }
+
+    /// The CI smoke run.
+    pub fn quick() -> Budget {
+        Budget {
+            bulk_bytes: 64 << 20,
+            bulk_time: Duration::from_millis(700),
+            setup_count: 300,
+            setup_time: Duration::from_millis(700),
+            rtt_count: 2_000,
+            rtt_time: Duration::from_millis(500),
+            idle: vec![100, 500],
+            stall_rounds: 1,
+        }
+    }
+}
+
+/// Runs the selected measurements, prints the tables and writes the JSON lines and plots.
+/// Returns whether every target was met.
+pub fn run(options: &Options) -> anyhow::Result<bool> {
+    if options.serve_target {
+        Target::serve_standalone()?;
+        return Ok(true);
+    }
+    for name in ["bridgehead-server", "bridgehead-agent"] {
+        let path = crate::process::bin_dir().join(name);
+        if !path.exists() {
+            bail!(
+                "{} not found: run `cargo build --release --bins` first",
+                path.display()
+            );
+        }
+    }
+    let out_dir = options.out_dir.clone().unwrap_or_else(default_out_dir);
+    std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let json_path = options
+        .json
+        .clone()
+        .unwrap_or_else(|| out_dir.join("results.jsonl"));
+    let budget = if options.quick {
+        Budget::quick()
+    } else {
+        Budget::full()
+    };
+    let selected = |m: Measurement| options.only.is_empty() || options.only.contains(&m);
+
+    let most_idle = budget.idle.last().copied().unwrap_or(0);
+    let want_fds = most_idle as u64 + memory::FD_SLACK;
+    let nofile = procfs::raise_nofile(want_fds.max(65_536))?;
+    let machine = Machine::read();
+    eprintln!(
+        "machine: {} x {}, kernel {}, load {}; RLIMIT_NOFILE {nofile}",
+        machine.nproc, machine.cpu, machine.kernel, machine.load
+    );
+    if machine.load_1m() > 0.5 {
+        eprintln!(
+            "warning: load average {} — other work on this machine makes the numbers noisy",
+            machine.load
+        );
+    }
+
+    let mut report = Report::create(&json_path, options.quick)?;
+    report.record(
+        "machine",
+        json!({
+            "nproc": machine.nproc,
+            "cpu": machine.cpu,
+            "kernel": machine.kernel,
+            "loadavg_start": machine.load,
+            "nofile": nofile,
+        }),
+    )?;
+    let profiler = options.perf.clone().map(Profiler::new).transpose()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let target = runtime.block_on(Target::start())?;
+
+    let path_measurements = [
+        Measurement::Throughput,
+        Measurement::Setup,
+        Measurement::Rtt,
+        Measurement::Stall,
+    ];
+    if path_measurements.into_iter().any(selected) {
+        let rig = Rig::start(selected(Measurement::Setup) || selected(Measurement::Rtt))?;
+        eprintln!(
+            "server pid {}, agent pid {} (frontend {})",
+            rig.server.process.pid(),
+            rig.agent.process.pid(),
+            rig.server.frontend
+        );
+        runtime.block_on(async {
+            if selected(Measurement::Throughput) {
+                throughput::run(&rig, target.addr, &budget, &mut report, profiler.as_ref()).await;
+            }
+            if selected(Measurement::Setup) {
+                setup::run(&rig, target.addr, &budget, &mut report, profiler.as_ref()).await;
+            }
+            if selected(Measurement::Rtt) {
+                latency::run(&rig, target.addr, &budget, &mut report).await;
+            }
+            if selected(Measurement::Stall) {
+                stall::run(&rig, &target, &budget, &mut report).await;
+            }
+        });
+    }
+    if selected(Measurement::Memory) {
+        let counts: Vec<usize> = budget
+            .idle
+            .iter()
+            .copied()
+            .filter(|&count| match memory::check_fds(nofile, count) {
+                Ok(()) => true,
+                Err(error) => {
+                    report.failed(
+                        &format!("{count} idle tunnels"),
+                        "all open, no error",
+                        &error,
+                    );
+                    false
+                }
+            })
+            .collect();
+        // Fresh processes, so the baseline is not inflated by the runs before; the target in
+        // its own process, so its descriptors do not count against the bench's limit.
+        let rig = Rig::start(false)?;
+        let (_target_process, idle_target) = Target::spawn_process()?;
+        runtime.block_on(memory::run(&rig, idle_target, &counts, &mut report));
+    }
+
+    let throughput_svg = out_dir.join("throughput.svg");
+    if !report.throughput.is_empty() {
+        plot::throughput(&report.throughput, &throughput_svg)?;
+        eprintln!("plot: {}", throughput_svg.display());
+    }
+    let setup_svg = out_dir.join("setup.svg");
+    if !report.setup.is_empty() {
+        plot::setup(&report.setup, &setup_svg)?;
+        eprintln!("plot: {}", setup_svg.display());
+    }
+    let load_end = Machine::read().load;
+    report.record("end", json!({ "loadavg_end": load_end }))?;
+    println!(
+        "## Bridgehead benchmark{}\n\nmachine: {} x {}, kernel {}; load average at start {}, at end {}\n",
+        if options.quick { " (--quick)" } else { "" },
+        machine.nproc,
+        machine.cpu,
+        machine.kernel,
+        machine.load,
+        load_end
+    );
+    println!("{}", report.markdown());
+    eprintln!("results: {}", report.json_path().display());
+    Ok(report.all_passed())
+}
+
+/// `target/bench` next to the binaries' `target/release`.
+fn default_out_dir() -> PathBuf {
+    let bin = crate::process::bin_dir();
+    bin.parent()
+        .map_or_else(|| PathBuf::from("target/bench"), |t| t.join("bench"))
+}
+
+/// What the results depend on.
+#[derive(Debug, Clone)]
+struct Machine {
+    nproc: usize,
+    cpu: String,
+    kernel: String,
+    load: String,
+}
+
+impl Machine {
+    fn read() -> Machine {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|line| line.strip_prefix("model name"))
+            .and_then(|rest| rest.split_once(':'))
+            .map_or("unknown CPU".to_owned(), |(_, model)| {
+                model.trim().to_owned()
+            });
+        let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        Machine {
+            nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu,
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+            load: loadavg
+                .split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" "),
+        }
+    }
+
+    fn load_1m(&self) -> f64 {
+        self.load
+            .split_whitespace()
+            .next()
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(0.0)
+    }
+}

@@ -1,0 +1,146 @@
+//! Round-trip latency of small request/response exchanges on an open tunnel, and the
+//! percentile summary the setup measurement shares.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::report::{micros, Check, Outcome, Report};
+use super::rig::Rig;
+use super::route::Route;
+use super::target;
+use super::Budget;
+
+/// Size of each request and of its response.
+const MESSAGE: usize = 64;
+/// Exchanges before timing starts.
+const WARMUP: usize = 200;
+/// The round trip through Bridgehead may add this much to the direct p50.
+const RTT_BUDGET: Duration = Duration::from_micros(50);
+
+/// Percentiles of a set of durations.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Summary {
+    pub n: usize,
+    pub p50: Duration,
+    pub p99: Duration,
+    pub mean: Duration,
+    pub max: Duration,
+}
+
+impl Summary {
+    /// Summarises `samples` (sorted in place); all zero when empty.
+    pub fn of(samples: &mut [Duration]) -> Summary {
+        if samples.is_empty() {
+            return Summary::default();
+        }
+        samples.sort_unstable();
+        let n = samples.len();
+        let rank = |q: f64| samples[((q * n as f64).ceil() as usize).clamp(1, n) - 1];
+        let total: Duration = samples.iter().sum();
+        Summary {
+            n,
+            p50: rank(0.50),
+            p99: rank(0.99),
+            mean: total / n as u32,
+            max: samples[n - 1],
+        }
+    }
+}
+
+/// Times up to `count` exchanges of [`MESSAGE`] bytes (at most `limit`) on one connection.
+pub async fn round_trips(
+    route: &Route,
+    target: SocketAddr,
+    count: usize,
+    limit: Duration,
+) -> anyhow::Result<Summary> {
+    let mut conn = route.open(target).await?;
+    target::start_echo(&mut conn).await?;
+    let message = [0x42u8; MESSAGE];
+    let mut reply = [0u8; MESSAGE];
+    let exchanges = async {
+        for _ in 0..WARMUP {
+            target::echo(&mut conn, &message, &mut reply).await?;
+        }
+        let mut samples = Vec::with_capacity(count);
+        let deadline = Instant::now() + limit;
+        while samples.len() < count && Instant::now() < deadline {
+            let started = Instant::now();
+            target::echo(&mut conn, &message, &mut reply).await?;
+            samples.push(started.elapsed());
+        }
+        anyhow::Ok(samples)
+    };
+    let mut samples = tokio::time::timeout(limit + Duration::from_secs(10), exchanges)
+        .await
+        .map_err(|_| anyhow::anyhow!("round trips did not finish in time"))??;
+    Ok(Summary::of(&mut samples))
+}
+
+/// Round trips direct, through the mTLS frontend and through the Unix socket.
+pub async fn run(rig: &Rig, target: SocketAddr, budget: &Budget, report: &mut Report) {
+    eprintln!("== round trip, {MESSAGE}-byte request/response on an open tunnel");
+    let mut direct = None;
+    for route in rig.routes() {
+        let result = round_trips(&route, target, budget.rtt_count, budget.rtt_time).await;
+        let summary = match result {
+            Ok(summary) => summary,
+            Err(error) => {
+                report.failed(
+                    &format!("round trip {}", route.label()),
+                    "p50 ≤ direct + 50 µs",
+                    &error,
+                );
+                continue;
+            }
+        };
+        eprintln!(
+            "  {}: p50 {} p99 {} (n={})",
+            route.label(),
+            micros(summary.p50),
+            micros(summary.p99),
+            summary.n
+        );
+        let _ = report.record(
+            "rtt",
+            json!({
+                "route": route.label(),
+                "message_bytes": MESSAGE,
+                "n": summary.n,
+                "p50_us": summary.p50.as_secs_f64() * 1e6,
+                "p99_us": summary.p99.as_secs_f64() * 1e6,
+                "mean_us": summary.mean.as_secs_f64() * 1e6,
+                "max_us": summary.max.as_secs_f64() * 1e6,
+            }),
+        );
+        report.row(
+            "Round trip (64 B request/response, open tunnel)",
+            &["route", "p50", "p99", "mean", "samples"],
+            vec![
+                route.label().to_owned(),
+                micros(summary.p50),
+                micros(summary.p99),
+                micros(summary.mean),
+                summary.n.to_string(),
+            ],
+        );
+        match (&route, direct) {
+            (Route::Direct, _) => direct = Some(summary),
+            (Route::Mtls { .. }, Some(direct)) => {
+                let added = summary.p50.saturating_sub(direct.p50);
+                let _ = report.check(Check {
+                    what: "round trip p50 (mTLS tunnel)".to_owned(),
+                    bridgehead: micros(summary.p50),
+                    direct: micros(direct.p50),
+                    ratio: format!("+{}", micros(added)),
+                    target: "≤ direct + 50 µs".to_owned(),
+                    outcome: Outcome::of(summary.p50 <= direct.p50 + RTT_BUDGET),
+                });
+            }
+            _ => {}
+        }
+    }
+}

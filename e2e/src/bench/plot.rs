@@ -1,0 +1,156 @@
+//! SVG plots of a run: throughput against tunnel count, and setup latency per route.
+
+use std::path::Path;
+
+use anyhow::anyhow;
+use plotters::prelude::*;
+
+use super::report::{SetupPoint, ThroughputPoint};
+
+const SIZE: (u32, u32) = (900, 540);
+
+/// `throughput.svg`: aggregate MiB/s against concurrent tunnels (log2 axis), one line per
+/// route and direction.
+pub fn throughput(points: &[ThroughputPoint], path: &Path) -> anyhow::Result<()> {
+    let top = points.iter().map(|p| p.mib_per_s).fold(1.0, f64::max) * 1.1;
+    let max_x = points
+        .iter()
+        .map(|p| (p.tunnels as f64).log2())
+        .fold(1.0, f64::max);
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow!("{e:?}"))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Bulk throughput against concurrent tunnels (loopback)",
+            ("sans-serif", 22),
+        )
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(70)
+        .build_cartesian_2d(-0.2f64..max_x + 0.2, 0f64..top)
+        .map_err(|e| anyhow!("{e:?}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("concurrent tunnels")
+        .y_desc("aggregate MiB/s")
+        .x_labels(max_x as usize + 1)
+        .x_label_formatter(&|x| format!("{:.0}", 2f64.powf(x.round())))
+        .draw()
+        .map_err(|e| anyhow!("{e:?}"))?;
+    let series = [
+        ("bridgehead-mtls", "upload", RED, "bridgehead upload"),
+        (
+            "bridgehead-mtls",
+            "download",
+            MAGENTA,
+            "bridgehead download",
+        ),
+        ("direct", "upload", BLUE, "direct upload"),
+        ("direct", "download", CYAN, "direct download"),
+    ];
+    for (route, direction, color, label) in series {
+        let mut line: Vec<(f64, f64)> = points
+            .iter()
+            .filter(|p| p.route == route && p.direction == direction)
+            .map(|p| ((p.tunnels as f64).log2(), p.mib_per_s))
+            .collect();
+        if line.is_empty() {
+            continue;
+        }
+        line.sort_by(|a, b| a.0.total_cmp(&b.0));
+        chart
+            .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))
+            .map_err(|e| anyhow!("{e:?}"))?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(line.iter().map(|&p| Circle::new(p, 4, color.filled())))
+            .map_err(|e| anyhow!("{e:?}"))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| anyhow!("{e:?}"))?;
+    root.present().map_err(|e| anyhow!("{e:?}"))?;
+    Ok(())
+}
+
+/// `setup.svg`: p50 and p99 setup latency (log axis) per route and concurrency.
+pub fn setup(points: &[SetupPoint], path: &Path) -> anyhow::Result<()> {
+    if points.is_empty() {
+        return Ok(());
+    }
+    let us = |d: std::time::Duration| d.as_secs_f64() * 1e6;
+    let low = points
+        .iter()
+        .map(|p| us(p.p50))
+        .fold(f64::MAX, f64::min)
+        .max(1.0)
+        / 2.0;
+    let high = points.iter().map(|p| us(p.p99)).fold(1.0, f64::max) * 2.0;
+    let names: Vec<String> = points
+        .iter()
+        .map(|p| {
+            let route = match p.route {
+                "bridgehead-mtls" => "mTLS",
+                "bridgehead-uds" => "UDS",
+                other => other,
+            };
+            format!("{route} ×{}", p.concurrency)
+        })
+        .collect();
+    let n = points.len();
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow!("{e:?}"))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Tunnel setup latency (fresh connection per tunnel; ×N = concurrency)",
+            ("sans-serif", 22),
+        )
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(70)
+        .build_cartesian_2d(-0.5f64..n as f64 - 0.5, (low..high).log_scale())
+        .map_err(|e| anyhow!("{e:?}"))?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n)
+        .x_label_formatter(&|x| {
+            let i = x.round();
+            if (x - i).abs() < 0.01 && i >= 0.0 {
+                names.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc("latency, µs (log scale)")
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .draw()
+        .map_err(|e| anyhow!("{e:?}"))?;
+    for (offset, color, label, pick) in [(-0.38, BLUE, "p50", 0usize), (0.02, RED, "p99", 1usize)] {
+        chart
+            .draw_series(points.iter().enumerate().map(|(i, p)| {
+                let value = if pick == 0 { us(p.p50) } else { us(p.p99) };
+                let x = i as f64 + offset;
+                Rectangle::new([(x, low), (x + 0.36, value.max(low))], color.filled())
+            }))
+            .map_err(|e| anyhow!("{e:?}"))?
+            .label(label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| anyhow!("{e:?}"))?;
+    root.present().map_err(|e| anyhow!("{e:?}"))?;
+    Ok(())
+}

@@ -1,0 +1,284 @@
+//! Bulk throughput through one tunnel and many at once, each way, side by side with direct
+//! loopback TCP, and the CPU the server and agent spend per GiB moved.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::json;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::procfs;
+use super::profile::Profiler;
+use super::report::{rate, ratio, Check, Outcome, Report, ThroughputPoint};
+use super::rig::Rig;
+use super::route::Route;
+use super::target;
+use super::Budget;
+
+/// Tunnel counts of the throughput sweep.
+pub const TUNNELS: [usize; 4] = [1, 4, 16, 64];
+/// Bridgehead must reach this share of direct loopback throughput.
+const THROUGHPUT_RATIO: f64 = 0.45;
+/// Server + agent CPU seconds per GiB moved, at most.
+const CPU_PER_GIB: f64 = 1.2;
+/// A transfer may run this much past its time bound before it counts as hung.
+const GRACE: Duration = Duration::from_secs(30);
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Which way the bulk data flows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Client to target.
+    Upload,
+    /// Target to client.
+    Download,
+}
+
+impl Direction {
+    pub fn label(self) -> &'static str {
+        match self {
+            Direction::Upload => "upload",
+            Direction::Download => "download",
+        }
+    }
+}
+
+/// One bulk run's outcome.
+#[derive(Debug, Clone, Copy)]
+pub struct Bulk {
+    pub bytes: u64,
+    pub seconds: f64,
+    /// CPU seconds the watched processes spent during the transfer.
+    pub cpu_seconds: Option<f64>,
+}
+
+impl Bulk {
+    /// Bytes per second.
+    pub fn rate(&self) -> f64 {
+        self.bytes as f64 / self.seconds.max(1e-9)
+    }
+
+    /// CPU seconds per GiB moved.
+    pub fn cpu_per_gib(&self) -> Option<f64> {
+        self.cpu_seconds
+            .map(|cpu| cpu / (self.bytes as f64 / GIB).max(1e-12))
+    }
+}
+
+/// Opens `tunnels` connections, then moves `total` bytes split between them in `direction`,
+/// all at once, stopping after `limit`. CPU is sampled on `pids` around the transfer.
+pub async fn bulk(
+    route: &Route,
+    target: SocketAddr,
+    direction: Direction,
+    tunnels: usize,
+    total: u64,
+    limit: Duration,
+    pids: &[u32],
+) -> anyhow::Result<Bulk> {
+    let mut opening = JoinSet::new();
+    for _ in 0..tunnels {
+        let route = route.clone();
+        opening.spawn(async move { route.open(target).await });
+    }
+    let mut conns = Vec::with_capacity(tunnels);
+    while let Some(opened) = opening.join_next().await {
+        conns.push(opened??);
+    }
+    let each = (total / tunnels as u64).max(1);
+    let cpu_before = (!pids.is_empty())
+        .then(|| procfs::total_cpu(pids))
+        .transpose()?;
+    let started = Instant::now();
+    let deadline = started + limit;
+    let mut transfers = JoinSet::new();
+    for mut conn in conns {
+        transfers.spawn(async move {
+            match direction {
+                Direction::Upload => target::upload(&mut conn, each, deadline).await,
+                Direction::Download => target::download(&mut conn, each, limit).await,
+            }
+        });
+    }
+    let mut bytes = 0u64;
+    let all = async {
+        while let Some(moved) = transfers.join_next().await {
+            bytes += moved??;
+        }
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(limit + GRACE, all)
+        .await
+        .context("bulk transfer hung")??;
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu_after = (!pids.is_empty())
+        .then(|| procfs::total_cpu(pids))
+        .transpose()?;
+    Ok(Bulk {
+        bytes,
+        seconds,
+        cpu_seconds: cpu_before.zip(cpu_after).map(|(b, a)| a - b),
+    })
+}
+
+/// The sweep over [`TUNNELS`], both directions, direct then Bridgehead (mTLS) each time.
+pub async fn run(
+    rig: &Rig,
+    target: SocketAddr,
+    budget: &Budget,
+    report: &mut Report,
+    profiler: Option<&Profiler>,
+) {
+    eprintln!(
+        "== bulk throughput (up to {} MiB or {:?} per run)",
+        budget.bulk_bytes >> 20,
+        budget.bulk_time
+    );
+    let pids = rig.pids();
+    // Warm up the path (allocator, TLS, windows) before the first timed run.
+    let _ = bulk(
+        &rig.mtls,
+        target,
+        Direction::Upload,
+        1,
+        16 << 20,
+        budget.bulk_time,
+        &[],
+    )
+    .await;
+    for tunnels in TUNNELS {
+        for direction in [Direction::Upload, Direction::Download] {
+            let what = format!("throughput, {tunnels} tunnel(s), {}", direction.label());
+            let direct = bulk(
+                &Route::Direct,
+                target,
+                direction,
+                tunnels,
+                budget.bulk_bytes,
+                budget.bulk_time,
+                &[],
+            )
+            .await;
+            let recording = match profiler {
+                Some(profiler) if tunnels == 1 => {
+                    let label = format!("bulk-{}", direction.label());
+                    let processes = [("server", pids[0]), ("agent", pids[1])];
+                    tokio::task::block_in_place(|| profiler.start(&label, &processes)).ok()
+                }
+                _ => None,
+            };
+            let bridged = bulk(
+                &rig.mtls,
+                target,
+                direction,
+                tunnels,
+                budget.bulk_bytes,
+                budget.bulk_time,
+                &pids,
+            )
+            .await;
+            if let Some(recording) = recording {
+                if let Err(error) = tokio::task::block_in_place(|| recording.stop()) {
+                    eprintln!("  perf: {error:#}");
+                }
+            }
+            let (direct, bridged) = match (direct, bridged) {
+                (Ok(direct), Ok(bridged)) => (direct, bridged),
+                (Err(error), _) | (_, Err(error)) => {
+                    report.failed(&what, "≥ 0.45 × direct", &error);
+                    continue;
+                }
+            };
+            record(report, tunnels, direction, &direct, &bridged);
+            let share = bridged.rate() / direct.rate();
+            if tunnels == 1 || tunnels == 64 {
+                let _ = report.check(Check {
+                    what,
+                    bridgehead: rate(bridged.rate()),
+                    direct: rate(direct.rate()),
+                    ratio: ratio(share),
+                    target: format!("≥ {THROUGHPUT_RATIO} × direct"),
+                    outcome: Outcome::of(share >= THROUGHPUT_RATIO),
+                });
+                if let Some(cpu) = bridged.cpu_per_gib() {
+                    let _ = report.check(Check {
+                        what: format!(
+                            "server+agent CPU, {tunnels} tunnel(s), {}",
+                            direction.label()
+                        ),
+                        bridgehead: format!("{cpu:.2} CPU s/GiB"),
+                        direct: "-".to_owned(),
+                        ratio: "-".to_owned(),
+                        target: format!("≤ {CPU_PER_GIB} CPU s/GiB"),
+                        outcome: Outcome::of(cpu <= CPU_PER_GIB),
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn record(
+    report: &mut Report,
+    tunnels: usize,
+    direction: Direction,
+    direct: &Bulk,
+    bridged: &Bulk,
+) {
+    for (route, bulk) in [("direct", direct), ("bridgehead-mtls", bridged)] {
+        eprintln!(
+            "  {route}: {tunnels} tunnel(s) {}: {} ({} MiB in {:.2} s){}",
+            direction.label(),
+            rate(bulk.rate()),
+            bulk.bytes >> 20,
+            bulk.seconds,
+            bulk.cpu_per_gib()
+                .map(|c| format!(", server+agent {c:.2} CPU s/GiB"))
+                .unwrap_or_default()
+        );
+        let _ = report.record(
+            "throughput",
+            json!({
+                "route": route,
+                "direction": direction.label(),
+                "tunnels": tunnels,
+                "bytes": bulk.bytes,
+                "seconds": bulk.seconds,
+                "bytes_per_s": bulk.rate(),
+                "server_agent_cpu_s": bulk.cpu_seconds,
+                "cpu_s_per_gib": bulk.cpu_per_gib(),
+            }),
+        );
+        report.throughput.push(ThroughputPoint {
+            route,
+            direction: direction.label(),
+            tunnels,
+            mib_per_s: bulk.rate() / (1024.0 * 1024.0),
+        });
+    }
+    report.row(
+        "Bulk throughput (aggregate over all tunnels)",
+        &[
+            "tunnels",
+            "direction",
+            "bridgehead",
+            "direct",
+            "ratio",
+            "server+agent CPU s/GiB",
+            "moved (bridgehead)",
+        ],
+        vec![
+            tunnels.to_string(),
+            direction.label().to_owned(),
+            rate(bridged.rate()),
+            rate(direct.rate()),
+            ratio(bridged.rate() / direct.rate()),
+            bridged
+                .cpu_per_gib()
+                .map_or("-".to_owned(), |c| format!("{c:.2}")),
+            format!("{} MiB in {:.2} s", bridged.bytes >> 20, bridged.seconds),
+        ],
+    );
+}
