@@ -63,6 +63,15 @@ pub fn tls_connect_with(
     config: Arc<ClientConfig>,
     frontend: SocketAddr,
 ) -> anyhow::Result<Box<dyn Conn>> {
+    Ok(Box::new(tls_stream(config, frontend)?))
+}
+
+/// An mTLS connection to the frontend as its concrete type, for what [`Conn`] cannot do
+/// (half-close with [`tls_shutdown_write`]).
+pub type TlsStream = StreamOwned<ClientConnection, TcpStream>;
+
+/// Like [`tls_connect_with`], returning the concrete stream.
+pub fn tls_stream(config: Arc<ClientConfig>, frontend: SocketAddr) -> anyhow::Result<TlsStream> {
     let tcp = TcpStream::connect(frontend)?;
     tcp.set_read_timeout(Some(IO_TIMEOUT))?;
     tcp.set_write_timeout(Some(IO_TIMEOUT))?;
@@ -74,15 +83,50 @@ pub fn tls_connect_with(
     while stream.conn.is_handshaking() {
         stream.conn.complete_io(&mut stream.sock)?;
     }
-    Ok(Box::new(stream))
+    Ok(stream)
+}
+
+/// Ends the client's direction of a TLS connection and keeps reading possible: close_notify,
+/// flushed, then a TCP half-close (what Go's `CloseWrite` on a `tls.Conn` does).
+pub fn tls_shutdown_write(stream: &mut TlsStream) -> std::io::Result<()> {
+    stream.conn.send_close_notify();
+    stream.flush()?;
+    while stream.conn.wants_write() {
+        stream.conn.write_tls(&mut stream.sock)?;
+    }
+    stream.sock.shutdown(std::net::Shutdown::Write)
+}
+
+/// TLS client config trusting the CA in `ca` and presenting `cert` (certificate and key
+/// files), for certificates that come from another [`Pki`] than the server's.
+pub fn tls_config_files(
+    ca: &Path,
+    cert: Option<(&Path, &Path)>,
+) -> anyhow::Result<Arc<ClientConfig>> {
+    bridgehead_runtime::tls::install_crypto_provider();
+    let roots = bridgehead_runtime::tls::load_roots(ca)?;
+    let builder = ClientConfig::builder().with_root_certificates(roots);
+    let config = match cert {
+        Some((crt, key)) => builder.with_client_auth_cert(
+            bridgehead_runtime::tls::load_certs(crt)?,
+            bridgehead_runtime::tls::load_key(key)?,
+        )?,
+        None => builder.with_no_client_auth(),
+    };
+    Ok(Arc::new(config))
 }
 
 /// Opens the Unix-socket frontend.
 pub fn uds_connect(path: &Path) -> anyhow::Result<Box<dyn Conn>> {
+    Ok(Box::new(uds_stream(path)?))
+}
+
+/// Like [`uds_connect`], returning the concrete stream (which can half-close).
+pub fn uds_stream(path: &Path) -> anyhow::Result<std::os::unix::net::UnixStream> {
     let sock = std::os::unix::net::UnixStream::connect(path)?;
     sock.set_read_timeout(Some(IO_TIMEOUT))?;
     sock.set_write_timeout(Some(IO_TIMEOUT))?;
-    Ok(Box::new(sock))
+    Ok(sock)
 }
 
 /// Writes exactly what kube-apiserver writes — `CONNECT <target> HTTP/1.1\r\nHost:
@@ -129,6 +173,55 @@ fn read_head(conn: &mut dyn Conn) -> anyhow::Result<ConnectReply> {
         status,
         head,
         extra: buf[end..].to_vec(),
+    })
+}
+
+/// A complete non-200 answer: the head, then the body by its `content-length`.
+#[derive(Debug)]
+pub struct ErrorReply {
+    pub status: u16,
+    pub head: String,
+    pub body: String,
+}
+
+impl ErrorReply {
+    /// The value of header `name` (case-insensitive), if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        header_value(&self.head, name)
+    }
+}
+
+fn header_value<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().skip(1).find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.trim()
+            .eq_ignore_ascii_case(name)
+            .then_some(value.trim())
+    })
+}
+
+/// Sends `request` and reads the whole answer, body included (by `content-length`, else to
+/// EOF): for error replies.
+pub fn request_reply(conn: &mut dyn Conn, request: &[u8]) -> anyhow::Result<ErrorReply> {
+    let reply = raw_request(conn, request)?;
+    let mut body = reply.extra;
+    match header_value(&reply.head, "content-length") {
+        Some(length) => {
+            let length: usize = length.parse().context("bad content-length")?;
+            if body.len() < length {
+                let mut rest = vec![0u8; length - body.len()];
+                conn.read_exact(&mut rest).context("reading the body")?;
+                body.extend_from_slice(&rest);
+            }
+        }
+        None => {
+            let _ = conn.read_to_end(&mut body);
+        }
+    }
+    Ok(ErrorReply {
+        status: reply.status,
+        head: reply.head,
+        body: String::from_utf8_lossy(&body).into_owned(),
     })
 }
 

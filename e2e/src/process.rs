@@ -165,6 +165,17 @@ impl Process {
         }
     }
 
+    /// Waits (bounded poll) until the process logged a line containing `needle`.
+    pub fn wait_log(&self, needle: &str, timeout: Duration) -> anyhow::Result<()> {
+        wait_until(timeout, || self.stderr().contains(needle))
+            .with_context(|| format!("no log line with {needle:?}; log:\n{}", self.stderr()))
+    }
+
+    /// Whether the process has exited (and reaps it).
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
     /// Kills the process at once (SIGKILL).
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -176,6 +187,19 @@ impl Drop for Process {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Polls `check` until it holds, at most `timeout`: the last resort when nothing can be waited
+/// on directly.
+pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !check() {
+        if Instant::now() > deadline {
+            bail!("condition still false after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
 }
 
 /// Flags for [`Server::start`] beyond the PKI and ephemeral ports.
@@ -190,6 +214,8 @@ pub struct ServerOptions {
     /// Bind address of the agent endpoint alone (default: `bind`), e.g. an address agents in
     /// network namespaces reach while the frontend and health port stay on loopback.
     pub agent_bind: Option<String>,
+    /// Agent endpoint port (default 0, ephemeral), e.g. the port of a server this one replaces.
+    pub agent_port: Option<u16>,
 }
 
 /// A running `bridgehead-server`.
@@ -209,7 +235,8 @@ impl Server {
             .clone()
             .unwrap_or_else(|| "127.0.0.1".to_owned());
         let mut command = Command::new(binary("bridgehead-server")?);
-        command.args(["--agent-port", "0", "--health-port", "0"]);
+        let agent_port = options.agent_port.unwrap_or(0).to_string();
+        command.args(["--agent-port", &agent_port, "--health-port", "0"]);
         let agent_bind = options.agent_bind.as_deref().unwrap_or(&bind);
         command.args([
             "--agent-bind-address",
@@ -296,6 +323,15 @@ impl Server {
             })
             .unwrap_or(0.0))
     }
+}
+
+/// Starts a server with `options` and one default agent, and waits until the agent is
+/// registered.
+pub fn start_pair(pki: &Pki, options: ServerOptions) -> anyhow::Result<(Server, Agent)> {
+    let server = Server::start(pki, options)?;
+    let agent = Agent::start(pki, &server, AgentOptions::default())?;
+    server.wait_agents(1)?;
+    Ok((server, agent))
 }
 
 /// Flags for [`Agent::start`].

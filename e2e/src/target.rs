@@ -2,7 +2,9 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc;
 use std::thread;
+use std::time::Duration;
 
 /// Binds `addr` (port 0) and echoes every connection until EOF, then closes its write side.
 pub fn echo(addr: &str) -> std::io::Result<SocketAddr> {
@@ -50,10 +52,102 @@ pub fn counter(addr: &str) -> std::io::Result<SocketAddr> {
     })
 }
 
+/// The byte [`source`] sends at `offset` of its stream.
+pub fn pattern_byte(offset: usize) -> u8 {
+    ((offset % PATTERN_BLOCK) % 251) as u8
+}
+
+/// The first offset at which `data`, found at `offset` of a [`source`] stream, differs from
+/// the pattern.
+pub fn pattern_mismatch(offset: usize, data: &[u8]) -> Option<usize> {
+    data.iter()
+        .enumerate()
+        .find(|&(i, &b)| b != pattern_byte(offset + i))
+        .map(|(i, _)| offset + i)
+}
+
+const PATTERN_BLOCK: usize = 64 * 1024;
+
+/// Writes `total` bytes of the [`source`] pattern and ends its direction, then reads what the
+/// client sends until the client ends its own; what it read arrives on the receiver. Checks
+/// that the client can still write after the target's EOF reached it.
+pub fn source_then_sink(
+    addr: &str,
+    total: usize,
+) -> std::io::Result<(SocketAddr, mpsc::Receiver<Vec<u8>>)> {
+    let (tx, rx) = mpsc::sync_channel(16);
+    let local = serve(addr, move |mut stream| {
+        let block: Vec<u8> = (0..PATTERN_BLOCK).map(pattern_byte).collect();
+        let mut left = total;
+        while left > 0 {
+            let n = left.min(block.len());
+            if stream.write_all(&block[..n]).is_err() {
+                return;
+            }
+            left -= n;
+        }
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        let mut got = Vec::new();
+        let _ = stream.read_to_end(&mut got);
+        let _ = tx.send(got);
+    })?;
+    Ok((local, rx))
+}
+
+/// A loopback port that refuses connections: bound, then closed.
+pub fn closed_port() -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    listener.local_addr()
+}
+
+/// A loopback listener whose connects never complete: its accept queue (backlog 0) is full
+/// and never drained, so Linux drops every further SYN and `connect` hangs until its own
+/// timeout. Dropping it closes everything.
+#[derive(Debug)]
+pub struct BlackHole {
+    pub addr: SocketAddr,
+    _listener: TcpListener,
+    _queued: Vec<TcpStream>,
+}
+
+/// Makes a [`BlackHole`] and checks that a connect to it does hang (for `probe`).
+pub fn black_hole(probe: Duration) -> std::io::Result<BlackHole> {
+    // listen(2) with an explicit backlog is only reachable safely through tokio's TcpSocket;
+    // the listener leaves the runtime at once.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()?;
+    let listener = runtime.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind("127.0.0.1:0".parse().expect("literal address"))?;
+        socket.listen(0)?.into_std()
+    })?;
+    listener.set_nonblocking(false)?;
+    let addr = listener.local_addr()?;
+    let mut queued = Vec::new();
+    // Fill the queue; the first connect that times out proves it is full.
+    for _ in 0..8 {
+        match TcpStream::connect_timeout(&addr, probe) {
+            Ok(stream) => queued.push(stream),
+            Err(error) if error.kind() == std::io::ErrorKind::TimedOut => {
+                return Ok(BlackHole {
+                    addr,
+                    _listener: listener,
+                    _queued: queued,
+                })
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Err(std::io::Error::other(
+        "connects to a full accept queue still complete",
+    ))
+}
+
 /// Writes `total` bytes of a repeating pattern, then closes.
 pub fn source(addr: &str, total: usize) -> std::io::Result<SocketAddr> {
     serve(addr, move |mut stream| {
-        let block: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8).collect();
+        let block: Vec<u8> = (0..PATTERN_BLOCK).map(pattern_byte).collect();
         let mut left = total;
         while left > 0 {
             let n = left.min(block.len());

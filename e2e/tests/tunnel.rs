@@ -2,7 +2,7 @@
 
 use std::io::{Read, Write};
 
-use bridgehead_e2e::client::{curl, kube_connect, tls_connect};
+use bridgehead_e2e::client::{curl, kube_connect, raw_request, tls_connect, Conn};
 use bridgehead_e2e::{target, Agent, AgentOptions, Pki, Server, ServerOptions};
 
 struct Setup {
@@ -67,4 +67,88 @@ fn kube_apiserver_client_gets_exactly_200_and_nothing_after() {
     let mut buf = [0u8; 23];
     conn.read_exact(&mut buf).unwrap();
     assert_eq!(&buf, b"ping through the tunnel");
+}
+
+/// Writes `message` and reads it back from an echo target.
+fn echo_round_trip(conn: &mut dyn Conn, message: &[u8]) {
+    conn.write_all(message).unwrap();
+    conn.flush().unwrap();
+    let mut back = vec![0u8; message.len()];
+    conn.read_exact(&mut back).unwrap();
+    assert_eq!(back, message);
+}
+
+#[test]
+fn kube_client_reaches_ipv4_ipv6_and_hostname_targets() {
+    let s = setup(&[]);
+    let v4 = target::echo("127.0.0.1:0").unwrap();
+    let v6 = target::echo("[::1]:0").unwrap();
+    // `localhost` resolves on the agent; the target listens on IPv4 only, so an agent that
+    // tries ::1 first must fall back to 127.0.0.1.
+    let targets = [
+        v4.to_string(),
+        format!("[::1]:{}", v6.port()),
+        format!("localhost:{}", v4.port()),
+    ];
+    for target in &targets {
+        let mut conn = tls_connect(&s.pki, s.server.frontend_addr()).unwrap();
+        let reply = kube_connect(conn.as_mut(), target).unwrap();
+        assert_eq!(reply.status, 200, "{target}: {}", reply.head);
+        assert!(reply.extra.is_empty(), "{target}: bytes after the head");
+        echo_round_trip(conn.as_mut(), format!("hello {target}").as_bytes());
+    }
+}
+
+#[test]
+fn curl_reaches_ipv4_ipv6_and_hostname_targets() {
+    let s = setup(&[]);
+    let page = |name: &str| format!("HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\n{name}");
+    let v4 = target::who_am_i("127.0.0.1:0", &page("v4")).unwrap();
+    let v6 = target::who_am_i("[::1]:0", &page("v6")).unwrap();
+    let urls = [
+        (format!("http://{v4}/"), "v4\n"),
+        (format!("http://[::1]:{}/", v6.port()), "v6\n"),
+        (format!("http://localhost:{}/", v4.port()), "v4\n"),
+    ];
+    for (url, want) in &urls {
+        let out = curl(&s.pki, &s.server.frontend, url, &[]).unwrap();
+        assert!(
+            out.status.success(),
+            "curl {url} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), *want, "{url}");
+    }
+}
+
+#[test]
+fn bytes_sent_with_the_connect_head_belong_to_the_tunnel() {
+    let s = setup(&[]);
+    let echo = target::echo("127.0.0.1:0").unwrap();
+    let mut conn = tls_connect(&s.pki, s.server.frontend_addr()).unwrap();
+    // One write: the head and the first tunnel bytes together.
+    let request = format!("CONNECT {echo} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nEARLY");
+    let reply = raw_request(conn.as_mut(), request.as_bytes()).unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    // The echo may arrive in the same read as the head.
+    let mut got = reply.extra;
+    assert!(got.len() <= 5, "more than the echo after the head: {got:?}");
+    let mut rest = vec![0u8; 5 - got.len()];
+    conn.read_exact(&mut rest).unwrap();
+    got.extend_from_slice(&rest);
+    assert_eq!(got, b"EARLY");
+    echo_round_trip(conn.as_mut(), b"and later bytes");
+}
+
+#[test]
+fn http10_connect_without_host_works() {
+    // What Python < 3.12 sends.
+    let s = setup(&[]);
+    let echo = target::echo("127.0.0.1:0").unwrap();
+    let mut conn = tls_connect(&s.pki, s.server.frontend_addr()).unwrap();
+    let request = format!("CONNECT {echo} HTTP/1.0\r\n\r\n");
+    let reply = raw_request(conn.as_mut(), request.as_bytes()).unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    assert!(reply.extra.is_empty(), "bytes after the head");
+    echo_round_trip(conn.as_mut(), b"python says hi");
 }

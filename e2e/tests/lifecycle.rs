@@ -1,0 +1,253 @@
+//! Processes coming and going: resource hygiene over many tunnels, an agent killed under load,
+//! a server replaced, and graceful shutdown of each binary.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bridgehead_e2e::client::{
+    kube_connect, tls_config, tls_connect, tls_connect_with, tls_shutdown_write, tls_stream, Conn,
+    IO_TIMEOUT,
+};
+use bridgehead_e2e::process::{start_pair, wait_until};
+use bridgehead_e2e::{target, Pki, Server, ServerOptions};
+
+/// How long the processes get to settle (close sockets, update gauges) after the clients left.
+const SETTLE: Duration = Duration::from_secs(10);
+
+fn open(conn: &mut dyn Conn, target: &str) {
+    let reply = kube_connect(conn, target).unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    assert!(reply.extra.is_empty(), "bytes after the head");
+}
+
+fn echo_round_trip(conn: &mut dyn Conn, message: &[u8]) {
+    conn.write_all(message).unwrap();
+    conn.flush().unwrap();
+    let mut back = vec![0u8; message.len()];
+    conn.read_exact(&mut back).unwrap();
+    assert_eq!(back, message);
+}
+
+#[test]
+fn two_thousand_tunnels_leave_no_descriptor_behind() {
+    const CYCLES: usize = 2_000;
+    const THREADS: usize = 4;
+    const SLACK: usize = 4;
+    let pki = Pki::new().unwrap();
+    let (server, agent) = start_pair(&pki, ServerOptions::default()).unwrap();
+    let echo = target::echo("127.0.0.1:0").unwrap().to_string();
+    let config = tls_config(&pki, Some(("client.crt", "client.key"))).unwrap();
+    let frontend = server.frontend_addr();
+    let cycle = |config: &Arc<rustls::ClientConfig>| {
+        let mut conn = tls_connect_with(config.clone(), frontend).unwrap();
+        open(conn.as_mut(), &echo);
+        echo_round_trip(conn.as_mut(), b"x");
+    };
+    // Warm up (thread pools, lazily opened files), then take the baseline.
+    cycle(&config);
+    let settled = |process: &bridgehead_e2e::process::Process, base: usize| {
+        wait_until(SETTLE, || process.fd_count().abs_diff(base) <= SLACK).is_ok()
+    };
+    wait_until(SETTLE, || {
+        server.metric("bridgehead_server_tunnels_open").unwrap() == 0.0
+    })
+    .unwrap();
+    let server_base = server.process.fd_count();
+    let agent_base = agent.process.fd_count();
+
+    std::thread::scope(|scope| {
+        for _ in 0..THREADS {
+            scope.spawn(|| {
+                for _ in 0..CYCLES / THREADS {
+                    cycle(&config);
+                }
+            });
+        }
+    });
+
+    wait_until(SETTLE, || {
+        server.metric("bridgehead_server_tunnels_open").unwrap() == 0.0
+    })
+    .unwrap_or_else(|_| panic!("tunnels still open:\n{}", server.get("/metrics").unwrap().1));
+    assert!(
+        settled(&server.process, server_base),
+        "server descriptors: {} after, {server_base} before",
+        server.process.fd_count()
+    );
+    assert!(
+        settled(&agent.process, agent_base),
+        "agent descriptors: {} after, {agent_base} before",
+        agent.process.fd_count()
+    );
+    // Either spelling of the label (see health.rs on its case).
+    let ok = server
+        .metric("bridgehead_server_dials_total{result=\"Ok\"}")
+        .unwrap()
+        + server
+            .metric("bridgehead_server_dials_total{result=\"ok\"}")
+            .unwrap();
+    assert_eq!(ok, (CYCLES + 1) as f64);
+}
+
+#[test]
+fn a_killed_agent_fails_the_tunnel_instead_of_ending_it() {
+    let pki = Pki::new().unwrap();
+    let (server, mut agent) = start_pair(&pki, ServerOptions::default()).unwrap();
+    // Far more than the test will read: the stream is mid-transfer when the agent dies.
+    let source = target::source("127.0.0.1:0", 1 << 40).unwrap();
+    let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+    // The target speaks first: its bytes may follow the head in the same read.
+    let reply = kube_connect(conn.as_mut(), &source.to_string()).unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut read = reply.extra.len();
+    while read < 1 << 20 {
+        let n = conn.read(&mut buf).unwrap();
+        assert!(n > 0, "EOF from an endless source");
+        read += n;
+    }
+
+    agent.process.kill();
+    let killed = Instant::now();
+    let end = loop {
+        match conn.read(&mut buf) {
+            Ok(0) => break Ok(()),
+            Ok(_) => continue,
+            Err(error) => break Err(error),
+        }
+    };
+    let elapsed = killed.elapsed();
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "the client noticed only after {elapsed:?}"
+    );
+    let error = end.expect_err("a killed agent ended the tunnel with a clean EOF");
+    assert_eq!(
+        error.kind(),
+        std::io::ErrorKind::ConnectionReset,
+        "{error}; server log:\n{}",
+        server.process.stderr()
+    );
+    server.wait_agents(0).unwrap();
+    assert!(server.agents().unwrap().is_empty());
+}
+
+#[test]
+fn the_agent_reconnects_to_a_restarted_server() {
+    let pki = Pki::new().unwrap();
+    let (mut first, agent) = start_pair(&pki, ServerOptions::default()).unwrap();
+    let port = first.agent_addr.port();
+    first.process.kill();
+    // The agent notices the session is gone.
+    wait_until(IO_TIMEOUT, || matches!(agent.get("/readyz"), Ok((503, _)))).unwrap();
+
+    let second = Server::start(
+        &pki,
+        ServerOptions {
+            agent_port: Some(port),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(second.agent_addr.port(), port);
+    second.wait_agents(1).unwrap();
+    wait_until(IO_TIMEOUT, || matches!(agent.get("/readyz"), Ok((200, _)))).unwrap();
+    let echo = target::echo("127.0.0.1:0").unwrap();
+    let mut conn = tls_connect(&pki, second.frontend_addr()).unwrap();
+    open(conn.as_mut(), &echo.to_string());
+    echo_round_trip(conn.as_mut(), b"through the new server");
+}
+
+#[test]
+fn sigterm_lets_the_servers_open_tunnel_finish_then_exits_0() {
+    let pki = Pki::new().unwrap();
+    let (mut server, _agent) = start_pair(
+        &pki,
+        ServerOptions {
+            args: vec!["--shutdown-grace-period".into(), "10s".into()],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let counter = target::counter("127.0.0.1:0").unwrap();
+    let config = tls_config(&pki, Some(("client.crt", "client.key"))).unwrap();
+    let mut tls = tls_stream(config, server.frontend_addr()).unwrap();
+    open(&mut tls, &counter.to_string());
+    tls.write_all(b"before").unwrap();
+    tls.flush().unwrap();
+
+    server.process.signal("TERM").unwrap();
+    server
+        .process
+        .wait_log("shutting down: no new connections", IO_TIMEOUT)
+        .unwrap();
+    // No new clients: the frontend stops listening...
+    let frontend = server.frontend_addr();
+    wait_until(IO_TIMEOUT, || TcpStream::connect(frontend).is_err())
+        .expect("the frontend still accepts connections after SIGTERM");
+    // ...but the open tunnel still carries data, and the server waits for it.
+    tls.write_all(b" and after SIGTERM").unwrap();
+    tls.flush().unwrap();
+    assert!(
+        !server.process.exited(),
+        "the server did not wait for the tunnel"
+    );
+    tls_shutdown_write(&mut tls).unwrap();
+    let mut answer = String::new();
+    tls.read_to_string(&mut answer).unwrap();
+    assert_eq!(answer, "got 24");
+    drop(tls);
+    let status = server.process.wait_exit(IO_TIMEOUT).unwrap();
+    assert_eq!(status.code(), Some(0), "{}", server.process.stderr());
+    assert!(
+        server
+            .process
+            .stderr()
+            .contains("shutdown complete: every tunnel finished"),
+        "{}",
+        server.process.stderr()
+    );
+}
+
+#[test]
+fn sigterm_drains_the_agent_then_exits_0() {
+    let pki = Pki::new().unwrap();
+    let (server, mut agent) = start_pair(&pki, ServerOptions::default()).unwrap();
+    let counter = target::counter("127.0.0.1:0").unwrap();
+    let config = tls_config(&pki, Some(("client.crt", "client.key"))).unwrap();
+    let mut tls = tls_stream(config, server.frontend_addr()).unwrap();
+    open(&mut tls, &counter.to_string());
+    tls.write_all(b"before").unwrap();
+    tls.flush().unwrap();
+
+    agent.process.signal("TERM").unwrap();
+    // The server hears of the drain and routes nothing new to the agent.
+    wait_until(IO_TIMEOUT, || {
+        server
+            .agents()
+            .is_ok_and(|agents| agents.iter().all(|a| a["draining"] == true) && !agents.is_empty())
+    })
+    .unwrap_or_else(|_| panic!("agent not draining: {:?}", server.agents()));
+    assert!(matches!(agent.get("/readyz"), Ok((503, _))));
+    let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+    let reply = kube_connect(conn.as_mut(), &counter.to_string()).unwrap();
+    assert_eq!(reply.status, 503, "{}", reply.head);
+
+    // The open tunnel keeps working until the client ends it.
+    tls.write_all(b" and after SIGTERM").unwrap();
+    tls.flush().unwrap();
+    assert!(
+        !agent.process.exited(),
+        "the agent did not wait for the tunnel"
+    );
+    tls_shutdown_write(&mut tls).unwrap();
+    let mut answer = String::new();
+    tls.read_to_string(&mut answer).unwrap();
+    assert_eq!(answer, "got 24");
+    drop(tls);
+    let status = agent.process.wait_exit(IO_TIMEOUT).unwrap();
+    assert_eq!(status.code(), Some(0), "{}", agent.process.stderr());
+    wait_until(IO_TIMEOUT, || server.agents().is_ok_and(|a| a.is_empty())).unwrap();
+}
