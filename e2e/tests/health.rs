@@ -93,7 +93,6 @@ fn health_readiness_metrics_and_agents() {
 }
 
 #[test]
-#[ignore = "bug: server metric label values are CamelCase (result=\"Refused\", direction=\"ToTarget\") while the agent's are snake_case (result=\"refused\")"]
 fn metric_labels_are_spelled_alike_on_server_and_agent() {
     let pki = Pki::new().unwrap();
     let server = Server::start(&pki, ServerOptions::default()).unwrap();

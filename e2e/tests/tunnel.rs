@@ -152,3 +152,46 @@ fn http10_connect_without_host_works() {
     assert!(reply.extra.is_empty(), "bytes after the head");
     echo_round_trip(conn.as_mut(), b"python says hi");
 }
+
+/// A target that speaks first (an SMTP-style greeting) must not glue its bytes to the 200:
+/// kube-apiserver fails when anything follows the response head in the same read. The
+/// greeting is held until the client speaks, then delivered whole.
+#[test]
+fn speak_first_target_bytes_never_follow_the_200_in_the_same_read() {
+    let s = setup(&[]);
+    let greeter = target::who_am_i("127.0.0.1:0", "220 greetings").unwrap();
+    for _ in 0..5 {
+        let mut conn = tls_connect(&s.pki, s.server.frontend_addr()).unwrap();
+        let reply = kube_connect(conn.as_mut(), &greeter.to_string()).unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.head);
+        assert!(
+            reply.extra.is_empty(),
+            "greeting glued to the 200: {:?}",
+            reply.extra
+        );
+        conn.write_all(b"EHLO\r\n").unwrap();
+        let mut greeting = [0u8; 14];
+        conn.read_exact(&mut greeting).unwrap();
+        assert_eq!(&greeting, b"220 greetings\n");
+    }
+}
+
+/// A client that waits for a speak-first target still gets the greeting, after the hold.
+#[test]
+fn speak_first_target_reaches_a_waiting_client() {
+    let s = setup(&["--target-bytes-hold", "100ms"]);
+    let greeter = target::who_am_i("127.0.0.1:0", "220 greetings").unwrap();
+    let out = curl(
+        &s.pki,
+        &s.server.frontend,
+        &format!("telnet://{greeter}"),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "220 greetings\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,11 +1,13 @@
 //! Splicing a socket to a stream: the data path of every tunnel.
 
 use std::io;
+use std::time::Duration;
 
 use bridgehead_proto::frame::MAX_DATA_PAYLOAD;
 use bridgehead_proto::ErrorCode;
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::sync::Notify;
 
 use crate::{MuxStream, StreamEnd};
 
@@ -47,9 +49,33 @@ pub async fn splice<S>(
 where
     S: AsyncRead + AsyncWrite,
 {
+    splice_holding(socket, stream, initial, None, moved).await
+}
+
+/// [`splice`], except that with `hold` the stream's first bytes wait until the socket's side
+/// has sent something or `hold` has passed. A CONNECT client that checks that nothing follows
+/// the `200` in the same read (kube-apiserver does) then never sees a target's greeting glued
+/// to it, while a client that waits for a speak-first target gets the greeting after `hold`.
+pub async fn splice_holding<S>(
+    socket: S,
+    stream: &MuxStream,
+    initial: Bytes,
+    hold: Option<Duration>,
+    moved: &mut Moved,
+) -> Result<(), SpliceError>
+where
+    S: AsyncRead + AsyncWrite,
+{
     let (rd, wr) = tokio::io::split(socket);
-    let up = uplink(rd, stream, initial, &mut moved.up);
-    let down = downlink(wr, stream, &mut moved.down);
+    let spoke = Notify::new();
+    let hold = hold.filter(|_| initial.is_empty());
+    let up = uplink(rd, stream, initial, &spoke, &mut moved.up);
+    let down = async {
+        if let Some(hold) = hold {
+            let _ = tokio::time::timeout(hold, spoke.notified()).await;
+        }
+        downlink(wr, stream, &mut moved.down).await
+    };
     tokio::pin!(up, down);
     let (mut up_done, mut down_done) = (false, false);
     let result = loop {
@@ -86,6 +112,7 @@ async fn uplink<S: AsyncRead>(
     mut rd: ReadHalf<S>,
     stream: &MuxStream,
     initial: Bytes,
+    spoke: &Notify,
     count: &mut u64,
 ) -> Result<(), SpliceError> {
     if !initial.is_empty() {
@@ -113,6 +140,8 @@ async fn uplink<S: AsyncRead>(
             streaming = n == want;
             Bytes::copy_from_slice(&small[..n])
         };
+        // The socket's side has spoken (or finished): held bytes may flow.
+        spoke.notify_one();
         if chunk.is_empty() {
             stream.finish()?;
             return Ok(());

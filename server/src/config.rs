@@ -101,6 +101,10 @@ pub struct Cli {
         default_value_t = 10_000
     )]
     pub max_tunnels_per_agent: usize,
+    /// After the 200, how long a target's first bytes wait for the client's first byte
+    /// (kube-apiserver fails if anything follows the 200 in the same read); 0 sends at once.
+    #[arg(long, env = "BRIDGEHEAD_TARGET_BYTES_HOLD", default_value = "250ms")]
+    pub target_bytes_hold: String,
     /// On SIGTERM, how long open tunnels may continue before they are cut.
     #[arg(long, env = "BRIDGEHEAD_SHUTDOWN_GRACE_PERIOD", default_value = "30s")]
     pub shutdown_grace_period: String,
@@ -140,6 +144,7 @@ pub struct Config {
     pub max_pending_dials: usize,
     pub max_tunnels_per_agent: usize,
     pub grace_period: Duration,
+    pub target_bytes_hold: Duration,
     pub log_format: LogFormat,
 }
 
@@ -220,6 +225,7 @@ impl Cli {
             max_pending_dials: self.max_pending_dials,
             max_tunnels_per_agent: self.max_tunnels_per_agent,
             grace_period: parse_duration("--shutdown-grace-period", &self.shutdown_grace_period)?,
+            target_bytes_hold: parse_duration("--target-bytes-hold", &self.target_bytes_hold)?,
             log_format,
         })
     }

@@ -30,8 +30,11 @@ use crate::metrics::{DialResult, Direction};
 use crate::tunnel::{self, TunnelError};
 use crate::Context;
 
-/// Largest CONNECT head (request line and headers) accepted.
-const MAX_HEAD_BYTES: usize = 16 * 1024;
+mod head;
+mod rewind;
+
+use head::{Head, MAX_HEAD_BYTES};
+use rewind::Rewind;
 
 /// A client connection a tunnel can run over.
 pub trait ClientSocket: AsyncRead + AsyncWrite + Unpin + Send + 'static {
@@ -138,16 +141,33 @@ async fn accept_failed(error: io::Error) {
     tokio::time::sleep(Duration::from_millis(50)).await;
 }
 
-async fn serve_connection<S: ClientSocket>(socket: S, ctx: Arc<Context>) {
+async fn serve_connection<S: ClientSocket>(mut socket: S, ctx: Arc<Context>) {
+    // The head is read here first, so a malformed request gets its reason in words; hyper
+    // then parses the same bytes again from the front.
+    let head = match tokio::time::timeout(ctx.handshake_timeout, head::read(&mut socket)).await {
+        Ok(Head::Complete(buf)) => buf.freeze(),
+        Ok(Head::Closed) => return debug!("client left before sending a request"),
+        Ok(Head::Refuse(status, reason)) => {
+            ctx.metrics.dial(DialResult::BadRequest);
+            debug!(status, %reason, "CONNECT refused");
+            let _ =
+                tokio::io::AsyncWriteExt::write_all(&mut socket, &head::refusal(status, &reason))
+                    .await;
+            let _ = tokio::io::AsyncWriteExt::shutdown(&mut socket).await;
+            return;
+        }
+        Err(_) => return debug!("client did not send a request head in time"),
+    };
+    let socket = Rewind::new(head, socket);
     let service_ctx = ctx.clone();
     let service = hyper::service::service_fn(move |request| {
         let ctx = service_ctx.clone();
-        async move { Ok::<_, Infallible>(handle::<S>(request, ctx).await) }
+        async move { Ok::<_, Infallible>(handle::<Rewind<S>>(request, ctx).await) }
     });
     let result = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(ctx.handshake_timeout)
-        .max_buf_size(MAX_HEAD_BYTES)
+        .max_buf_size(MAX_HEAD_BYTES.max(8192) * 2)
         .serve_connection(TokioIo::new(socket), service)
         .with_upgrades()
         .await;
@@ -213,7 +233,11 @@ async fn handle<S: ClientSocket>(
             let mut socket = parts.io.into_inner();
             ctx.metrics.tunnels_open.inc();
             let mut moved = Moved::default();
-            let result = pump::splice(&mut socket, &stream, parts.read_buf, &mut moved).await;
+            // kube-apiserver fails when any byte follows the 200 in the same read: a target
+            // that speaks first waits for the client's first byte, or the hold time.
+            let hold = Some(ctx.target_bytes_hold).filter(|hold| !hold.is_zero());
+            let result =
+                pump::splice_holding(&mut socket, &stream, parts.read_buf, hold, &mut moved).await;
             ctx.metrics.tunnels_open.dec();
             ctx.metrics.bytes(Direction::ToTarget, moved.up);
             ctx.metrics.bytes(Direction::FromTarget, moved.down);

@@ -51,6 +51,8 @@ pub struct Context {
     pub max_tunnels_per_agent: usize,
     /// Every spliced tunnel, so shutdown can wait for them.
     pub tunnels: TaskTracker,
+    /// How long a target's first bytes wait for the client's first byte.
+    pub target_bytes_hold: Duration,
 }
 
 /// The frontend's bound listener.
@@ -120,6 +122,7 @@ pub async fn run(
         max_pending_dials: config.max_pending_dials,
         max_tunnels_per_agent: config.max_tunnels_per_agent,
         tunnels: TaskTracker::new(),
+        target_bytes_hold: config.target_bytes_hold,
     });
     let connections = TaskTracker::new();
     let sessions = TaskTracker::new();

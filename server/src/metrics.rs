@@ -1,14 +1,14 @@
 //! The server's Prometheus metrics.
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-/// How a CONNECT ended up, as a label.
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+/// How a CONNECT ended up, as a label (spelled as the agent spells its own: snake case).
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum DialResult {
     Ok,
     BadRequest,
@@ -23,13 +23,32 @@ pub enum DialResult {
     Other,
 }
 
+impl DialResult {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DialResult::Ok => "ok",
+            DialResult::BadRequest => "bad_request",
+            DialResult::NoAgent => "no_agent",
+            DialResult::Overloaded => "overloaded",
+            DialResult::Refused => "refused",
+            DialResult::Unreachable => "unreachable",
+            DialResult::NameNotResolved => "name_not_resolved",
+            DialResult::NotPermitted => "not_permitted",
+            DialResult::TimedOut => "timed_out",
+            DialResult::AgentLost => "agent_lost",
+            DialResult::Other => "other",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
-    result: DialResult,
+    result: &'static str,
 }
 
 /// Direction of tunnel bytes.
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum Direction {
     /// From the CONNECT client towards the target.
     ToTarget,
@@ -37,9 +56,19 @@ pub enum Direction {
     FromTarget,
 }
 
+impl Direction {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::ToTarget => "to_target",
+            Direction::FromTarget => "from_target",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DirectionLabel {
-    direction: Direction,
+    direction: &'static str,
 }
 
 /// Every metric the server exports, registered once.
@@ -84,7 +113,7 @@ impl Metrics {
             "Time from CONNECT to the agent's dial answer",
             dial_duration.clone(),
         );
-        registry.register("tunnel_bytes", "Bytes carried by tunnels", bytes.clone());
+        registry.register("bytes", "Bytes carried by tunnels", bytes.clone());
         Metrics {
             registry,
             agents_connected,
@@ -101,12 +130,18 @@ impl Metrics {
     }
 
     pub fn dial(&self, result: DialResult) {
-        self.dials.get_or_create(&ResultLabel { result }).inc();
+        self.dials
+            .get_or_create(&ResultLabel {
+                result: result.as_str(),
+            })
+            .inc();
     }
 
     pub fn bytes(&self, direction: Direction, n: u64) {
         self.bytes
-            .get_or_create(&DirectionLabel { direction })
+            .get_or_create(&DirectionLabel {
+                direction: direction.as_str(),
+            })
             .inc_by(n);
     }
 }

@@ -1,0 +1,144 @@
+//! Reading the CONNECT head before hyper sees it, so that every malformed request gets a
+//! one-line reason (hyper answers what it cannot parse with a bare 400).
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use crate::tunnel;
+
+/// Largest CONNECT head (request line and headers) accepted.
+pub(super) const MAX_HEAD_BYTES: usize = 16 * 1024;
+const MAX_HEADERS: usize = 64;
+
+/// What the first bytes of a connection turned out to be.
+#[derive(Debug)]
+pub(super) enum Head {
+    /// A complete, well-formed head; everything read so far (head and any bytes behind it) is
+    /// in the buffer, to be handed to hyper.
+    Complete(BytesMut),
+    /// The client closed or failed before sending a whole head.
+    Closed,
+    /// A malformed request: status and reason to answer with.
+    Refuse(u16, String),
+}
+
+/// Reads until the end of the head (`\r\n\r\n`), at most [`MAX_HEAD_BYTES`], and checks the
+/// request line. The caller bounds the time.
+pub(super) async fn read<S: AsyncRead + Unpin>(socket: &mut S) -> Head {
+    let mut buf = BytesMut::with_capacity(1024);
+    let mut searched: usize = 0;
+    loop {
+        match socket.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return Head::Closed,
+            Ok(_) => {}
+        }
+        let from = searched.saturating_sub(3);
+        if let Some(end) = buf[from..].windows(4).position(|w| w == b"\r\n\r\n") {
+            return check(buf, from + end + 4);
+        }
+        searched = buf.len();
+        if buf.len() > MAX_HEAD_BYTES {
+            return Head::Refuse(
+                431,
+                format!("request head larger than {MAX_HEAD_BYTES} bytes"),
+            );
+        }
+        buf.reserve(1024);
+    }
+}
+
+fn check(buf: BytesMut, end: usize) -> Head {
+    if end > MAX_HEAD_BYTES {
+        return Head::Refuse(
+            431,
+            format!("request head larger than {MAX_HEAD_BYTES} bytes"),
+        );
+    }
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut headers);
+    match request.parse(&buf[..end]) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => {
+            return Head::Refuse(400, "incomplete request head".to_owned())
+        }
+        Err(httparse::Error::TooManyHeaders) => {
+            return Head::Refuse(431, format!("more than {MAX_HEADERS} header fields"))
+        }
+        Err(error) => return Head::Refuse(400, format!("malformed request: {error}")),
+    }
+    if request.method == Some("CONNECT") {
+        if let Err(error) = tunnel::parse_target(request.path.unwrap_or("")) {
+            return Head::Refuse(400, error.to_string());
+        }
+    }
+    Head::Complete(buf)
+}
+
+/// The bytes of a refusal: status line, `text/plain` reason, and `Connection: close`.
+pub(super) fn refusal(status: u16, reason: &str) -> Vec<u8> {
+    let text = match status {
+        400 => "Bad Request",
+        431 => "Request Header Fields Too Large",
+        _ => "Error",
+    };
+    let body = format!("{reason}\n");
+    format!(
+        "HTTP/1.1 {status} {text}\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn head_of(input: &[u8]) -> Head {
+        let mut socket = input;
+        read(&mut socket).await
+    }
+
+    #[tokio::test]
+    async fn heads() {
+        assert!(
+            matches!(head_of(b"CONNECT 10.0.0.5:10250 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nEARLY").await, Head::Complete(b) if b.ends_with(b"EARLY"))
+        );
+        assert!(matches!(
+            head_of(b"CONNECT [fd00::1]:80 HTTP/1.0\r\n\r\n").await,
+            Head::Complete(_)
+        ));
+        assert!(matches!(
+            head_of(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await,
+            Head::Complete(_)
+        ));
+        for bad in [
+            &b"CONNECT fd00::1:80 HTTP/1.1\r\n\r\n"[..],
+            b"CONNECT %%%garbage HTTP/1.1\r\n\r\n",
+            b"CONNECT host name:80 HTTP/1.1\r\n\r\n",
+            b"CONNECT 10.0.0.5 HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(
+                matches!(head_of(bad).await, Head::Refuse(400, _)),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert!(matches!(
+            head_of(b"CONNECT 10.0.0.5:1 HTTP/1.1\r\n").await,
+            Head::Closed
+        ));
+        let huge = [
+            b"CONNECT a:1 HTTP/1.1\r\nX: ".as_slice(),
+            &vec![b'a'; 20_000],
+            b"\r\n\r\n",
+        ]
+        .concat();
+        assert!(matches!(head_of(&huge).await, Head::Refuse(431, _)));
+        let text = String::from_utf8(refusal(400, "bad target")).unwrap();
+        assert!(
+            text.starts_with("HTTP/1.1 400 Bad Request\r\n")
+                && text.ends_with("\r\n\r\nbad target\n"),
+            "{text}"
+        );
+    }
+}
