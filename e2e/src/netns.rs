@@ -297,8 +297,9 @@ impl TestNet {
     }
 
     /// Writes `/etc/netns/<ns>/hosts` for host `i`: `localhost` plus `entries` (address,
-    /// names). `ip netns exec` mounts it over `/etc/hosts`, so processes started afterwards in
-    /// that namespace (agents) resolve the names; nothing else sees them.
+    /// names), and a `resolv.conf` naming the namespace's own loopback. `ip netns exec` mounts
+    /// them over `/etc/hosts` and `/etc/resolv.conf`, so processes started afterwards in that
+    /// namespace (agents) resolve exactly these names; nothing else sees them.
     pub fn set_hosts(&mut self, i: usize, entries: &[(&str, &str)]) -> anyhow::Result<()> {
         let dir = PathBuf::from(ETC_NETNS).join(&self.hosts[i].ns);
         let mut text = String::from("127.0.0.1 localhost\n::1 localhost\n");
@@ -306,6 +307,9 @@ impl TestNet {
             text.push_str(&format!("{address} {names}\n"));
         }
         self.hosts[i].hosts_dir = Some(dir.clone());
+        // A resolver on the namespace's own loopback (where nothing listens): a name that is
+        // not in these hosts fails inside the namespace, and no query leaves it.
+        let resolv = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n";
         // Another test process may remove an empty /etc/netns between the two steps: retry.
         let _etc = SLOTS
             .lock()
@@ -313,7 +317,8 @@ impl TestNet {
         let mut attempts = 0;
         loop {
             let written = std::fs::create_dir_all(&dir)
-                .and_then(|()| std::fs::write(dir.join("hosts"), &text));
+                .and_then(|()| std::fs::write(dir.join("hosts"), &text))
+                .and_then(|()| std::fs::write(dir.join("resolv.conf"), resolv));
             match written {
                 Ok(()) => return Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempts < 3 => {

@@ -7,8 +7,9 @@ use bridgehead_e2e::client::{
     kube_connect, request_reply, tls_config, tls_config_files, tls_connect, tls_connect_with,
     ErrorReply, IO_TIMEOUT,
 };
+use bridgehead_e2e::netns::TestNet;
 use bridgehead_e2e::process::start_pair;
-use bridgehead_e2e::{target, Pki, Server, ServerOptions};
+use bridgehead_e2e::{target, Agent, AgentOptions, Pki, Server, ServerOptions};
 
 /// Sends `request` on a fresh mTLS connection and reads the whole answer.
 fn ask(pki: &Pki, server: &Server, request: &str) -> ErrorReply {
@@ -108,10 +109,37 @@ fn refused_dial_gets_502() {
     assert_refusal(&reply, 502, "refused");
 }
 
+/// The agent runs on a test host whose resolver is its own loopback, so the failed lookup
+/// sends no query off the machine.
 #[test]
 fn unresolvable_name_gets_502() {
+    if !bridgehead_e2e::netns::is_root() {
+        eprintln!("SKIPPED (needs root for network namespaces): unresolvable_name_gets_502");
+        return;
+    }
+    let mut net = TestNet::new(1).unwrap();
+    net.set_hosts(0, &[]).unwrap();
     let pki = Pki::new().unwrap();
-    let (server, _agent) = start_pair(&pki, ServerOptions::default()).unwrap();
+    let server = Server::start(
+        &pki,
+        ServerOptions {
+            agent_bind: Some(net.server_v4().to_string()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let _agent = Agent::start(
+        &pki,
+        &server,
+        AgentOptions {
+            args: vec!["--server-name".into(), "127.0.0.1".into()],
+            netns: Some(net.host(0).ns_name().to_owned()),
+            server: Some(server.agent_addr),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    server.wait_agents(1).unwrap();
     let reply = ask(&pki, &server, &connect_request("does-not-exist.invalid:80"));
     assert_refusal(&reply, 502, "does-not-exist.invalid");
     assert!(
