@@ -56,7 +56,7 @@ pub struct Options {
     /// JSON lines output, one object per measurement [default: <out-dir>/results.jsonl].
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Directory for the SVG plots [default: target/bench].
+    /// Directory for the SVG plots [default: target/bench, or the --perf directory].
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
     /// Record the server and agent with `perf record` during the one-tunnel bulk runs and the
@@ -110,7 +110,7 @@ impl Budget {
             rtt_count: 20_000,
             rtt_time: Duration::from_secs(3),
             idle: vec![1_000, 10_000],
-            stall_rounds: 2,
+            stall_rounds: 3,
         }
     }
 
@@ -145,7 +145,12 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
             );
         }
     }
-    let out_dir = options.out_dir.clone().unwrap_or_else(default_out_dir);
+    // A profiled run's numbers are skewed by perf: keep them apart from the real results.
+    let out_dir = options
+        .out_dir
+        .clone()
+        .or_else(|| options.perf.clone())
+        .unwrap_or_else(default_out_dir);
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let json_path = options
         .json

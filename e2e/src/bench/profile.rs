@@ -1,5 +1,6 @@
 //! Optional `perf record` of the server and the agent while a measurement runs
-//! (`--perf DIR`): one `DIR/<label>-<process>.data` per process, for `perf report -i`.
+//! (`--perf DIR`): one `DIR/<label>-<process>.data` per process, for `perf report -i`, and a
+//! `perf stat` count of syscalls and context switches beside it (`.stat`, CSV).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -13,6 +14,10 @@ const FREQUENCY: &str = "499";
 const ATTACH: Duration = Duration::from_millis(700);
 /// How long `perf` may take to write its file after SIGINT.
 const FINISH: Duration = Duration::from_secs(60);
+/// What `perf stat` counts: the syscalls of the data path, and scheduling.
+const COUNTERS: &str = "syscalls:sys_enter_read,syscalls:sys_enter_recvfrom,\
+    syscalls:sys_enter_write,syscalls:sys_enter_writev,syscalls:sys_enter_sendto,\
+    syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex,context-switches,task-clock";
 
 /// Where recordings go.
 #[derive(Debug, Clone)]
@@ -20,10 +25,19 @@ pub struct Profiler {
     dir: PathBuf,
 }
 
-/// Running `perf record`s; [`Recording::stop`] ends them.
+/// Running `perf record`s and `perf stat`s; [`Recording::stop`] ends them.
 #[derive(Debug)]
 pub struct Recording {
     children: Vec<(Child, PathBuf)>,
+    stats: Vec<(String, PathBuf)>,
+}
+
+/// Counts `perf stat` made for one process.
+#[derive(Debug, Clone)]
+pub struct Counts {
+    pub process: String,
+    /// `(event, count)`; task-clock in milliseconds.
+    pub events: Vec<(String, f64)>,
 }
 
 impl Profiler {
@@ -46,7 +60,28 @@ impl Profiler {
     /// build has debug info but no frame pointers).
     pub fn start(&self, label: &str, processes: &[(&str, u32)]) -> anyhow::Result<Recording> {
         let mut children = Vec::new();
+        let mut stats = Vec::new();
         for (name, pid) in processes {
+            let stat = self.dir.join(format!("{label}-{name}.stat"));
+            let child = Command::new("perf")
+                .args([
+                    "stat",
+                    "-x",
+                    ",",
+                    "-e",
+                    COUNTERS,
+                    "-p",
+                    &pid.to_string(),
+                    "-o",
+                ])
+                .arg(&stat)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting perf stat")?;
+            children.push((child, stat.clone()));
+            stats.push(((*name).to_owned(), stat));
             let output = self.dir.join(format!("{label}-{name}.data"));
             let log = std::fs::File::create(self.dir.join(format!("{label}-{name}.log")))?;
             let child = Command::new("perf")
@@ -62,14 +97,14 @@ impl Profiler {
         }
         std::thread::sleep(ATTACH);
         eprintln!("  (perf recording {label})");
-        Ok(Recording { children })
+        Ok(Recording { children, stats })
     }
 }
 
 impl Recording {
-    /// Stops every `perf record` (SIGINT, so it writes its file) and waits for them.
-    pub fn stop(mut self) -> anyhow::Result<Vec<PathBuf>> {
-        let mut outputs = Vec::new();
+    /// Stops every `perf` (SIGINT, so it writes its file), waits for them, and returns the
+    /// `perf stat` counts.
+    pub fn stop(mut self) -> anyhow::Result<Vec<Counts>> {
         for (child, output) in &mut self.children {
             let _ = Command::new("kill")
                 .args(["-INT", &child.id().to_string()])
@@ -83,9 +118,25 @@ impl Recording {
                 std::thread::sleep(Duration::from_millis(50));
             }
             eprintln!("  (perf wrote {})", output.display());
-            outputs.push(output.clone());
         }
-        Ok(outputs)
+        let mut counts = Vec::new();
+        for (process, path) in &self.stats {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let events = text
+                .lines()
+                .filter(|line| !line.starts_with('#'))
+                .filter_map(|line| {
+                    let fields: Vec<&str> = line.split(',').collect();
+                    let count = fields.first()?.parse::<f64>().ok()?;
+                    Some(((*fields.get(2)?).to_owned(), count))
+                })
+                .collect();
+            counts.push(Counts {
+                process: process.clone(),
+                events,
+            });
+        }
+        Ok(counts)
     }
 }
 
@@ -97,5 +148,76 @@ impl Drop for Recording {
                 let _ = child.wait();
             }
         }
+    }
+}
+
+/// Adds the `perf stat` counts of a profiled run to the report, divided by `per` (MiB moved,
+/// or tunnels opened), as `unit`.
+pub fn report_counts(
+    report: &mut super::report::Report,
+    run: &str,
+    counts: &[Counts],
+    per: f64,
+    unit: &str,
+) {
+    for counts in counts {
+        let sum = |names: &[&str]| -> f64 {
+            counts
+                .events
+                .iter()
+                .filter(|(event, _)| names.iter().any(|n| event.ends_with(n)))
+                .map(|(_, count)| count)
+                .sum::<f64>()
+                / per.max(1e-9)
+        };
+        let reads = sum(&["sys_enter_read", "sys_enter_recvfrom"]);
+        let writes = sum(&["sys_enter_write", "sys_enter_writev", "sys_enter_sendto"]);
+        let epoll = sum(&["sys_enter_epoll_wait"]);
+        let futex = sum(&["sys_enter_futex"]);
+        let switches = sum(&["context-switches"]);
+        let cpu_ms = sum(&["task-clock"]);
+        eprintln!(
+            "  {run} {}: per {unit}: {reads:.1} reads, {writes:.1} writes, {epoll:.1} epoll_wait, {futex:.1} futex, {switches:.1} context switches, {cpu_ms:.2} CPU ms",
+            counts.process
+        );
+        let _ = report.record(
+            "perf_stat",
+            serde_json::json!({
+                "run": run,
+                "process": counts.process,
+                "unit": unit,
+                "reads": reads,
+                "writes": writes,
+                "epoll_wait": epoll,
+                "futex": futex,
+                "context_switches": switches,
+                "cpu_ms": cpu_ms,
+            }),
+        );
+        report.row(
+            "perf stat counters of the profiled runs (with perf attached)",
+            &[
+                "run",
+                "process",
+                "per",
+                "read+recvfrom",
+                "write+writev+sendto",
+                "epoll_wait",
+                "futex",
+                "context switches",
+                "CPU ms",
+            ],
+            vec![
+                run.to_owned(),
+                counts.process.clone(),
+                unit.to_owned(),
+                format!("{reads:.1}"),
+                format!("{writes:.1}"),
+                format!("{epoll:.1}"),
+                format!("{futex:.1}"),
+                format!("{switches:.1}"),
+                format!("{cpu_ms:.2}"),
+            ],
+        );
     }
 }

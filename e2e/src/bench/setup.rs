@@ -13,7 +13,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::latency::Summary;
-use super::profile::Profiler;
+use super::profile::{self, Profiler};
 use super::report::{micros, ratio, Check, Outcome, Report, SetupPoint};
 use super::rig::Rig;
 use super::route::Route;
@@ -146,12 +146,16 @@ pub async fn run(
                 budget.setup_time,
             )
             .await;
-            if let Some(recording) = recording {
-                if let Err(error) = tokio::task::block_in_place(|| recording.stop()) {
-                    eprintln!("  perf: {error:#}");
-                }
-            }
+            let counts = recording.and_then(|recording| {
+                tokio::task::block_in_place(|| recording.stop())
+                    .map_err(|error| eprintln!("  perf: {error:#}"))
+                    .ok()
+            });
             record(report, &route, concurrency, &run);
+            if let Some(counts) = counts {
+                let run_name = format!("setup {}", route.label());
+                profile::report_counts(report, &run_name, &counts, run.opened as f64, "tunnel");
+            }
             if matches!(route, Route::Direct) {
                 direct_rate = Some(run.rate());
             }

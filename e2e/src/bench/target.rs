@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -28,6 +28,9 @@ const ECHO: u8 = b'E';
 /// Bulk data is written in blocks of this size, on both ends.
 pub const BLOCK: usize = 64 * 1024;
 static PATTERN: [u8; BLOCK] = [0x5a; BLOCK];
+
+/// Accept queue of the target's listener (Linux caps it at `net.core.somaxconn`).
+const ACCEPT_BACKLOG: u32 = 4096;
 
 /// Buffer of an echo connection: small, since 10,000 idle ones stay open at once.
 const ECHO_BUFFER: usize = 4096;
@@ -44,7 +47,12 @@ pub struct Target {
 impl Target {
     /// Binds `127.0.0.1:0` and serves on the current runtime.
     pub async fn start() -> anyhow::Result<Target> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        // A deep accept queue: at tens of thousands of connects a second, a short scheduling
+        // delay of the accept loop must not overflow it (a dropped SYN costs the client a
+        // 1 s retransmit, which would show up as a setup outlier that is the bench's own).
+        let socket = TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+        let listener = socket.listen(ACCEPT_BACKLOG)?;
         let addr = listener.local_addr()?;
         let written = Arc::new(AtomicU64::new(0));
         let counter = written.clone();

@@ -10,7 +10,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::procfs;
-use super::profile::Profiler;
+use super::profile::{self, Profiler};
 use super::report::{rate, ratio, Check, Outcome, Report, ThroughputPoint};
 use super::rig::Rig;
 use super::route::Route;
@@ -179,11 +179,11 @@ pub async fn run(
                 &pids,
             )
             .await;
-            if let Some(recording) = recording {
-                if let Err(error) = tokio::task::block_in_place(|| recording.stop()) {
-                    eprintln!("  perf: {error:#}");
-                }
-            }
+            let counts = recording.and_then(|recording| {
+                tokio::task::block_in_place(|| recording.stop())
+                    .map_err(|error| eprintln!("  perf: {error:#}"))
+                    .ok()
+            });
             let (direct, bridged) = match (direct, bridged) {
                 (Ok(direct), Ok(bridged)) => (direct, bridged),
                 (Err(error), _) | (_, Err(error)) => {
@@ -192,6 +192,11 @@ pub async fn run(
                 }
             };
             record(report, tunnels, direction, &direct, &bridged);
+            if let Some(counts) = counts {
+                let mib = bridged.bytes as f64 / (1024.0 * 1024.0);
+                let run = format!("bulk {}", direction.label());
+                profile::report_counts(report, &run, &counts, mib, "MiB");
+            }
             let share = bridged.rate() / direct.rate();
             if tunnels == 1 || tunnels == 64 {
                 let _ = report.check(Check {
