@@ -63,6 +63,10 @@ pub struct Options {
     /// mTLS setup run at concurrency 1, into this directory (slows those runs down).
     #[arg(long)]
     pub perf: Option<PathBuf>,
+    /// Keep the idle tunnels of the memory measurement open this many seconds at the
+    /// baseline and at each count, to inspect the server and agent (heaptrack -p, smaps).
+    #[arg(long, default_value_t = 0)]
+    pub idle_hold: u64,
     /// Internal: serve the bench target in this process (the memory measurement's child).
     #[arg(long, hide = true)]
     pub serve_target: bool,
@@ -245,7 +249,8 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         // its own process, so its descriptors do not count against the bench's limit.
         let rig = Rig::start(false)?;
         let (_target_process, idle_target) = Target::spawn_process()?;
-        runtime.block_on(memory::run(&rig, idle_target, &counts, &mut report));
+        let hold = Duration::from_secs(options.idle_hold);
+        runtime.block_on(memory::run(&rig, idle_target, &counts, hold, &mut report));
     }
 
     let throughput_svg = out_dir.join("throughput.svg");

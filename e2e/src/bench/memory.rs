@@ -31,9 +31,26 @@ pub const FD_SLACK: u64 = 1024;
 
 /// Opens idle tunnels on a fresh mTLS pair up to each of `counts` (ascending) and samples
 /// server + agent RSS at each.
-pub async fn run(rig: &Rig, target: SocketAddr, counts: &[usize], report: &mut Report) {
+/// With `hold`, the tunnels stay open that long at the baseline and at each count, so the
+/// processes can be inspected (heaptrack, `/proc/PID/smaps`).
+pub async fn run(
+    rig: &Rig,
+    target: SocketAddr,
+    counts: &[usize],
+    hold: Duration,
+    report: &mut Report,
+) {
     eprintln!("== memory with idle tunnels: {counts:?}");
     let pids = rig.pids();
+    let (server_pid, agent_pid) = (pids[0], pids[1]);
+    let pause = |what: String| async move {
+        if !hold.is_zero() {
+            eprintln!(
+                "  holding {what} for {hold:?}: server pid {server_pid}, agent pid {agent_pid}"
+            );
+            tokio::time::sleep(hold).await;
+        }
+    };
     for (name, pid) in [("server", pids[0]), ("agent", pids[1])] {
         if let Ok((soft, hard)) = procfs::nofile_of(pid) {
             eprintln!("  {name} RLIMIT_NOFILE soft {soft} hard {hard}");
@@ -55,6 +72,7 @@ pub async fn run(rig: &Rig, target: SocketAddr, counts: &[usize], report: &mut R
         base_server >> 10,
         base_agent >> 10
     );
+    pause("the baseline".to_owned()).await;
     let held = Arc::new(Mutex::new(Vec::new()));
     for &count in counts {
         let started = Instant::now();
@@ -138,6 +156,7 @@ pub async fn run(rig: &Rig, target: SocketAddr, counts: &[usize], report: &mut R
         if checked.is_err() {
             break;
         }
+        pause(format!("{have} idle tunnels")).await;
     }
     let conns = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
     eprintln!("  closing {} idle tunnels", conns.len());

@@ -13,6 +13,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::latency::Summary;
+use super::procfs;
 use super::profile::{self, Profiler};
 use super::report::{micros, ratio, Check, Outcome, Report, SetupPoint};
 use super::rig::Rig;
@@ -37,9 +38,17 @@ pub struct SetupRun {
     pub first_error: Option<String>,
     pub seconds: f64,
     pub latency: Summary,
+    /// CPU seconds the mTLS server and its agent spent during the run (mTLS runs only).
+    pub cpu_seconds: Option<f64>,
 }
 
 impl SetupRun {
+    /// Server + agent CPU milliseconds per tunnel opened, when measured.
+    pub fn cpu_ms_per_tunnel(&self) -> Option<f64> {
+        self.cpu_seconds
+            .map(|cpu| cpu * 1000.0 / self.opened.max(1) as f64)
+    }
+
     /// Tunnels opened per second.
     pub fn rate(&self) -> f64 {
         self.opened as f64 / self.seconds.max(1e-9)
@@ -112,6 +121,7 @@ pub async fn setup(
         first_error,
         seconds,
         latency: Summary::of(&mut samples),
+        cpu_seconds: None,
     }
 }
 
@@ -138,7 +148,8 @@ pub async fn run(
                 }
                 _ => None,
             };
-            let run = setup(
+            let cpu_before = procfs::total_cpu(&pids).ok();
+            let mut run = setup(
                 &route,
                 target,
                 concurrency,
@@ -146,6 +157,10 @@ pub async fn run(
                 budget.setup_time,
             )
             .await;
+            if matches!(route, Route::Mtls { .. }) {
+                let cpu_after = procfs::total_cpu(&pids).ok();
+                run.cpu_seconds = cpu_before.zip(cpu_after).map(|(b, a)| a - b);
+            }
             let counts = recording.and_then(|recording| {
                 tokio::task::block_in_place(|| recording.stop())
                     .map_err(|error| eprintln!("  perf: {error:#}"))
@@ -220,6 +235,7 @@ fn record(report: &mut Report, route: &Route, concurrency: usize, run: &SetupRun
             "p99_us": run.latency.p99.as_secs_f64() * 1e6,
             "mean_us": run.latency.mean.as_secs_f64() * 1e6,
             "max_us": run.latency.max.as_secs_f64() * 1e6,
+            "server_agent_cpu_ms_per_tunnel": run.cpu_ms_per_tunnel(),
         }),
     );
     report.row(
@@ -233,6 +249,7 @@ fn record(report: &mut Report, route: &Route, concurrency: usize, run: &SetupRun
             "max",
             "opened",
             "errors",
+            "server+agent CPU/tunnel",
         ],
         vec![
             route.label().to_owned(),
@@ -243,6 +260,8 @@ fn record(report: &mut Report, route: &Route, concurrency: usize, run: &SetupRun
             micros(run.latency.max),
             run.opened.to_string(),
             run.errors.to_string(),
+            run.cpu_ms_per_tunnel()
+                .map_or("-".to_owned(), |ms| format!("{ms:.2} ms")),
         ],
     );
     if run.opened > 0 {
