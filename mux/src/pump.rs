@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use crate::{MuxStream, StreamEnd};
 
 /// Size of the inline buffer an idle tunnel waits on.
-const IDLE_READ: usize = 2048;
+const IDLE_READ: usize = 1024;
 
 /// Bytes moved by a finished splice.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -115,7 +115,10 @@ async fn uplink<S: AsyncRead>(
     spoke: &Notify,
     count: &mut u64,
 ) -> Result<(), SpliceError> {
-    if !initial.is_empty() {
+    if initial.is_empty() {
+        // It may still pin the HTTP layer's read buffer: let it go now, not at the end.
+        drop(initial);
+    } else {
         *count += initial.len() as u64;
         stream.write(initial).await?;
     }

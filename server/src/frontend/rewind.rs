@@ -32,6 +32,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
             let n = self.prefix.len().min(buf.remaining());
             buf.put_slice(&self.prefix[..n]);
             self.prefix.advance(n);
+            if self.prefix.is_empty() {
+                // An empty slice still holds its buffer; drop it for the tunnel's lifetime.
+                self.prefix = Bytes::new();
+            }
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut self.inner).poll_read(cx, buf)
