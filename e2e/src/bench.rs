@@ -33,6 +33,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde_json::json;
 
+use procfs::Noise;
 use profile::Profiler;
 use report::Report;
 use rig::Rig;
@@ -67,6 +68,10 @@ pub struct Options {
     /// baseline and at each count, to inspect the server and agent (heaptrack -p, smaps).
     #[arg(long, default_value_t = 0)]
     pub idle_hold: u64,
+    /// Measure nothing: re-render the plots of an earlier run from its JSON lines into
+    /// --out-dir.
+    #[arg(long)]
+    pub replot: Option<PathBuf>,
     /// Internal: serve the bench target in this process (the memory measurement's child).
     #[arg(long, hide = true)]
     pub serve_target: bool,
@@ -138,6 +143,12 @@ impl Budget {
 pub fn run(options: &Options) -> anyhow::Result<bool> {
     if options.serve_target {
         Target::serve_standalone()?;
+        return Ok(true);
+    }
+    if let Some(results) = &options.replot {
+        let out_dir = options.out_dir.clone().unwrap_or_else(default_out_dir);
+        std::fs::create_dir_all(&out_dir)?;
+        plot::replot(results, &out_dir)?;
         return Ok(true);
     }
     for name in ["bridgehead-server", "bridgehead-agent"] {
@@ -213,18 +224,35 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
             rig.agent.process.pid(),
             rig.server.frontend
         );
+        let pids = rig.pids();
+        match runtime.block_on(rig.mtls.negotiated()) {
+            Ok(Some(tls)) => {
+                eprintln!("frontend TLS: {tls}");
+                report.record("frontend_tls", json!({ "negotiated": tls }))?;
+            }
+            Ok(None) => {}
+            Err(error) => eprintln!("frontend TLS handshake failed: {error:#}"),
+        }
         runtime.block_on(async {
             if selected(Measurement::Throughput) {
+                let noise = Noise::start(&pids);
                 throughput::run(&rig, target.addr, &budget, &mut report, profiler.as_ref()).await;
+                record_noise(&mut report, "throughput", &noise);
             }
             if selected(Measurement::Setup) {
+                let noise = Noise::start(&pids);
                 setup::run(&rig, target.addr, &budget, &mut report, profiler.as_ref()).await;
+                record_noise(&mut report, "setup", &noise);
             }
             if selected(Measurement::Rtt) {
+                let noise = Noise::start(&pids);
                 latency::run(&rig, target.addr, &budget, &mut report).await;
+                record_noise(&mut report, "rtt", &noise);
             }
             if selected(Measurement::Stall) {
+                let noise = Noise::start(&pids);
                 stall::run(&rig, &target, &budget, &mut report).await;
+                record_noise(&mut report, "stall", &noise);
             }
         });
     }
@@ -248,21 +276,16 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         // Fresh processes, so the baseline is not inflated by the runs before; the target in
         // its own process, so its descriptors do not count against the bench's limit.
         let rig = Rig::start(false)?;
-        let (_target_process, idle_target) = Target::spawn_process()?;
+        let (target_process, idle_target) = Target::spawn_process()?;
         let hold = Duration::from_secs(options.idle_hold);
+        let mut pids = rig.pids();
+        pids.push(target_process.pid());
+        let noise = Noise::start(&pids);
         runtime.block_on(memory::run(&rig, idle_target, &counts, hold, &mut report));
+        record_noise(&mut report, "memory", &noise);
     }
 
-    let throughput_svg = out_dir.join("throughput.svg");
-    if !report.throughput.is_empty() {
-        plot::throughput(&report.throughput, &throughput_svg)?;
-        eprintln!("plot: {}", throughput_svg.display());
-    }
-    let setup_svg = out_dir.join("setup.svg");
-    if !report.setup.is_empty() {
-        plot::setup(&report.setup, &setup_svg)?;
-        eprintln!("plot: {}", setup_svg.display());
-    }
+    plot::write_all(&report.throughput, &report.setup, &out_dir)?;
     let load_end = Machine::read().load;
     report.record("end", json!({ "loadavg_end": load_end }))?;
     println!(
@@ -277,6 +300,37 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
     println!("{}", report.markdown());
     eprintln!("results: {}", report.json_path().display());
     Ok(report.all_passed())
+}
+
+/// Adds how much CPU other work took during a measurement to the report.
+fn record_noise(report: &mut Report, measurement: &str, noise: &Noise) {
+    let (wall, foreign, stolen) = noise.finish();
+    let share = foreign / wall.max(1e-9);
+    if share > 0.1 {
+        eprintln!(
+            "warning: other processes used {foreign:.1} CPU s during the {measurement} runs ({share:.2} of a core on average): noisy"
+        );
+    }
+    let _ = report.record(
+        "noise",
+        json!({
+            "during": measurement,
+            "wall_s": wall,
+            "foreign_cpu_s": foreign,
+            "stolen_cpu_s": stolen,
+        }),
+    );
+    report.row(
+        "Other load on the machine during the runs (CPU not used by the bench, server, agent or target)",
+        &["measurement", "wall time", "foreign CPU", "average cores", "stolen (hypervisor)"],
+        vec![
+            measurement.to_owned(),
+            format!("{wall:.1} s"),
+            format!("{foreign:.1} s"),
+            format!("{share:.2}"),
+            format!("{stolen:.1} s"),
+        ],
+    );
 }
 
 /// `target/bench` next to the binaries' `target/release`.

@@ -12,7 +12,8 @@ const SIZE: (u32, u32) = (900, 540);
 /// `throughput.svg`: aggregate MiB/s against concurrent tunnels (log2 axis), one line per
 /// route and direction.
 pub fn throughput(points: &[ThroughputPoint], path: &Path) -> anyhow::Result<()> {
-    let top = points.iter().map(|p| p.mib_per_s).fold(1.0, f64::max) * 1.1;
+    // Head room above the highest point keeps the legend clear of the lines.
+    let top = points.iter().map(|p| p.mib_per_s).fold(1.0, f64::max) * 1.35;
     let max_x = points
         .iter()
         .map(|p| (p.tunnels as f64).log2())
@@ -33,6 +34,7 @@ pub fn throughput(points: &[ThroughputPoint], path: &Path) -> anyhow::Result<()>
         .configure_mesh()
         .x_desc("concurrent tunnels")
         .y_desc("aggregate MiB/s")
+        .light_line_style(RGBColor(238, 238, 238))
         .x_labels(max_x as usize + 1)
         .x_label_formatter(&|x| format!("{:.0}", 2f64.powf(x.round())))
         .draw()
@@ -153,4 +155,76 @@ pub fn setup(points: &[SetupPoint], path: &Path) -> anyhow::Result<()> {
         .map_err(|e| anyhow!("{e:?}"))?;
     root.present().map_err(|e| anyhow!("{e:?}"))?;
     Ok(())
+}
+
+/// Both plots into `out_dir` (`throughput.svg`, `setup.svg`); a plot without points is skipped.
+pub fn write_all(
+    throughput_points: &[ThroughputPoint],
+    setup_points: &[SetupPoint],
+    out_dir: &Path,
+) -> anyhow::Result<()> {
+    if !throughput_points.is_empty() {
+        let path = out_dir.join("throughput.svg");
+        throughput(throughput_points, &path)?;
+        eprintln!("plot: {}", path.display());
+    }
+    if !setup_points.is_empty() {
+        let path = out_dir.join("setup.svg");
+        setup(setup_points, &path)?;
+        eprintln!("plot: {}", path.display());
+    }
+    Ok(())
+}
+
+/// Re-renders the plots of an earlier run from its JSON lines (`--replot`).
+pub fn replot(results: &Path, out_dir: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(results)
+        .map_err(|e| anyhow!("reading {}: {e}", results.display()))?;
+    let label = |v: &serde_json::Value| match v.as_str() {
+        Some("direct") => Some("direct"),
+        Some("bridgehead-mtls") => Some("bridgehead-mtls"),
+        Some("bridgehead-uds") => Some("bridgehead-uds"),
+        Some("upload") => Some("upload"),
+        Some("download") => Some("download"),
+        _ => None,
+    };
+    let mut throughput_points = Vec::new();
+    let mut setup_points = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        match v["measurement"].as_str() {
+            Some("throughput") => {
+                if let (Some(route), Some(direction), Some(tunnels), Some(rate)) = (
+                    label(&v["route"]),
+                    label(&v["direction"]),
+                    v["tunnels"].as_u64(),
+                    v["bytes_per_s"].as_f64(),
+                ) {
+                    throughput_points.push(ThroughputPoint {
+                        route,
+                        direction,
+                        tunnels: tunnels as usize,
+                        mib_per_s: rate / (1024.0 * 1024.0),
+                    });
+                }
+            }
+            Some("setup") if v["opened"].as_u64().unwrap_or(0) > 0 => {
+                if let (Some(route), Some(concurrency), Some(p50), Some(p99)) = (
+                    label(&v["route"]),
+                    v["concurrency"].as_u64(),
+                    v["p50_us"].as_f64(),
+                    v["p99_us"].as_f64(),
+                ) {
+                    setup_points.push(SetupPoint {
+                        route,
+                        concurrency: concurrency as usize,
+                        p50: std::time::Duration::from_secs_f64(p50 / 1e6),
+                        p99: std::time::Duration::from_secs_f64(p99 / 1e6),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    write_all(&throughput_points, &setup_points, out_dir)
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use rustls::client::Resumption;
 use rustls::pki_types::ServerName;
+use rustls::{CipherSuite, ClientConfig};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::TlsConnector;
@@ -55,15 +56,52 @@ impl fmt::Debug for Route {
 }
 
 impl Route {
-    /// The mTLS frontend at `frontend` with `client.crt` of `pki`, resumption disabled.
+    /// The mTLS frontend at `frontend` with `client.crt` of `pki`, resumption disabled, and
+    /// TLS 1.3 suites offered in Go's order (kube-apiserver's: AES-128-GCM first on CPUs with
+    /// AES instructions; rustls' own order starts with AES-256-GCM-SHA384).
     pub fn mtls(pki: &Pki, frontend: SocketAddr) -> anyhow::Result<Route> {
-        let config = crate::client::tls_config(pki, Some(("client.crt", "client.key")))?;
-        let mut config = (*config).clone();
+        let mut provider = (*bridgehead_runtime::tls::provider()).clone();
+        provider
+            .cipher_suites
+            .sort_by_key(|suite| go_rank(suite.suite()));
+        let config = ClientConfig::builder_with_provider(Arc::new(provider))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(bridgehead_runtime::tls::load_roots(&pki.path("ca.crt"))?)
+            .with_client_auth_cert(
+                bridgehead_runtime::tls::load_certs(&pki.path("client.crt"))?,
+                bridgehead_runtime::tls::load_key(&pki.path("client.key"))?,
+            )?;
+        let mut config = config;
         config.resumption = Resumption::disabled();
         Ok(Route::Mtls {
             frontend,
             connector: TlsConnector::from(Arc::new(config)),
         })
+    }
+
+    /// The TLS version and cipher suite the mTLS frontend negotiates with this client (one
+    /// handshake, no tunnel); `None` for the other routes.
+    pub async fn negotiated(&self) -> anyhow::Result<Option<String>> {
+        let Route::Mtls {
+            frontend,
+            connector,
+        } = self
+        else {
+            return Ok(None);
+        };
+        let tcp = TcpStream::connect(frontend).await?;
+        let name = ServerName::IpAddress(frontend.ip().into());
+        let mut tls = tokio::time::timeout(OPEN_TIMEOUT, connector.connect(name, tcp))
+            .await
+            .context("TLS handshake timed out")??;
+        let (_, session) = tls.get_ref();
+        let negotiated = format!(
+            "{:?} {:?}",
+            session.protocol_version(),
+            session.negotiated_cipher_suite().map(|s| s.suite())
+        );
+        let _ = tls.shutdown().await;
+        Ok(Some(negotiated))
     }
 
     /// The name used in tables, JSON and plots.
@@ -113,6 +151,17 @@ impl Route {
                 connect(Box::new(socket), target).await
             }
         }
+    }
+}
+
+/// Position of a suite in Go's TLS 1.3 preference with AES hardware (crypto/tls
+/// `defaultCipherSuitesTLS13`); TLS 1.2 suites keep their order after those.
+fn go_rank(suite: CipherSuite) -> u8 {
+    match suite {
+        CipherSuite::TLS13_AES_128_GCM_SHA256 => 0,
+        CipherSuite::TLS13_AES_256_GCM_SHA384 => 1,
+        CipherSuite::TLS13_CHACHA20_POLY1305_SHA256 => 2,
+        _ => 3,
     }
 }
 

@@ -92,7 +92,8 @@ impl Target {
 
     /// Starts [`Target::serve_standalone`] in a child process (killed on drop).
     pub fn spawn_process() -> anyhow::Result<(crate::process::Process, SocketAddr)> {
-        let mut command = std::process::Command::new(std::env::current_exe()?);
+        // /proc/self/exe still runs when a rebuild replaced the binary during the run.
+        let mut command = std::process::Command::new("/proc/self/exe");
         command.arg("--serve-target");
         let (process, addrs) = crate::process::Process::spawn(command, &["bench target"])?;
         Ok((process, addrs[0].parse()?))
