@@ -224,7 +224,7 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
             rig.agent.process.pid(),
             rig.server.frontend
         );
-        let pids = rig.pids();
+        let pids = rig.all_pids();
         match runtime.block_on(rig.mtls.negotiated()) {
             Ok(Some(tls)) => {
                 eprintln!("frontend TLS: {tls}");

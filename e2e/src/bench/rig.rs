@@ -20,8 +20,8 @@ pub struct Rig {
 
 #[derive(Debug)]
 struct UdsPair {
-    _server: Server,
-    _agent: Agent,
+    server: Server,
+    agent: Agent,
     route: Route,
     _dir: tempfile::TempDir,
 }
@@ -47,8 +47,8 @@ impl Rig {
             let uds_agent = Agent::start(&pki, &uds_server, AgentOptions::default())?;
             uds_server.wait_agents(1)?;
             Some(UdsPair {
-                _server: uds_server,
-                _agent: uds_agent,
+                server: uds_server,
+                agent: uds_agent,
                 route: Route::Uds { path },
                 _dir: dir,
             })
@@ -67,6 +67,15 @@ impl Rig {
     /// The mTLS server's and its agent's process ids: whose memory and CPU count.
     pub fn pids(&self) -> Vec<u32> {
         vec![self.server.process.pid(), self.agent.process.pid()]
+    }
+
+    /// Every process of the rig (both pairs): what is not "other load".
+    pub fn all_pids(&self) -> Vec<u32> {
+        let mut pids = self.pids();
+        if let Some(uds) = &self.uds {
+            pids.extend([uds.server.process.pid(), uds.agent.process.pid()]);
+        }
+        pids
     }
 
     /// Direct, mTLS and (when started) Unix socket.
