@@ -57,7 +57,11 @@ fn main() -> ExitCode {
         drop(stdout);
         let shutdown = CancellationToken::new();
         signal::cancel_on_signal(shutdown.clone())?;
-        bridgehead_agent::run(config, health, shutdown).await
+        // On a worker thread, not the main thread `block_on` parks: the session driver and
+        // the tunnel tasks then hand work to each other without crossing threads.
+        tokio::spawn(bridgehead_agent::run(config, health, shutdown))
+            .await
+            .map_err(|e| anyhow::anyhow!("agent task failed: {e}"))?
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -22,12 +22,17 @@ pub const MAX_MESSAGE: usize = 1024 * 1024;
 
 /// The WebSocket limits both ends use: messages up to [`MAX_MESSAGE`].
 pub fn websocket_config() -> WebSocketConfig {
+    // tungstenite zero-fills `read_buffer_size` bytes before every read, and a TLS read
+    // yields at most one 16 KiB record: a 128 KiB default costs a 128 KiB memset per record.
     WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER)
         .max_message_size(Some(MAX_MESSAGE))
         .max_frame_size(Some(MAX_MESSAGE))
 }
 /// The writer batches frames into messages of about this size.
 const BATCH_BYTES: usize = 256 * 1024;
+/// tungstenite's read buffer: a little more than one TLS record.
+const READ_BUFFER: usize = 20 * 1024;
 /// How long a closing session may take to flush frames queued before the close.
 const CLOSE_FLUSH: Duration = Duration::from_secs(1);
 

@@ -37,7 +37,10 @@ fn main() {
         let listeners = Listeners::bind(&config).await?;
         let shutdown = CancellationToken::new();
         signal::cancel_on_signal(shutdown.clone())?;
-        bridgehead_server::run(config, listeners, shutdown).await
+        // On a worker thread rather than the main thread that `block_on` parks.
+        tokio::spawn(bridgehead_server::run(config, listeners, shutdown))
+            .await
+            .map_err(|e| anyhow::anyhow!("server task failed: {e}"))?
     });
     if let Err(error) = result {
         tracing::error!(error = %format!("{error:#}"), "bridgehead-server failed");
