@@ -186,12 +186,6 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         "machine: {} x {}, kernel {}, load {}; RLIMIT_NOFILE {nofile}",
         machine.nproc, machine.cpu, machine.kernel, machine.load
     );
-    if machine.load_1m() > 0.5 {
-        eprintln!(
-            "warning: load average {} — other work on this machine makes the numbers noisy",
-            machine.load
-        );
-    }
 
     let mut report = Report::create(&json_path, options.quick)?;
     report.record(
@@ -373,13 +367,5 @@ impl Machine {
                 .collect::<Vec<_>>()
                 .join(" "),
         }
-    }
-
-    fn load_1m(&self) -> f64 {
-        self.load
-            .split_whitespace()
-            .next()
-            .and_then(|l| l.parse().ok())
-            .unwrap_or(0.0)
     }
 }
