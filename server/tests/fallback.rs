@@ -1,0 +1,90 @@
+//! Routing falls through to the next candidate when the chosen agent's session ends before it
+//! answers the dial. Two agent sessions run in process over in-memory pipes.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bridgehead_mux::{Keepalive, Mux};
+use bridgehead_proto::ident::AgentIdentifiers;
+use bridgehead_server::registry::Registry;
+use bridgehead_server::router::Strategy;
+use bridgehead_server::tunnel::{self, Target, TunnelError};
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::WebSocketStream;
+use tokio_util::sync::CancellationToken;
+
+/// A connected pair of sessions; returns the server side.
+async fn session(shutdown: &CancellationToken) -> (Mux, Mux) {
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let server_ws = WebSocketStream::from_raw_socket(a, Role::Server, None).await;
+    let agent_ws = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
+    let (server, agent) = (Mux::server(), Mux::agent());
+    for (mux, ws) in [(server.clone(), server_ws), (agent.clone(), agent_ws)] {
+        let token = shutdown.clone();
+        tokio::spawn(async move { mux.run(ws, Keepalive::default(), token).await });
+    }
+    (server, agent)
+}
+
+fn peer() -> SocketAddr {
+    "127.0.0.1:1".parse().unwrap()
+}
+
+fn target() -> Target {
+    tunnel::parse_target("10.0.0.5:10250").unwrap()
+}
+
+#[tokio::test]
+async fn a_session_lost_before_the_answer_moves_the_dial_to_the_next_agent() {
+    let shutdown = CancellationToken::new();
+    let registry = Registry::new(vec![Strategy::Default], 100);
+    let ids = AgentIdentifiers::default();
+
+    // "doomed" carries no tunnel, so it is the first candidate; it dies on the first dial.
+    let (doomed_server, doomed_agent) = session(&shutdown).await;
+    registry.register("doomed".into(), ids.clone(), peer(), doomed_server);
+    tokio::spawn(async move {
+        let _dial = doomed_agent.accept().await;
+        doomed_agent.close("agent crashed");
+    });
+
+    // "healthy" already carries one tunnel, so it comes second; it accepts every dial.
+    let (healthy_server, healthy_agent) = session(&shutdown).await;
+    registry.register("healthy".into(), ids, peer(), healthy_server.clone());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Some(dial) = healthy_agent.accept().await {
+            held.push(dial.accept().unwrap());
+        }
+    });
+    let _busy = healthy_server
+        .open("10.0.0.9", 1, Duration::from_secs(5))
+        .await
+        .unwrap();
+
+    let (stream, agent) = tunnel::open(&registry, &target(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(agent, "healthy");
+    drop(stream);
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn every_candidate_lost_is_a_502_naming_the_agent() {
+    let shutdown = CancellationToken::new();
+    let registry = Registry::new(vec![Strategy::Default], 100);
+    let (server, agent) = session(&shutdown).await;
+    registry.register("only".into(), AgentIdentifiers::default(), peer(), server);
+    tokio::spawn(async move {
+        let _dial = agent.accept().await;
+        agent.close("agent crashed");
+    });
+    let error = tunnel::open(&registry, &target(), Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, TunnelError::AgentLost { .. }), "{error}");
+    assert_eq!(error.status(), http::StatusCode::BAD_GATEWAY);
+    assert!(error.to_string().contains("only"), "{error}");
+    shutdown.cancel();
+}
