@@ -30,6 +30,8 @@ fn main() -> ExitCode {
     };
     logging::init(config.log_format);
     tls::install_crypto_provider();
+    let open_files = bridgehead_runtime::limits::raise_nofile();
+    tracing::debug!(?open_files, "open-files limit");
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -5,11 +5,13 @@
 //! - [`tls`]: loading PEM certificates and keys, the one rustls crypto provider.
 //! - [`signal`]: SIGTERM/SIGINT into a cancellation token.
 //! - [`health`]: the small HTTP server for `/healthz`, `/readyz`, `/metrics` and friends.
+//! - [`limits`]: raising the open-files limit.
 //!
 //! Nothing here knows about tunnels.
 
 pub mod duration;
 pub mod health;
+pub mod limits;
 pub mod logging;
 pub mod signal;
 pub mod tls;

@@ -26,6 +26,8 @@ fn main() {
     };
     logging::init(config.log_format);
     tls::install_crypto_provider();
+    let open_files = bridgehead_runtime::limits::raise_nofile();
+    tracing::debug!(?open_files, "open-files limit");
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {
