@@ -5,12 +5,15 @@ use std::time::Duration;
 
 use bridgehead_proto::frame::MAX_DATA_PAYLOAD;
 use bridgehead_proto::ErrorCode;
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::Notify;
 
 use crate::{MuxStream, StreamEnd};
 
+/// Most chunks and bytes one vectored socket write carries.
+const WRITE_BATCH_CHUNKS: usize = 16;
+const WRITE_BATCH_BYTES: usize = 256 * 1024;
 /// Size of the inline buffer an idle tunnel waits on.
 const IDLE_READ: usize = 1024;
 
@@ -154,16 +157,55 @@ async fn uplink<S: AsyncRead>(
     }
 }
 
-/// Stream to socket; the peer's FIN shuts the socket's write side.
+/// Stream to socket; the peer's FIN shuts the socket's write side. Chunks that are already
+/// buffered when one arrives go out with it in one vectored write.
 async fn downlink<S: AsyncWrite>(
     mut wr: WriteHalf<S>,
     stream: &MuxStream,
     count: &mut u64,
 ) -> Result<(), SpliceError> {
-    while let Some(chunk) = stream.read().await? {
-        *count += chunk.len() as u64;
-        wr.write_all(&chunk).await?;
+    let mut batch: Vec<Bytes> = Vec::new();
+    while let Some(first) = stream.read().await? {
+        let mut size = first.len();
+        batch.push(first);
+        while batch.len() < WRITE_BATCH_CHUNKS && size < WRITE_BATCH_BYTES {
+            let Some(chunk) = stream.try_read() else {
+                break;
+            };
+            size += chunk.len();
+            batch.push(chunk);
+        }
+        *count += size as u64;
+        write_all_vectored(&mut wr, &mut batch).await?;
     }
     wr.shutdown().await?;
+    Ok(())
+}
+
+/// Writes every chunk of `batch`, emptying it, in as few calls as the writer allows.
+async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    batch: &mut Vec<Bytes>,
+) -> io::Result<()> {
+    if let [only] = batch.as_slice() {
+        wr.write_all(only).await?;
+        batch.clear();
+        return Ok(());
+    }
+    while !batch.is_empty() {
+        let slices: Vec<io::IoSlice<'_>> = batch.iter().map(|c| io::IoSlice::new(c)).collect();
+        let mut written = wr.write_vectored(&slices).await?;
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        while let Some(chunk) = batch.first_mut() {
+            if written < chunk.len() {
+                chunk.advance(written);
+                break;
+            }
+            written -= chunk.len();
+            batch.remove(0);
+        }
+    }
     Ok(())
 }

@@ -75,6 +75,15 @@ impl MuxStream {
         }
     }
 
+    /// The next chunk if one is buffered right now; `None` otherwise (also at EOF or after a
+    /// reset, which the next [`MuxStream::read`] reports).
+    pub fn try_read(&self) -> Option<Bytes> {
+        self.shared.with(|state| match state.session.read(self.id) {
+            ReadOutcome::Data(chunk) => Some(chunk),
+            _ => None,
+        })
+    }
+
     /// Waits until the stream may send, and returns how many bytes it may send now.
     pub async fn writable(&self) -> Result<usize, StreamEnd> {
         loop {
