@@ -270,3 +270,12 @@ pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
         .context("bad status line")?;
     Ok((status, body.to_owned()))
 }
+
+/// Writes `message` and reads it back from an echo target; panics on any difference.
+pub fn echo_round_trip(conn: &mut dyn Conn, message: &[u8]) {
+    conn.write_all(message).expect("writing to the tunnel");
+    conn.flush().expect("flushing the tunnel");
+    let mut back = vec![0u8; message.len()];
+    conn.read_exact(&mut back).expect("reading the echo");
+    assert_eq!(back, message, "the echo differs");
+}

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bridgehead_e2e::client::{
-    kube_connect, tls_config, tls_connect, tls_connect_with, tls_shutdown_write, tls_stream, Conn,
-    IO_TIMEOUT,
+    echo_round_trip, kube_connect, tls_config, tls_connect, tls_connect_with, tls_shutdown_write,
+    tls_stream, Conn, IO_TIMEOUT,
 };
 use bridgehead_e2e::process::{start_pair, wait_until};
 use bridgehead_e2e::{target, Pki, Server, ServerOptions};
@@ -20,14 +20,6 @@ fn open(conn: &mut dyn Conn, target: &str) {
     let reply = kube_connect(conn, target).unwrap();
     assert_eq!(reply.status, 200, "{}", reply.head);
     assert!(reply.extra.is_empty(), "bytes after the head");
-}
-
-fn echo_round_trip(conn: &mut dyn Conn, message: &[u8]) {
-    conn.write_all(message).unwrap();
-    conn.flush().unwrap();
-    let mut back = vec![0u8; message.len()];
-    conn.read_exact(&mut back).unwrap();
-    assert_eq!(back, message);
 }
 
 #[test]

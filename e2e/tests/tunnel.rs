@@ -2,7 +2,7 @@
 
 use std::io::{Read, Write};
 
-use bridgehead_e2e::client::{curl, kube_connect, raw_request, tls_connect, Conn};
+use bridgehead_e2e::client::{curl, echo_round_trip, kube_connect, raw_request, tls_connect};
 use bridgehead_e2e::{target, Agent, AgentOptions, Pki, Server, ServerOptions};
 
 struct Setup {
@@ -67,15 +67,6 @@ fn kube_apiserver_client_gets_exactly_200_and_nothing_after() {
     let mut buf = [0u8; 23];
     conn.read_exact(&mut buf).unwrap();
     assert_eq!(&buf, b"ping through the tunnel");
-}
-
-/// Writes `message` and reads it back from an echo target.
-fn echo_round_trip(conn: &mut dyn Conn, message: &[u8]) {
-    conn.write_all(message).unwrap();
-    conn.flush().unwrap();
-    let mut back = vec![0u8; message.len()];
-    conn.read_exact(&mut back).unwrap();
-    assert_eq!(back, message);
 }
 
 #[test]
