@@ -1,0 +1,250 @@
+//! Bad and slow peers get a clear error or a clean close, never a hang: slow or silent CONNECT
+//! clients, oversized heads, and agents with bad identifiers, no protocol version, a foreign
+//! certificate or garbage frames. The server keeps serving others throughout.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bridgehead_e2e::client::{kube_connect, tls_config, tls_connect, Conn, IO_TIMEOUT};
+use bridgehead_e2e::process::start_pair;
+use bridgehead_e2e::{target, Pki, Server, ServerOptions};
+use futures_util::{SinkExt, StreamExt};
+use tokio_rustls::TlsConnector;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+
+fn server_with(pki: &Pki, args: &[&str]) -> Server {
+    Server::start(
+        pki,
+        ServerOptions {
+            args: args.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Reads until the server closes; fails if it is still open when `IO_TIMEOUT` passes.
+fn assert_closed_by_server(conn: &mut dyn Read) -> Duration {
+    let start = Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) => return start.elapsed(),
+            Ok(_) => continue,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                panic!("the server never closed the connection")
+            }
+            Err(_) => return start.elapsed(),
+        }
+    }
+}
+
+#[test]
+fn a_client_that_never_finishes_its_head_is_cut_off() {
+    let pki = Pki::new().unwrap();
+    let server = server_with(&pki, &["--handshake-timeout", "300ms"]);
+    let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+    conn.write_all(b"CONNECT 127.0.0.1:9 HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .unwrap();
+    conn.flush().unwrap();
+    assert!(assert_closed_by_server(conn.as_mut()) < IO_TIMEOUT);
+}
+
+#[test]
+fn a_client_that_never_starts_tls_is_cut_off() {
+    let pki = Pki::new().unwrap();
+    let server = server_with(&pki, &["--handshake-timeout", "300ms"]);
+    let mut tcp = TcpStream::connect(server.frontend_addr()).unwrap();
+    tcp.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    assert!(assert_closed_by_server(&mut tcp) < IO_TIMEOUT);
+}
+
+#[test]
+fn an_oversized_head_gets_431_and_the_server_keeps_serving() {
+    let pki = Pki::new().unwrap();
+    let (server, _agent) = start_pair(&pki, ServerOptions::default()).unwrap();
+    let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+    let filler = "a".repeat(20_000);
+    let request = format!("CONNECT 127.0.0.1:9 HTTP/1.1\r\nX-Filler: {filler}\r\n\r\n");
+    let reply = bridgehead_e2e::client::raw_request(conn.as_mut(), request.as_bytes()).unwrap();
+    assert_eq!(reply.status, 431, "{}", reply.head);
+    // Others are unaffected.
+    let echo = target::echo("127.0.0.1:0").unwrap();
+    let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+    assert_eq!(
+        kube_connect(conn.as_mut(), &echo.to_string())
+            .unwrap()
+            .status,
+        200
+    );
+}
+
+/// Opens the agent endpoint as an agent would, with `cert` (file names in the PKI), and the
+/// given query and subprotocol; returns the WebSocket or the handshake error.
+async fn agent_upgrade(
+    pki: &Pki,
+    server: &Server,
+    cert: (&str, &str),
+    query: &str,
+    protocol: Option<&str>,
+) -> Result<
+    tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
+    WsError,
+> {
+    let mut config = (*tls_config(pki, Some(cert)).unwrap()).clone();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(server.agent_addr)
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::IpAddress(server.agent_addr.ip().into());
+    let tls = TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(WsError::Io)?;
+    let url = format!("wss://{}/connect?{query}", server.agent_addr);
+    let mut request = url.into_client_request().unwrap();
+    if let Some(protocol) = protocol {
+        request
+            .headers_mut()
+            .insert("sec-websocket-protocol", protocol.parse().unwrap());
+    }
+    let (ws, _) = tokio_tungstenite::client_async(request, tls).await?;
+    Ok(ws)
+}
+
+fn refusal(result: Result<impl std::fmt::Debug, WsError>) -> (u16, String) {
+    match result {
+        Err(WsError::Http(response)) => {
+            let body = response
+                .body()
+                .as_ref()
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default();
+            (response.status().as_u16(), body)
+        }
+        other => panic!("expected an HTTP refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn agents_with_bad_identifiers_or_no_protocol_version_are_refused_with_a_reason() {
+    let pki = Pki::new().unwrap();
+    let server = server_with(&pki, &[]);
+    let agent = ("agent.crt", "agent.key");
+
+    let (status, body) = refusal(
+        agent_upgrade(
+            &pki,
+            &server,
+            agent,
+            "id=a&ipv4=10.0.0.999",
+            Some("bridgehead.v1"),
+        )
+        .await,
+    );
+    assert_eq!(status, 400);
+    assert!(
+        body.contains("10.0.0.999") && body.contains("ipv4"),
+        "{body}"
+    );
+
+    let (status, body) = refusal(agent_upgrade(&pki, &server, agent, "id=a", None).await);
+    assert_eq!(status, 400);
+    assert!(body.contains("bridgehead.v1"), "{body}");
+
+    let (status, _) =
+        refusal(agent_upgrade(&pki, &server, agent, "id=a", Some("bridgehead.v0")).await);
+    assert_eq!(status, 400);
+
+    // Unknown keys (a newer agent) are ignored, not refused.
+    let ws = agent_upgrade(
+        &pki,
+        &server,
+        agent,
+        "id=a&zone=eu-1&host=n1",
+        Some("bridgehead.v1"),
+    )
+    .await
+    .unwrap();
+    drop(ws);
+}
+
+#[tokio::test]
+async fn an_agent_certificate_from_another_ca_is_refused() {
+    let pki = Pki::new().unwrap();
+    let other = Pki::new().unwrap();
+    let server = server_with(&pki, &[]);
+    // The other PKI's agent certificate, trusting this PKI's CA for the server.
+    let foreign = tempfile::tempdir().unwrap();
+    std::fs::copy(pki.path("ca.crt"), foreign.path().join("ca.crt")).unwrap();
+    std::fs::write(foreign.path().join("agent.crt"), &other.pki.agent.cert_pem).unwrap();
+    std::fs::write(foreign.path().join("agent.key"), &other.pki.agent.key_pem).unwrap();
+    let config = bridgehead_e2e::client::tls_config_files(
+        &foreign.path().join("ca.crt"),
+        Some((
+            &foreign.path().join("agent.crt"),
+            &foreign.path().join("agent.key"),
+        )),
+    )
+    .unwrap();
+    let tcp = tokio::net::TcpStream::connect(server.agent_addr)
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::IpAddress(server.agent_addr.ip().into());
+    let result = async {
+        let tls = TlsConnector::from(config).connect(name, tcp).await?;
+        let request = format!("wss://{}/connect?id=x", server.agent_addr)
+            .into_client_request()
+            .unwrap();
+        tokio_tungstenite::client_async(request, tls)
+            .await
+            .map_err(std::io::Error::other)
+    }
+    .await;
+    assert!(result.is_err(), "a foreign agent certificate was accepted");
+    assert!(server.agents().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn garbage_frames_end_only_that_agents_session() {
+    let pki = Pki::new().unwrap();
+    let (server, _agent) = start_pair(&pki, ServerOptions::default()).unwrap();
+    let agent = ("agent.crt", "agent.key");
+    let mut ws = agent_upgrade(&pki, &server, agent, "id=rogue", Some("bridgehead.v1"))
+        .await
+        .unwrap();
+    server.wait_agents(2).unwrap();
+    // A frame of an unknown type.
+    ws.send(Message::Binary(vec![0xEE, 0, 0, 0, 1, 0, 0, 0, 0].into()))
+        .await
+        .unwrap();
+    let close = tokio::time::timeout(IO_TIMEOUT, async {
+        while let Some(message) = ws.next().await {
+            if let Ok(Message::Close(frame)) = message {
+                return frame;
+            }
+        }
+        None
+    })
+    .await
+    .expect("the server closes the session");
+    let frame = close.expect("with a close frame");
+    assert_eq!(u16::from(frame.code), 1002, "{frame:?}");
+    server.wait_agents(1).unwrap();
+    // The well-behaved agent still carries tunnels.
+    let echo = target::echo("127.0.0.1:0").unwrap();
+    tokio::task::spawn_blocking(move || {
+        let mut conn: Box<dyn Conn> = tls_connect(&pki, server.frontend_addr()).unwrap();
+        assert_eq!(
+            kube_connect(conn.as_mut(), &echo.to_string())
+                .unwrap()
+                .status,
+            200
+        );
+    })
+    .await
+    .unwrap();
+}
