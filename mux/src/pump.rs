@@ -15,7 +15,7 @@ use crate::{MuxStream, StreamEnd};
 const WRITE_BATCH_CHUNKS: usize = 16;
 const WRITE_BATCH_BYTES: usize = 256 * 1024;
 /// Size of the inline buffer an idle tunnel waits on.
-const IDLE_READ: usize = 1024;
+const IDLE_READ: usize = 512;
 
 /// Bytes moved by a finished splice.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -164,10 +164,15 @@ async fn downlink<S: AsyncWrite>(
     stream: &MuxStream,
     count: &mut u64,
 ) -> Result<(), SpliceError> {
-    let mut batch: Vec<Bytes> = Vec::new();
     while let Some(first) = stream.read().await? {
-        let mut size = first.len();
-        batch.push(first);
+        *count += first.len() as u64;
+        let Some(second) = stream.try_read() else {
+            wr.write_all(&first).await?;
+            continue;
+        };
+        // A burst: the batch exists only while it is written, so idle tunnels hold none.
+        let mut size = first.len() + second.len();
+        let mut batch = vec![first, second];
         while batch.len() < WRITE_BATCH_CHUNKS && size < WRITE_BATCH_BYTES {
             let Some(chunk) = stream.try_read() else {
                 break;
@@ -175,7 +180,7 @@ async fn downlink<S: AsyncWrite>(
             size += chunk.len();
             batch.push(chunk);
         }
-        *count += size as u64;
+        *count += (size - batch[0].len()) as u64;
         write_all_vectored(&mut wr, &mut batch).await?;
     }
     wr.shutdown().await?;
@@ -187,11 +192,6 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(
     wr: &mut W,
     batch: &mut Vec<Bytes>,
 ) -> io::Result<()> {
-    if let [only] = batch.as_slice() {
-        wr.write_all(only).await?;
-        batch.clear();
-        return Ok(());
-    }
     while !batch.is_empty() {
         let slices: Vec<io::IoSlice<'_>> = batch.iter().map(|c| io::IoSlice::new(c)).collect();
         let mut written = wr.write_vectored(&slices).await?;
