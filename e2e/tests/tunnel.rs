@@ -186,3 +186,33 @@ fn speak_first_target_reaches_a_waiting_client() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The hold is real: with a long hold, a speak-first target's greeting does not reach a client
+/// that has not spoken (its read times out), and arrives as soon as the client writes.
+#[test]
+fn target_bytes_wait_until_the_client_speaks() {
+    let s = setup(&["--target-bytes-hold", "60s"]);
+    let greeter = target::who_am_i("127.0.0.1:0", "220 greetings").unwrap();
+    let config =
+        bridgehead_e2e::client::tls_config(&s.pki, Some(("client.crt", "client.key"))).unwrap();
+    let mut conn = bridgehead_e2e::client::tls_stream(config, s.server.frontend_addr()).unwrap();
+    let reply = kube_connect(&mut conn, &greeter.to_string()).unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    conn.sock
+        .set_read_timeout(Some(std::time::Duration::from_millis(500)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    let early = conn.read(&mut byte);
+    assert!(
+        matches!(&early, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
+        "the greeting arrived before the client spoke: {early:?}"
+    );
+    conn.sock
+        .set_read_timeout(Some(bridgehead_e2e::client::IO_TIMEOUT))
+        .unwrap();
+    conn.write_all(b"EHLO\r\n").unwrap();
+    conn.flush().unwrap();
+    let mut greeting = [0u8; 14];
+    conn.read_exact(&mut greeting).unwrap();
+    assert_eq!(&greeting, b"220 greetings\n");
+}
