@@ -111,6 +111,10 @@ pub struct Cli {
     /// Log format: text or json.
     #[arg(long, env = "BRIDGEHEAD_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+    /// ANP compatibility: the frontend protocol. Only http-connect is served (kube-apiserver's
+    /// proxyProtocol: HTTPConnect); grpc is refused at startup.
+    #[arg(long, env = "BRIDGEHEAD_MODE", default_value = "http-connect")]
+    pub mode: String,
 }
 
 /// The frontend's listener kind.
@@ -165,6 +169,12 @@ impl fmt::Debug for Config {
 impl Cli {
     /// Checks the flags and builds the [`Config`]; the error is one line for the operator.
     pub fn validate(self) -> anyhow::Result<Config> {
+        if self.mode != "http-connect" {
+            bail!(
+                "--mode {:?} is not supported: Bridgehead serves http-connect only (kube-apiserver's proxyProtocol: HTTPConnect)",
+                self.mode
+            );
+        }
         let frontend = match self.uds_name {
             Some(path) => {
                 if self.server_port != 0 && self.server_port != 8131 {
@@ -241,4 +251,85 @@ fn default_server_id() -> String {
         .ok()
         .filter(|name| !name.is_empty())
         .unwrap_or_else(|| "bridgehead-server".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn validate(extra: &[&str]) -> anyhow::Result<Config> {
+        let mut args = vec![
+            "bridgehead-server",
+            "--cluster-cert=c.crt",
+            "--cluster-key=c.key",
+            "--cluster-ca-cert=ca.crt",
+        ];
+        args.extend_from_slice(extra);
+        Cli::try_parse_from(args)?.validate()
+    }
+
+    const TCP: [&str; 3] = [
+        "--server-cert=s.crt",
+        "--server-key=s.key",
+        "--server-ca-cert=ca.crt",
+    ];
+
+    #[test]
+    fn valid_configurations() {
+        let config = validate(&TCP).unwrap();
+        assert_eq!(config.strategies, vec![Strategy::Default]);
+        assert_eq!(config.dial_timeout, Duration::from_secs(10));
+        assert!(matches!(config.frontend, FrontendConfig::Tcp { bind, .. } if bind.port() == 8131));
+        // ANP's spelling for a Unix-socket frontend: --server-port=0 alongside --uds-name.
+        let config = validate(&["--uds-name=/run/b.sock", "--server-port=0"]).unwrap();
+        assert_eq!(
+            config.frontend,
+            FrontendConfig::Unix {
+                path: "/run/b.sock".into()
+            }
+        );
+        let config = validate(
+            &[
+                &TCP[..],
+                &["--proxy-strategies=destHost,", "--dial-timeout=1m30s"],
+            ]
+            .concat(),
+        )
+        .unwrap();
+        assert_eq!(config.strategies, vec![Strategy::DestHost]);
+        assert_eq!(config.dial_timeout, Duration::from_secs(90));
+    }
+
+    #[test]
+    fn invalid_configurations_name_the_problem() {
+        let cases: &[(&[&str], &str)] = &[
+            (&[], "--server-cert"),
+            (
+                &["--server-cert=s.crt", "--server-key=s.key"],
+                "--server-ca-cert",
+            ),
+            (
+                &["--uds-name=/run/b.sock", "--server-port=9000"],
+                "--uds-name",
+            ),
+            (
+                &[&TCP[..], &["--proxy-strategies=destHost,nearest"]].concat(),
+                "destHost, destCIDR, defaultRoute, default",
+            ),
+            (
+                &[&TCP[..], &["--dial-timeout=10"]].concat(),
+                "--dial-timeout",
+            ),
+            (&[&TCP[..], &["--mode=grpc"]].concat(), "http-connect"),
+            (&[&TCP[..], &["--log-format=xml"]].concat(), "text, json"),
+            (
+                &[&TCP[..], &["--keepalive-time=0s"]].concat(),
+                "--keepalive-time",
+            ),
+        ];
+        for (args, expected) in cases {
+            let error = format!("{:#}", validate(args).unwrap_err());
+            assert!(error.contains(expected), "{args:?}: {error}");
+        }
+    }
 }
