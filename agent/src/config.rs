@@ -147,6 +147,11 @@ pub struct Cli {
     )]
     pub log_format: LogFormat,
 
+    /// Worker threads: 0 = one per CPU, 1 = single-threaded (lowest latency on small
+    /// machines, one core for everything).
+    #[arg(long, env = "BRIDGEHEAD_WORKER_THREADS", default_value_t = 0)]
+    pub worker_threads: usize,
+
     /// Name to verify in the server's certificate (DNS name or IP address)
     /// [default: --proxy-server-host].
     #[arg(long, env = "BRIDGEHEAD_SERVER_NAME", value_name = "NAME")]
@@ -196,6 +201,8 @@ pub struct Config {
     pub drain_grace_period: Duration,
     /// Log line format.
     pub log_format: LogFormat,
+    /// `--worker-threads`.
+    pub worker_threads: usize,
 }
 
 impl Config {
@@ -288,6 +295,7 @@ impl Cli {
             sync_interval_cap: self.sync_interval_cap,
             drain_grace_period: self.drain_grace_period,
             log_format: self.log_format,
+            worker_threads: self.worker_threads,
         };
         // Fail now, not on the first connect, if the CA or the client pair does not load.
         crate::connect::tls_config(&config)?;

@@ -33,10 +33,7 @@ fn main() -> ExitCode {
     let open_files = bridgehead_runtime::limits::raise_nofile();
     tracing::debug!(?open_files, "open-files limit");
 
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match bridgehead_runtime::threads::build_runtime(config.worker_threads) {
         Ok(runtime) => runtime,
         Err(error) => {
             error!(%error, "starting the tokio runtime");

@@ -216,3 +216,38 @@ fn target_bytes_wait_until_the_client_speaks() {
     conn.read_exact(&mut greeting).unwrap();
     assert_eq!(&greeting, b"220 greetings\n");
 }
+
+/// `--worker-threads 1` (a single-threaded runtime) on both sides carries tunnels too.
+#[test]
+fn single_threaded_server_and_agent_carry_tunnels() {
+    let pki = Pki::new().unwrap();
+    let server = Server::start(
+        &pki,
+        ServerOptions {
+            args: vec!["--worker-threads".into(), "1".into()],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let _agent = Agent::start(
+        &pki,
+        &server,
+        AgentOptions {
+            args: vec!["--worker-threads".into(), "1".into()],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    server.wait_agents(1).unwrap();
+    let echo = target::echo("127.0.0.1:0").unwrap();
+    for _ in 0..20 {
+        let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+        assert_eq!(
+            kube_connect(conn.as_mut(), &echo.to_string())
+                .unwrap()
+                .status,
+            200
+        );
+        echo_round_trip(conn.as_mut(), b"one thread");
+    }
+}

@@ -6,6 +6,7 @@
 //! - [`signal`]: SIGTERM/SIGINT into a cancellation token.
 //! - [`health`]: the small HTTP server for `/healthz`, `/readyz`, `/metrics` and friends.
 //! - [`limits`]: raising the open-files limit.
+//! - [`threads`]: the tokio runtime, sized by `--worker-threads`.
 //!
 //! Nothing here knows about tunnels.
 
@@ -14,6 +15,7 @@ pub mod health;
 pub mod limits;
 pub mod logging;
 pub mod signal;
+pub mod threads;
 pub mod tls;
 
 /// Exit code for a bad command line or configuration (BSD `EX_USAGE`).

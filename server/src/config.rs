@@ -111,6 +111,10 @@ pub struct Cli {
     /// Log format: text or json.
     #[arg(long, env = "BRIDGEHEAD_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+    /// Worker threads: 0 = one per CPU, 1 = single-threaded (lowest latency on small
+    /// machines, one core for everything).
+    #[arg(long, env = "BRIDGEHEAD_WORKER_THREADS", default_value_t = 0)]
+    pub worker_threads: usize,
     /// ANP compatibility: the frontend protocol. Only http-connect is served (kube-apiserver's
     /// proxyProtocol: HTTPConnect); grpc is refused at startup.
     #[arg(long, env = "BRIDGEHEAD_MODE", default_value = "http-connect")]
@@ -150,6 +154,7 @@ pub struct Config {
     pub grace_period: Duration,
     pub target_bytes_hold: Duration,
     pub log_format: LogFormat,
+    pub worker_threads: usize,
 }
 
 impl fmt::Debug for Config {
@@ -237,6 +242,7 @@ impl Cli {
             grace_period: parse_duration("--shutdown-grace-period", &self.shutdown_grace_period)?,
             target_bytes_hold: parse_duration("--target-bytes-hold", &self.target_bytes_hold)?,
             log_format,
+            worker_threads: self.worker_threads,
         })
     }
 }

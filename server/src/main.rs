@@ -28,7 +28,7 @@ fn main() {
     tls::install_crypto_provider();
     let open_files = bridgehead_runtime::limits::raise_nofile();
     tracing::debug!(?open_files, "open-files limit");
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match bridgehead_runtime::threads::build_runtime(config.worker_threads) {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("bridgehead-server: starting the runtime: {error}");
