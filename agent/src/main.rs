@@ -4,7 +4,8 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use bridgehead_agent::Cli;
-use bridgehead_runtime::{logging, signal, tls, EX_USAGE};
+use bridgehead_runtime::threads::start_process;
+use bridgehead_runtime::{signal, EX_USAGE};
 use clap::error::ErrorKind;
 use clap::Parser;
 use tokio::net::TcpListener;
@@ -28,12 +29,7 @@ fn main() -> ExitCode {
         Ok(config) => config,
         Err(error) => usage_error(format!("{error:#}")),
     };
-    logging::init(config.log_format);
-    tls::install_crypto_provider();
-    let open_files = bridgehead_runtime::limits::raise_nofile();
-    tracing::debug!(?open_files, "open-files limit");
-
-    let runtime = match bridgehead_runtime::threads::build_runtime(config.worker_threads) {
+    let runtime = match start_process(config.log_format, config.worker_threads) {
         Ok(runtime) => runtime,
         Err(error) => {
             error!(%error, "starting the tokio runtime");

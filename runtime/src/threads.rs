@@ -23,3 +23,16 @@ pub fn build_runtime(worker_threads: usize) -> io::Result<tokio::runtime::Runtim
             .build(),
     }
 }
+
+/// What both binaries do between parsing their configuration and binding: logging, the
+/// crypto provider, the open-files limit, then the runtime.
+pub fn start_process(
+    log_format: crate::logging::LogFormat,
+    worker_threads: usize,
+) -> io::Result<tokio::runtime::Runtime> {
+    crate::logging::init(log_format);
+    crate::tls::install_crypto_provider();
+    let open_files = crate::limits::raise_nofile();
+    tracing::debug!(?open_files, "open-files limit");
+    build_runtime(worker_threads)
+}

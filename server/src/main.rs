@@ -1,6 +1,7 @@
 //! bridgehead-server's entry point: flags, logging, crypto provider, bind, run.
 
-use bridgehead_runtime::{logging, signal, tls, EX_USAGE};
+use bridgehead_runtime::threads::start_process;
+use bridgehead_runtime::{signal, EX_USAGE};
 use bridgehead_server::{Cli, Listeners};
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
@@ -24,11 +25,7 @@ fn main() {
             std::process::exit(EX_USAGE);
         }
     };
-    logging::init(config.log_format);
-    tls::install_crypto_provider();
-    let open_files = bridgehead_runtime::limits::raise_nofile();
-    tracing::debug!(?open_files, "open-files limit");
-    let runtime = match bridgehead_runtime::threads::build_runtime(config.worker_threads) {
+    let runtime = match start_process(config.log_format, config.worker_threads) {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("bridgehead-server: starting the runtime: {error}");
