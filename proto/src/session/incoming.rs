@@ -1,0 +1,216 @@
+//! Frames from the peer: [`Session::handle_frame`] and the checks it makes.
+
+use crate::frame::{Frame, StreamId};
+use crate::ErrorCode;
+
+use super::stream::{Phase, Stream};
+use super::{Event, Role, Session, SessionError, MAX_CREDIT};
+
+impl Session {
+    /// Applies one frame from the peer.
+    pub fn handle_frame(&mut self, frame: Frame) -> Result<(), SessionError> {
+        let role = self.config.role;
+        match frame {
+            Frame::Dial {
+                stream,
+                timeout_ms,
+                window,
+                port,
+                host,
+            } => {
+                if role != Role::Agent {
+                    return Err(SessionError::WrongDirection("DIAL", role));
+                }
+                if stream <= self.last_id {
+                    return Err(SessionError::StreamIdReused(stream, self.last_id));
+                }
+                self.last_id = stream;
+                if u64::from(window) > MAX_CREDIT {
+                    self.refuse(
+                        stream,
+                        ErrorCode::FlowControl,
+                        "DIAL grants more than 2^31-1 bytes of credit",
+                    );
+                } else if self.draining {
+                    self.refuse(stream, ErrorCode::Draining, "the agent is draining");
+                } else if self.streams.len() >= self.config.max_streams {
+                    self.refuse(
+                        stream,
+                        ErrorCode::TooManyStreams,
+                        "the agent carries its limit of streams",
+                    );
+                } else {
+                    let mut state =
+                        Stream::new(Phase::Dialing { deadline: 0 }, self.config.initial_window);
+                    state.send_credit = u64::from(window);
+                    self.streams.insert(stream, state);
+                    self.events.push_back(Event::DialRequested {
+                        stream,
+                        host,
+                        port,
+                        timeout_ms,
+                    });
+                }
+            }
+            Frame::DialOk { stream, window } => {
+                if role != Role::Server {
+                    return Err(SessionError::WrongDirection("DIAL_OK", role));
+                }
+                let Some(state) = self.known(stream)? else {
+                    return Ok(());
+                };
+                let Phase::Dialing { deadline } = state.phase else {
+                    self.violation(stream, "DIAL_OK for a stream that is already open");
+                    return Ok(());
+                };
+                state.phase = Phase::Open;
+                state.send_credit = u64::from(window);
+                self.deadlines.remove(&(deadline, stream));
+                if u64::from(window) > MAX_CREDIT {
+                    let reason = "DIAL_OK grants more than 2^31-1 bytes of credit";
+                    self.reset_stream(stream, ErrorCode::FlowControl, reason, false);
+                    self.events.push_back(Event::DialFailed {
+                        stream,
+                        code: ErrorCode::FlowControl,
+                        message: reason.to_owned(),
+                    });
+                    return Ok(());
+                }
+                self.events.push_back(Event::Opened { stream });
+            }
+            Frame::DialErr {
+                stream,
+                code,
+                message,
+            } => {
+                if role != Role::Server {
+                    return Err(SessionError::WrongDirection("DIAL_ERR", role));
+                }
+                let Some(state) = self.known(stream)? else {
+                    return Ok(());
+                };
+                let Phase::Dialing { deadline } = state.phase else {
+                    self.violation(stream, "DIAL_ERR for a stream that is already open");
+                    return Ok(());
+                };
+                self.deadlines.remove(&(deadline, stream));
+                self.streams.remove(&stream);
+                self.events.push_back(Event::DialFailed {
+                    stream,
+                    code,
+                    message,
+                });
+            }
+            Frame::Data { stream, payload } => {
+                let Some(state) = self.known(stream)? else {
+                    return Ok(());
+                };
+                if !matches!(state.phase, Phase::Open) {
+                    self.violation(stream, "DATA before the dial was answered");
+                } else if state.recv_closed {
+                    self.violation(stream, "DATA after FIN");
+                } else if payload.len() as u64 > state.recv_allowed {
+                    let reason = format!(
+                        "DATA of {} bytes exceeds the {} bytes of credit granted",
+                        payload.len(),
+                        state.recv_allowed
+                    );
+                    self.reset_stream(stream, ErrorCode::FlowControl, &reason, false);
+                } else {
+                    state.recv_allowed -= payload.len() as u64;
+                    let was_empty = state.recv_buf.is_empty();
+                    state.recv_buf.push_back(payload);
+                    if was_empty {
+                        self.events.push_back(Event::Readable { stream });
+                    }
+                }
+            }
+            Frame::Window { stream, increment } => {
+                let Some(state) = self.known(stream)? else {
+                    return Ok(());
+                };
+                if state.send_closed {
+                    return Ok(());
+                }
+                let before = state.send_credit;
+                state.send_credit += u64::from(increment);
+                if state.send_credit > MAX_CREDIT {
+                    let reason = "WINDOW grants more than 2^31-1 bytes of credit";
+                    self.reset_stream(stream, ErrorCode::FlowControl, reason, false);
+                } else if before == 0 && matches!(state.phase, Phase::Open) {
+                    self.events.push_back(Event::Writable { stream });
+                }
+            }
+            Frame::Fin { stream } => {
+                let Some(state) = self.known(stream)? else {
+                    return Ok(());
+                };
+                if !matches!(state.phase, Phase::Open) {
+                    self.violation(stream, "FIN before the dial was answered");
+                } else if state.recv_closed {
+                    self.violation(stream, "a second FIN");
+                } else {
+                    state.recv_closed = true;
+                    if state.recv_buf.is_empty() {
+                        self.events.push_back(Event::Readable { stream });
+                    }
+                    self.maybe_close(stream);
+                }
+            }
+            Frame::Reset {
+                stream,
+                code,
+                reason,
+            } => {
+                if self.known(stream)?.is_none() {
+                    return Ok(());
+                }
+                let state = self.remove(stream);
+                if let Some(Phase::Dialing { .. }) = state.map(|s| s.phase) {
+                    if role == Role::Server {
+                        self.events.push_back(Event::DialFailed {
+                            stream,
+                            code,
+                            message: reason,
+                        });
+                        return Ok(());
+                    }
+                }
+                self.events.push_back(Event::Reset {
+                    stream,
+                    code,
+                    reason,
+                    by_peer: true,
+                });
+            }
+            Frame::Drain => {
+                if !self.peer_draining {
+                    self.peer_draining = true;
+                    self.events.push_back(Event::PeerDraining);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The live stream `stream`, `None` for one that existed and is closed (frames for it are
+    /// ignored: they may cross a RESET), or an error for an id never opened.
+    fn known(&mut self, stream: StreamId) -> Result<Option<&mut Stream>, SessionError> {
+        if stream > self.last_id {
+            return Err(SessionError::UnknownStream(stream));
+        }
+        Ok(self.streams.get_mut(&stream))
+    }
+
+    fn refuse(&mut self, stream: StreamId, code: ErrorCode, message: &str) {
+        self.control.push_back(Frame::DialErr {
+            stream,
+            code,
+            message: message.to_owned(),
+        });
+    }
+
+    fn violation(&mut self, stream: StreamId, reason: &str) {
+        self.reset_stream(stream, ErrorCode::StreamState, reason, false);
+    }
+}
