@@ -136,11 +136,14 @@ impl Registry {
     /// The agents that may carry a tunnel to `target`, best first, skipping full ones.
     pub fn route(&self, target: &TargetHost) -> Result<Candidates, RouteError> {
         let state = self.lock();
+        // A full agent ranks last, so a sample with room anywhere yields that agent first.
         let loads = |key: AgentKey| {
             state
                 .agents
                 .get(&key)
-                .map_or(usize::MAX, |agent| agent.mux.open_streams())
+                .map(|agent| agent.mux.open_streams())
+                .filter(|&open| open < self.max_tunnels_per_agent)
+                .unwrap_or(usize::MAX)
         };
         let route = state.table.route(target, loads, &mut rand::rng())?;
         let agents: Vec<_> = route
