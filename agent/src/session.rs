@@ -18,10 +18,6 @@ use crate::connect::Connected;
 use crate::dial::{self, DialError};
 use crate::health::{Health, Metrics};
 
-/// After a drain in which tunnels ended, how long the session stays up so the server can
-/// consume their last bytes before the close (which discards unread data).
-const CLOSE_LINGER: Duration = Duration::from_secs(1);
-
 /// After the session ended, how long its tunnel tasks get to notice and finish.
 const TASKS_AFTER_SESSION: Duration = Duration::from_secs(5);
 
@@ -108,21 +104,11 @@ async fn drain_on_shutdown(
     );
     mux.drain();
     tracker.close();
-    let busy = !tracker.is_empty();
     let started = Instant::now();
+    // Closing the session afterwards loses nothing: the session flushes frames queued before
+    // the close, and the server still delivers what it received before the close.
     match tokio::time::timeout(grace, tracker.wait()).await {
-        Ok(()) => {
-            info!(elapsed = ?started.elapsed(), "drain complete: every tunnel finished");
-            if busy {
-                // The server may not have read the last bytes of the tunnels that just ended,
-                // and closing the session discards what it has not read yet.
-                let linger = CLOSE_LINGER.min(grace.saturating_sub(started.elapsed()));
-                tokio::select! {
-                    () = tokio::time::sleep(linger) => {}
-                    _ = mux.closed() => {}
-                }
-            }
-        }
+        Ok(()) => info!(elapsed = ?started.elapsed(), "drain complete: every tunnel finished"),
         Err(_) => warn!(
             open_streams = mux.open_streams(),
             "drain grace period passed; cutting the remaining tunnels"

@@ -149,7 +149,12 @@ impl Mux {
                             return Err((error.to_string(), false));
                         }
                     }
-                    () = shutdown.cancelled() => return Err(("server shutting down".to_owned(), true)),
+                    () = shutdown.cancelled() => {
+                        // Frames queued before the shutdown (a last DATA and FIN) still go out.
+                        let flush = send_queued(&mut sink, shared, &mut buf);
+                        let _ = tokio::time::timeout(CLOSE_FLUSH, flush).await;
+                        return Err(("shutting down".to_owned(), true));
+                    }
                 }
             }
         };

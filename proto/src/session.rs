@@ -283,14 +283,12 @@ impl Session {
             // What arrived before the session ended is still delivered, then the stream goes.
             return match state.recv_buf.pop_front() {
                 Some(chunk) => ReadOutcome::Data(chunk),
+                // EOF stays readable (a peek must not consume it); the stream goes when its
+                // owner resets it, as every dropped stream handle does.
+                None if state.recv_closed => ReadOutcome::Eof,
                 None => {
-                    let eof = state.recv_closed;
                     self.streams.remove(&stream);
-                    if eof {
-                        ReadOutcome::Eof
-                    } else {
-                        ReadOutcome::Gone
-                    }
+                    ReadOutcome::Gone
                 }
             };
         }
@@ -364,7 +362,10 @@ impl Session {
         ids.sort_unstable();
         for stream in ids {
             if let Some(state) = self.streams.get_mut(&stream) {
-                if matches!(state.phase, Phase::Open) && !state.recv_buf.is_empty() {
+                // Received data, or a FIN not yet read as EOF, is still delivered.
+                if matches!(state.phase, Phase::Open)
+                    && (!state.recv_buf.is_empty() || state.recv_closed)
+                {
                     state.aborted = true;
                     state.send_closed = true;
                     self.events.push_back(Event::Reset {
