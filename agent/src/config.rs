@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use bridgehead_mux::Keepalive;
 use bridgehead_proto::ident::AgentIdentifiers;
-use bridgehead_runtime::duration::{self, DurationError};
+use bridgehead_runtime::duration;
 use bridgehead_runtime::logging::LogFormat;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
@@ -102,7 +102,7 @@ pub struct Cli {
         long,
         env = "BRIDGEHEAD_KEEPALIVE_TIME",
         default_value = "5s",
-        value_parser = parse_duration,
+        value_parser = duration::parse,
         value_name = "DURATION"
     )]
     pub keepalive_time: Duration,
@@ -112,7 +112,7 @@ pub struct Cli {
         long,
         env = "BRIDGEHEAD_SYNC_INTERVAL",
         default_value = "1s",
-        value_parser = parse_duration,
+        value_parser = duration::parse,
         value_name = "DURATION"
     )]
     pub sync_interval: Duration,
@@ -122,7 +122,7 @@ pub struct Cli {
         long,
         env = "BRIDGEHEAD_SYNC_INTERVAL_CAP",
         default_value = "30s",
-        value_parser = parse_duration,
+        value_parser = duration::parse,
         value_name = "DURATION"
     )]
     pub sync_interval_cap: Duration,
@@ -132,7 +132,7 @@ pub struct Cli {
         long,
         env = "BRIDGEHEAD_DRAIN_GRACE_PERIOD",
         default_value = "30s",
-        value_parser = parse_duration,
+        value_parser = duration::parse,
         value_name = "DURATION"
     )]
     pub drain_grace_period: Duration,
@@ -156,10 +156,6 @@ pub struct Cli {
     /// [default: --proxy-server-host].
     #[arg(long, env = "BRIDGEHEAD_SERVER_NAME", value_name = "NAME")]
     pub server_name: Option<String>,
-}
-
-fn parse_duration(s: &str) -> Result<Duration, DurationError> {
-    duration::parse(s)
 }
 
 /// A client certificate and its key.
@@ -311,17 +307,6 @@ fn strip_brackets(host: &str) -> &str {
 
 /// The host name (`/proc/sys/kernel/hostname`, else `$HOSTNAME`), else a random id.
 fn default_agent_id() -> String {
-    let usable = |name: &str| {
-        let name = name.trim();
-        (!name.is_empty() && name.bytes().all(|b| b.is_ascii_graphic())).then(|| name.to_owned())
-    };
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .and_then(|name| usable(&name))
-        .or_else(|| {
-            std::env::var("HOSTNAME")
-                .ok()
-                .and_then(|name| usable(&name))
-        })
+    bridgehead_runtime::host::hostname()
         .unwrap_or_else(|| format!("agent-{:016x}", rand::random::<u64>()))
 }

@@ -5,6 +5,7 @@
 //! - [`tls`]: loading PEM certificates and keys, the one rustls crypto provider.
 //! - [`signal`]: SIGTERM/SIGINT into a cancellation token.
 //! - [`health`]: the small HTTP server for `/healthz`, `/readyz`, `/metrics` and friends.
+//! - [`host`]: the host name, for default ids.
 //! - [`limits`]: raising the open-files limit.
 //! - [`threads`]: the tokio runtime, sized by `--worker-threads`.
 //!
@@ -12,6 +13,7 @@
 
 pub mod duration;
 pub mod health;
+pub mod host;
 pub mod limits;
 pub mod logging;
 pub mod signal;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use bridgehead_runtime::duration;
 use bridgehead_runtime::logging::LogFormat;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 
 use crate::router::{parse_strategies, Strategy};
@@ -83,14 +84,14 @@ pub struct Cli {
     #[arg(long, env = "BRIDGEHEAD_SERVER_COUNT", default_value_t = 1)]
     pub server_count: u32,
     /// How long an agent may take to dial a target before the client gets 504.
-    #[arg(long, env = "BRIDGEHEAD_DIAL_TIMEOUT", default_value = "10s")]
-    pub dial_timeout: String,
+    #[arg(long, env = "BRIDGEHEAD_DIAL_TIMEOUT", default_value = "10s", value_parser = duration::parse, value_name = "DURATION")]
+    pub dial_timeout: Duration,
     /// Time allowed for a client's TLS handshake and CONNECT header, and an agent's handshake.
-    #[arg(long, env = "BRIDGEHEAD_HANDSHAKE_TIMEOUT", default_value = "10s")]
-    pub handshake_timeout: String,
+    #[arg(long, env = "BRIDGEHEAD_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = duration::parse, value_name = "DURATION")]
+    pub handshake_timeout: Duration,
     /// WebSocket ping interval towards agents; an agent silent for 3 intervals is dropped.
-    #[arg(long, env = "BRIDGEHEAD_KEEPALIVE_TIME", default_value = "5s")]
-    pub keepalive_time: String,
+    #[arg(long, env = "BRIDGEHEAD_KEEPALIVE_TIME", default_value = "5s", value_parser = duration::parse, value_name = "DURATION")]
+    pub keepalive_time: Duration,
     /// Most dials waiting for an agent's answer at once; beyond it clients get 503.
     #[arg(long, env = "BRIDGEHEAD_MAX_PENDING_DIALS", default_value_t = 1024)]
     pub max_pending_dials: usize,
@@ -103,14 +104,14 @@ pub struct Cli {
     pub max_tunnels_per_agent: usize,
     /// After the 200, how long a target's first bytes wait for the client's first byte
     /// (kube-apiserver fails if anything follows the 200 in the same read); 0 sends at once.
-    #[arg(long, env = "BRIDGEHEAD_TARGET_BYTES_HOLD", default_value = "250ms")]
-    pub target_bytes_hold: String,
+    #[arg(long, env = "BRIDGEHEAD_TARGET_BYTES_HOLD", default_value = "250ms", value_parser = duration::parse, value_name = "DURATION")]
+    pub target_bytes_hold: Duration,
     /// On SIGTERM, how long open tunnels may continue before they are cut.
-    #[arg(long, env = "BRIDGEHEAD_SHUTDOWN_GRACE_PERIOD", default_value = "30s")]
-    pub shutdown_grace_period: String,
+    #[arg(long, env = "BRIDGEHEAD_SHUTDOWN_GRACE_PERIOD", default_value = "30s", value_parser = duration::parse, value_name = "DURATION")]
+    pub shutdown_grace_period: Duration,
     /// Log format: text or json.
-    #[arg(long, env = "BRIDGEHEAD_LOG_FORMAT", default_value = "text")]
-    pub log_format: String,
+    #[arg(long, env = "BRIDGEHEAD_LOG_FORMAT", default_value = "text", value_parser = PossibleValuesParser::new(["text", "json"]).try_map(|s| s.parse::<LogFormat>()))]
+    pub log_format: LogFormat,
     /// Worker threads: 0 = one per CPU, 1 = single-threaded (lowest latency on small
     /// machines, one core for everything).
     #[arg(long, env = "BRIDGEHEAD_WORKER_THREADS", default_value_t = 0)]
@@ -155,6 +156,8 @@ pub struct Config {
     pub target_bytes_hold: Duration,
     pub log_format: LogFormat,
     pub worker_threads: usize,
+    /// `--server-count` (accepted for ANP compatibility, warned about when above 1).
+    pub server_count: u32,
 }
 
 impl fmt::Debug for Config {
@@ -205,23 +208,13 @@ impl Cli {
             }
         };
         let strategies = parse_strategies(&self.proxy_strategies).context("--proxy-strategies")?;
-        let keepalive_time = parse_duration("--keepalive-time", &self.keepalive_time)?;
+        let keepalive_time = self.keepalive_time;
         if keepalive_time.is_zero() {
             bail!("--keepalive-time must be above 0");
         }
         if self.max_pending_dials == 0 || self.max_tunnels_per_agent == 0 {
             bail!("--max-pending-dials and --max-tunnels-per-agent must be at least 1");
         }
-        if self.server_count != 1 {
-            tracing::warn!(
-                server_count = self.server_count,
-                "--server-count above 1 is accepted for ANP compatibility; agents connect to one server each"
-            );
-        }
-        let log_format = self
-            .log_format
-            .parse()
-            .map_err(|e: String| anyhow::anyhow!("--log-format: {e}"))?;
         Ok(Config {
             frontend,
             agent_bind: (self.agent_bind_address, self.agent_port).into(),
@@ -230,33 +223,25 @@ impl Cli {
             cluster_ca: self.cluster_ca_cert,
             health_bind: (self.health_bind_address, self.health_port).into(),
             strategies,
-            server_id: self.server_id.unwrap_or_else(default_server_id),
-            dial_timeout: parse_duration("--dial-timeout", &self.dial_timeout)?,
-            handshake_timeout: parse_duration("--handshake-timeout", &self.handshake_timeout)?,
+            server_id: self
+                .server_id
+                .or_else(bridgehead_runtime::host::hostname)
+                .unwrap_or_else(|| "bridgehead-server".to_owned()),
+            dial_timeout: self.dial_timeout,
+            handshake_timeout: self.handshake_timeout,
             keepalive: bridgehead_mux::Keepalive {
                 interval: keepalive_time,
                 timeout: keepalive_time * 3,
             },
             max_pending_dials: self.max_pending_dials,
             max_tunnels_per_agent: self.max_tunnels_per_agent,
-            grace_period: parse_duration("--shutdown-grace-period", &self.shutdown_grace_period)?,
-            target_bytes_hold: parse_duration("--target-bytes-hold", &self.target_bytes_hold)?,
-            log_format,
+            grace_period: self.shutdown_grace_period,
+            target_bytes_hold: self.target_bytes_hold,
+            log_format: self.log_format,
+            server_count: self.server_count,
             worker_threads: self.worker_threads,
         })
     }
-}
-
-fn parse_duration(flag: &str, value: &str) -> anyhow::Result<Duration> {
-    duration::parse(value).with_context(|| flag.to_owned())
-}
-
-fn default_server_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|name| name.trim().to_owned())
-        .ok()
-        .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| "bridgehead-server".to_owned())
 }
 
 #[cfg(test)]

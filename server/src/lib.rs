@@ -131,6 +131,12 @@ pub async fn run(
 
     let strategies: Vec<String> = config.strategies.iter().map(ToString::to_string).collect();
     info!(server_id = %config.server_id, strategies = %strategies.join(","), "starting");
+    if config.server_count > 1 {
+        warn!(
+            server_count = config.server_count,
+            "--server-count above 1 is accepted for ANP compatibility but not implemented: each agent connects to this one server"
+        );
+    }
     let agent_addr = listeners.agent.local_addr()?;
     let health_addr = listeners.health.local_addr()?;
     match listeners.frontend {
