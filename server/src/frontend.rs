@@ -167,7 +167,8 @@ async fn serve_connection<S: ClientSocket>(mut socket: S, ctx: Arc<Context>) {
     let result = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(ctx.handshake_timeout)
-        .max_buf_size(MAX_HEAD_BYTES.max(8192) * 2)
+        // Room for a whole head (already bounded by `head::read`) and the bytes behind it.
+        .max_buf_size(2 * MAX_HEAD_BYTES)
         .serve_connection(TokioIo::new(socket), service)
         .with_upgrades()
         .await;
