@@ -19,9 +19,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
-use tokio_rustls::server::TlsStream;
-use tokio_rustls::TlsAcceptor;
+use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
@@ -32,9 +30,11 @@ use crate::Context;
 
 mod head;
 mod rewind;
+mod tls;
 
 use head::{Head, MAX_HEAD_BYTES};
 use rewind::Rewind;
+pub use tls::{TlsAcceptor, TlsStream};
 
 /// A client connection a tunnel can run over.
 pub trait ClientSocket: AsyncRead + AsyncWrite + Unpin + Send + 'static {
@@ -43,9 +43,9 @@ pub trait ClientSocket: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     fn abort_on_close(&self);
 }
 
-impl ClientSocket for TlsStream<TcpStream> {
+impl ClientSocket for TlsStream {
     fn abort_on_close(&self) {
-        let _ = self.get_ref().0.set_zero_linger();
+        let _ = self.tcp().set_zero_linger();
     }
 }
 

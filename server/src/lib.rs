@@ -150,7 +150,9 @@ pub async fn run(
             else {
                 anyhow::bail!("a TCP frontend listener needs a TCP frontend configuration");
             };
-            let acceptor = tls::acceptor(cert, key, client_ca).context("frontend TLS")?;
+            let acceptor = frontend::TlsAcceptor::new(
+                tls::server_config(cert, key, client_ca).context("frontend TLS")?,
+            );
             announce("frontend", &listener.local_addr()?.to_string());
             background.spawn(frontend::serve_tcp(
                 listener,

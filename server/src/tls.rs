@@ -14,6 +14,15 @@ use tokio_rustls::TlsAcceptor;
 /// `client_ca`. The CA's name is advertised in the CertificateRequest, which Go clients
 /// (kube-apiserver) need before they send their certificate.
 pub fn acceptor(cert: &Path, key: &Path, client_ca: &Path) -> anyhow::Result<TlsAcceptor> {
+    Ok(TlsAcceptor::from(server_config(cert, key, client_ca)?))
+}
+
+/// The server configuration of [`acceptor`].
+pub fn server_config(
+    cert: &Path,
+    key: &Path,
+    client_ca: &Path,
+) -> anyhow::Result<Arc<ServerConfig>> {
     let provider = provider();
     let roots = load_roots(client_ca)?;
     let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
@@ -27,5 +36,5 @@ pub fn acceptor(cert: &Path, key: &Path, client_ca: &Path) -> anyhow::Result<Tls
         .with_context(|| format!("using {} with {}", cert.display(), key.display()))?;
     // HTTP/1.1 only: Go offers h2 to proxies and must not get it.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(TlsAcceptor::from(Arc::new(config)))
+    Ok(Arc::new(config))
 }

@@ -1,0 +1,601 @@
+//! TLS for CONNECT clients on rustls' unbuffered API.
+//!
+//! Every idle tunnel holds one client TLS connection, so what a connection keeps while idle is
+//! what 10,000 idle tunnels cost. rustls' buffered `ServerConnection` keeps a 4 KiB
+//! incoming-record buffer for the connection's whole life. Here the stream owns its record
+//! buffers and lets each go as soon as it is empty: an idle connection holds only rustls'
+//! state (keys and the handshake's leftovers). Busy connections read up to [`READ_SIZE`] bytes
+//! per syscall, several records at a time.
+//!
+//! Semantics follow tokio-rustls, which the agent endpoint still uses: `poll_write` encrypts
+//! and sends what the socket takes, keeping the rest for the next write or flush; `shutdown`
+//! sends `close_notify` and then shuts the TCP write side; the peer's `close_notify` is EOF,
+//! while a TCP EOF without it is an `UnexpectedEof` error (the data may be truncated).
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
+use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError, InsufficientSizeError};
+use rustls::ServerConfig;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+/// Most bytes one socket read takes: four full records.
+const READ_SIZE: usize = 64 * 1024;
+/// Room a read needs at least: one whole record (16 KiB payload, expansion, header).
+const RECORD_ROOM: usize = 16 * 1024 + 256 + 5;
+/// Plaintext encrypted per `poll_write` at most; more waits for the socket to take some.
+const WRITE_SIZE: usize = 64 * 1024;
+/// Per-record expansion of TLS 1.3 AES-GCM (header, content type, tag); a first guess at the
+/// output size, corrected by rustls' `InsufficientSize` when it is wrong.
+const RECORD_OVERHEAD: usize = 5 + 1 + 16;
+const MAX_FRAGMENT: usize = 16 * 1024;
+
+/// Accepts TLS clients with one server configuration.
+#[derive(Debug, Clone)]
+pub struct TlsAcceptor {
+    config: Arc<ServerConfig>,
+}
+
+impl TlsAcceptor {
+    pub fn new(config: Arc<ServerConfig>) -> TlsAcceptor {
+        TlsAcceptor { config }
+    }
+
+    /// Runs the handshake on `io`. A failed handshake sends the peer rustls' alert before the
+    /// error is returned.
+    pub async fn accept(&self, io: TcpStream) -> io::Result<TlsStream> {
+        let conn = UnbufferedServerConnection::new(self.config.clone()).map_err(tls_error)?;
+        let mut stream = TlsStream {
+            io,
+            conn,
+            incoming: Incoming::default(),
+            plaintext: Plaintext::default(),
+            outgoing: Outgoing::default(),
+            read_eof: false,
+            io_eof: false,
+            write_closed: false,
+        };
+        match stream.handshake().await {
+            Ok(()) => Ok(stream),
+            Err(error) => {
+                stream.send_alert().await;
+                Err(error)
+            }
+        }
+    }
+}
+
+/// A server-side TLS connection over TCP whose buffers are released while empty.
+pub struct TlsStream {
+    io: TcpStream,
+    conn: UnbufferedServerConnection,
+    incoming: Incoming,
+    plaintext: Plaintext,
+    outgoing: Outgoing,
+    /// The peer's `close_notify` was processed: reads return EOF once `plaintext` is empty.
+    read_eof: bool,
+    /// The socket returned EOF.
+    io_eof: bool,
+    /// Our `close_notify` is queued: no more writes.
+    write_closed: bool,
+}
+
+impl std::fmt::Debug for TlsStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsStream")
+            .field("io", &self.io)
+            .field("incoming", &self.incoming.unprocessed().len())
+            .field("plaintext", &self.plaintext.len())
+            .field("outgoing", &self.outgoing.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one call into rustls led to.
+enum Step {
+    /// Progress that needs no socket I/O: call again.
+    Again,
+    /// Application data was delivered (or stashed in `plaintext`).
+    Data,
+    /// The write callback ran.
+    Wrote,
+    /// No complete record left: read more from the socket.
+    NeedData,
+    /// The peer's `close_notify` (reported once).
+    PeerClosed,
+    /// Both sides sent `close_notify`.
+    Closed,
+}
+
+/// Received ciphertext: `buf[start..]` is not yet processed.
+#[derive(Default)]
+struct Incoming {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl Incoming {
+    fn unprocessed(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+
+    fn unprocessed_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[self.start..]
+    }
+
+    fn discard(&mut self, n: usize) {
+        self.start += n;
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        }
+    }
+
+    /// Makes room for one more socket read, moving a partial record to the front if needed.
+    fn prepare_read(&mut self) {
+        if self.buf.capacity() - self.buf.len() >= RECORD_ROOM {
+            return;
+        }
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        self.buf
+            .reserve(READ_SIZE.max(RECORD_ROOM + self.buf.len()) - self.buf.len());
+    }
+
+    /// Called when the socket has nothing more for now.
+    fn release_if_empty(&mut self) {
+        if self.buf.is_empty() {
+            self.buf = Vec::new();
+        }
+    }
+}
+
+/// Decrypted bytes the reader has not taken yet (a record larger than its buffer).
+#[derive(Default)]
+struct Plaintext {
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl Plaintext {
+    fn len(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    /// Copies what fits into `out`; the buffer is released once it is empty.
+    fn take_into(&mut self, out: &mut ReadBuf<'_>) {
+        let n = self.len().min(out.remaining());
+        out.put_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        if self.pos == self.buf.len() {
+            self.buf = Vec::new();
+            self.pos = 0;
+        }
+    }
+}
+
+/// Encrypted bytes not yet taken by the socket: `buf[pos..]`.
+#[derive(Default)]
+struct Outgoing {
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl Outgoing {
+    fn len(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    /// Appends what `encode` writes into a slice of the size it asks for.
+    fn append<E>(
+        &mut self,
+        guess: usize,
+        mut encode: impl FnMut(&mut [u8]) -> Result<usize, E>,
+        too_small: impl Fn(&E) -> Option<usize>,
+    ) -> Result<(), E> {
+        let at = self.buf.len();
+        let mut size = guess;
+        loop {
+            self.buf.resize(at + size, 0);
+            match encode(&mut self.buf[at..]) {
+                Ok(n) => {
+                    self.buf.truncate(at + n);
+                    return Ok(());
+                }
+                Err(error) => match too_small(&error) {
+                    Some(required) if required > size => size = required,
+                    _ => {
+                        self.buf.truncate(at);
+                        return Err(error);
+                    }
+                },
+            }
+        }
+    }
+
+    fn consumed(&mut self, n: usize) {
+        self.pos += n;
+        if self.pos == self.buf.len() {
+            self.buf = Vec::new();
+            self.pos = 0;
+        }
+    }
+}
+
+fn tls_error(error: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, error)
+}
+
+fn encode_too_small(error: &EncodeError) -> Option<usize> {
+    match error {
+        EncodeError::InsufficientSize(InsufficientSizeError { required_size }) => {
+            Some(*required_size)
+        }
+        _ => None,
+    }
+}
+
+fn encrypt_too_small(error: &EncryptError) -> Option<usize> {
+    match error {
+        EncryptError::InsufficientSize(InsufficientSizeError { required_size }) => {
+            Some(*required_size)
+        }
+        _ => None,
+    }
+}
+
+fn encrypt_error(error: EncryptError) -> io::Error {
+    io::Error::other(error.to_string())
+}
+
+impl TlsStream {
+    /// One call into rustls, with every state but "may write" handled. Decrypted data goes
+    /// into `out` as far as it fits, the rest into `plaintext`. With `write`, the writable
+    /// state runs it (encrypting into `outgoing`) and the step is [`Step::Wrote`].
+    fn step(
+        &mut self,
+        mut out: Option<&mut ReadBuf<'_>>,
+        write: Option<&mut WriteFn<'_>>,
+    ) -> io::Result<Step> {
+        let TlsStream {
+            conn,
+            incoming,
+            plaintext,
+            outgoing,
+            read_eof,
+            ..
+        } = self;
+        let status = conn.process_tls_records(incoming.unprocessed_mut());
+        let discard = status.discard;
+        let step = match status.state.map_err(tls_error)? {
+            ConnectionState::ReadTraffic(mut traffic) => {
+                while let Some(record) = traffic.next_record() {
+                    let record = record.map_err(tls_error)?;
+                    let payload = record.payload;
+                    let direct = match out.as_deref_mut() {
+                        Some(out) if plaintext.len() == 0 => {
+                            let n = payload.len().min(out.remaining());
+                            out.put_slice(&payload[..n]);
+                            n
+                        }
+                        _ => 0,
+                    };
+                    plaintext.buf.extend_from_slice(&payload[direct..]);
+                }
+                Step::Data
+            }
+            ConnectionState::EncodeTlsData(mut data) => {
+                outgoing
+                    .append(4096, |buf| data.encode(buf), encode_too_small)
+                    .map_err(|error| io::Error::other(error.to_string()))?;
+                Step::Again
+            }
+            // The encoded records sit in `outgoing`, which is sent in order before anything
+            // encrypted later; that counts as transmitted.
+            ConnectionState::TransmitTlsData(data) => {
+                data.done();
+                Step::Again
+            }
+            ConnectionState::PeerClosed => {
+                *read_eof = true;
+                Step::PeerClosed
+            }
+            ConnectionState::Closed => {
+                *read_eof = true;
+                Step::Closed
+            }
+            ConnectionState::BlockedHandshake => Step::NeedData,
+            // Writes only happen once the handshake is done; while it runs, this state means
+            // the server may already send (0.5-RTT) but still waits for the client's flight.
+            ConnectionState::WriteTraffic(mut traffic) => match write {
+                Some(write) => {
+                    write(&mut traffic, outgoing)?;
+                    Step::Wrote
+                }
+                None => Step::NeedData,
+            },
+            ConnectionState::ReadEarlyData(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "unexpected early data",
+                ))
+            }
+            _ => {
+                return Err(io::Error::other("unexpected TLS connection state"));
+            }
+        };
+        incoming.discard(discard);
+        Ok(step)
+    }
+
+    /// Reads more ciphertext from the socket; `Ok(0)` is EOF.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.io_eof {
+            return Poll::Ready(Ok(0));
+        }
+        loop {
+            if let Err(error) = ready!(self.io.poll_read_ready(cx)) {
+                return Poll::Ready(Err(error));
+            }
+            self.incoming.prepare_read();
+            match self.io.try_read_buf(&mut self.incoming.buf) {
+                Ok(0) => {
+                    self.io_eof = true;
+                    return Poll::Ready(Ok(0));
+                }
+                Ok(n) => return Poll::Ready(Ok(n)),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                    // Nothing there: an idle connection keeps no read buffer.
+                    self.incoming.release_if_empty();
+                }
+                Err(error) => return Poll::Ready(Err(error)),
+            }
+        }
+    }
+
+    /// Sends everything in `outgoing`.
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.outgoing.len() > 0 {
+            let n = ready!(
+                Pin::new(&mut self.io).poll_write(cx, &self.outgoing.buf[self.outgoing.pos..])
+            )?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.outgoing.consumed(n);
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Sends what the socket takes now, without waiting (and without registering a waker).
+    fn send_some(&mut self) -> io::Result<()> {
+        while self.outgoing.len() > 0 {
+            match self.io.try_write(&self.outgoing.buf[self.outgoing.pos..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => self.outgoing.consumed(n),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+
+    async fn handshake(&mut self) -> io::Result<()> {
+        while self.conn.is_handshaking() {
+            match self.step(None, None)? {
+                Step::Again | Step::Data | Step::Wrote => {}
+                Step::PeerClosed | Step::Closed => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "client closed the connection during the TLS handshake",
+                    ))
+                }
+                Step::NeedData => {
+                    std::future::poll_fn(|cx| self.poll_send(cx)).await?;
+                    if std::future::poll_fn(|cx| self.poll_fill(cx)).await? == 0 {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "client closed the connection during the TLS handshake",
+                        ));
+                    }
+                }
+            }
+        }
+        // The server's last records (session tickets) go out before the first response;
+        // application data that came with the client's last flight waits in `plaintext`.
+        while let Step::Again | Step::Data | Step::Wrote = self.step(None, None)? {}
+        self.incoming.release_if_empty();
+        std::future::poll_fn(|cx| self.poll_send(cx)).await
+    }
+
+    /// After a failed handshake: sends the alert rustls queued, if the socket takes it now.
+    async fn send_alert(&mut self) {
+        let TlsStream { conn, outgoing, .. } = self;
+        if let Ok(ConnectionState::EncodeTlsData(mut data)) =
+            conn.process_tls_records(&mut []).state
+        {
+            let _ = outgoing.append(64, |buf| data.encode(buf), encode_too_small);
+        }
+        let _ = self.send_some();
+        let _ = self.io.shutdown().await;
+    }
+
+    /// Encrypts `plaintext` (at most [`WRITE_SIZE`] bytes of it, starting with the first
+    /// non-empty slice) into `outgoing`; returns how many plaintext bytes it took.
+    fn encrypt(&mut self, slices: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let mut taken = 0;
+        let mut write = |traffic: &mut WriteTraffic<'_>, outgoing: &mut Outgoing| {
+            for slice in slices {
+                let chunk = &slice[..slice.len().min(WRITE_SIZE - taken)];
+                if chunk.is_empty() {
+                    continue;
+                }
+                let records = chunk.len().div_ceil(MAX_FRAGMENT);
+                outgoing
+                    .append(
+                        chunk.len() + records * RECORD_OVERHEAD,
+                        |buf| traffic.encrypt(chunk, buf),
+                        encrypt_too_small,
+                    )
+                    .map_err(encrypt_error)?;
+                taken += chunk.len();
+                if taken == WRITE_SIZE {
+                    break;
+                }
+            }
+            Ok(())
+        };
+        self.until_written(&mut write)?;
+        Ok(taken)
+    }
+
+    /// Steps until `write` ran; records that arrive meanwhile wait in `plaintext`.
+    fn until_written(&mut self, write: &mut WriteFn<'_>) -> io::Result<()> {
+        loop {
+            match self.step(None, Some(&mut *write))? {
+                Step::Wrote => return Ok(()),
+                Step::Again | Step::Data | Step::PeerClosed => {}
+                Step::NeedData | Step::Closed => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::BrokenPipe,
+                        "the TLS connection cannot send any more",
+                    ))
+                }
+            }
+        }
+    }
+
+    fn poll_write_slices(
+        &mut self,
+        cx: &mut Context<'_>,
+        slices: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        if self.write_closed {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "TLS write side already closed",
+            )));
+        }
+        if slices.iter().all(|s| s.is_empty()) {
+            return Poll::Ready(Ok(0));
+        }
+        // Earlier records first; while a full write's worth still waits, so does the caller.
+        if self.poll_send(cx)?.is_pending() && self.outgoing.len() >= WRITE_SIZE {
+            return Poll::Pending;
+        }
+        let taken = self.encrypt(slices)?;
+        // Whatever the socket does not take now goes with the next write, flush or shutdown.
+        if let Poll::Ready(Err(error)) = self.poll_send(cx) {
+            return Poll::Ready(Err(error));
+        }
+        Poll::Ready(Ok(taken))
+    }
+
+    /// The TCP socket, for socket options.
+    pub fn tcp(&self) -> &TcpStream {
+        &self.io
+    }
+
+    /// Bytes of record buffers this stream holds allocated (0 while idle).
+    pub fn buffered(&self) -> usize {
+        self.incoming.buf.capacity() + self.plaintext.buf.capacity() + self.outgoing.buf.capacity()
+    }
+}
+
+type WriteTraffic<'c> = rustls::unbuffered::WriteTraffic<'c, ServerConnectionData>;
+/// What runs in the writable state: encrypts into `outgoing`.
+type WriteFn<'f> = dyn FnMut(&mut WriteTraffic<'_>, &mut Outgoing) -> io::Result<()> + 'f;
+
+impl AsyncRead for TlsStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        loop {
+            if this.plaintext.len() > 0 {
+                this.plaintext.take_into(buf);
+                return Poll::Ready(Ok(()));
+            }
+            if this.read_eof {
+                return Poll::Ready(Ok(()));
+            }
+            let before = buf.filled().len();
+            match this.step(Some(buf), None)? {
+                // An empty record delivers nothing; an empty read would mean EOF.
+                Step::Data | Step::Wrote if buf.filled().len() == before => {}
+                Step::Data | Step::Wrote | Step::PeerClosed | Step::Closed => {
+                    return Poll::Ready(Ok(()))
+                }
+                // A post-handshake message's answer (a key update): send it along if the
+                // socket takes it; otherwise the next write or flush does.
+                Step::Again => this.send_some()?,
+                Step::NeedData => {
+                    if ready!(this.poll_fill(cx))? == 0 {
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "peer closed connection without sending TLS close_notify",
+                        )));
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl AsyncWrite for TlsStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut()
+            .poll_write_slices(cx, &[io::IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().poll_write_slices(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_send(cx))?;
+        Pin::new(&mut this.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.write_closed {
+            let mut close = |traffic: &mut WriteTraffic<'_>, outgoing: &mut Outgoing| {
+                outgoing
+                    .append(64, |buf| traffic.queue_close_notify(buf), encrypt_too_small)
+                    .map_err(encrypt_error)
+            };
+            this.until_written(&mut close)?;
+            this.write_closed = true;
+        }
+        ready!(this.poll_send(cx))?;
+        match ready!(Pin::new(&mut this.io).poll_shutdown(cx)) {
+            Err(error) if error.kind() != io::ErrorKind::NotConnected => Poll::Ready(Err(error)),
+            _ => Poll::Ready(Ok(())),
+        }
+    }
+}
