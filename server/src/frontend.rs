@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bridgehead_mux::pump::{self, Moved};
+use bridgehead_mux::MuxStream;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
@@ -219,40 +220,57 @@ async fn handle<S: ClientSocket>(
         .observe(started.elapsed().as_secs_f64());
     debug!(stream = stream.id(), "tunnel open");
     let on_upgrade = hyper::upgrade::on(&mut request);
-    let tunnel_ctx = ctx.clone();
-    ctx.tunnels.spawn(
-        async move {
-            let ctx = tunnel_ctx;
-            let upgraded = match on_upgrade.await {
-                Ok(upgraded) => upgraded,
-                Err(error) => return debug!(%error, "client left before the tunnel started"),
-            };
-            let parts = match upgraded.downcast::<TokioIo<S>>() {
-                Ok(parts) => parts,
-                Err(_) => return warn!("upgraded connection of an unexpected type"),
-            };
-            let mut socket = parts.io.into_inner();
-            ctx.metrics.tunnels_open.inc();
-            let mut moved = Moved::default();
-            // kube-apiserver fails when any byte follows the 200 in the same read: a target
-            // that speaks first waits for the client's first byte, or the hold time.
-            let hold = Some(ctx.target_bytes_hold).filter(|hold| !hold.is_zero());
-            let result =
-                pump::splice_holding(&mut socket, &stream, parts.read_buf, hold, &mut moved).await;
-            ctx.metrics.tunnels_open.dec();
-            ctx.metrics.bytes(Direction::ToTarget, moved.up);
-            ctx.metrics.bytes(Direction::FromTarget, moved.down);
-            match result {
-                Ok(()) => debug!(up = moved.up, down = moved.down, "tunnel closed"),
-                Err(error) => {
-                    socket.abort_on_close();
-                    debug!(%error, up = moved.up, down = moved.down, "tunnel failed");
-                }
-            }
-        }
-        .instrument(span),
-    );
+    ctx.tunnels
+        .spawn(run_tunnel::<S>(on_upgrade, stream, ctx.clone()).instrument(span));
     Response::new(Full::new(Bytes::new()))
+}
+
+/// The tunnel's task: splices the upgraded client connection to the agent's stream.
+async fn run_tunnel<S: ClientSocket>(
+    on_upgrade: hyper::upgrade::OnUpgrade,
+    stream: MuxStream,
+    ctx: Arc<Context>,
+) {
+    // Unwrapped outside the task's state, so the socket is held once while the tunnel lives.
+    let Some((mut socket, early)) = client_socket::<S>(on_upgrade.await) else {
+        return;
+    };
+    ctx.metrics.tunnels_open.inc();
+    let mut moved = Moved::default();
+    // kube-apiserver fails when any byte follows the 200 in the same read: a target that
+    // speaks first waits for the client's first byte, or the hold time.
+    let hold = Some(ctx.target_bytes_hold).filter(|hold| !hold.is_zero());
+    let result = pump::splice_holding(&mut socket, &stream, early, hold, &mut moved).await;
+    ctx.metrics.tunnels_open.dec();
+    ctx.metrics.bytes(Direction::ToTarget, moved.up);
+    ctx.metrics.bytes(Direction::FromTarget, moved.down);
+    match result {
+        Ok(()) => debug!(up = moved.up, down = moved.down, "tunnel closed"),
+        Err(error) => {
+            socket.abort_on_close();
+            debug!(%error, up = moved.up, down = moved.down, "tunnel failed");
+        }
+    }
+}
+
+/// The client's socket out of hyper's upgrade, with the bytes hyper had read past the head.
+fn client_socket<S: ClientSocket>(
+    upgraded: hyper::Result<hyper::upgrade::Upgraded>,
+) -> Option<(S, Bytes)> {
+    let upgraded = match upgraded {
+        Ok(upgraded) => upgraded,
+        Err(error) => {
+            debug!(%error, "client left before the tunnel started");
+            return None;
+        }
+    };
+    match upgraded.downcast::<TokioIo<S>>() {
+        Ok(parts) => Some((parts.io.into_inner(), parts.read_buf)),
+        Err(_) => {
+            warn!("upgraded connection of an unexpected type");
+            None
+        }
+    }
 }
 
 fn fail(ctx: &Context, error: &TunnelError) -> Response<Full<Bytes>> {
