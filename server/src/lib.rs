@@ -1,7 +1,7 @@
 //! bridgehead-server: HTTP CONNECT tunnels into a private network, through connected agents.
 //!
 //! Components, one module each: [`config`] (flags into a validated [`Config`]), [`frontend`]
-//! (the CONNECT listener, mTLS TCP or Unix socket, on hyper), [`agent_endpoint`] (agents'
+//! (the CONNECT listener, mTLS TCP or Unix socket), [`agent_endpoint`] (agents'
 //! WebSocket sessions), [`registry`] (connected agents and the route table over them),
 //! [`router`] (the strategy list, pure), [`tunnel`] (target parsing, routing and dialing, and
 //! the one mapping of failures to HTTP statuses), [`health`] and [`metrics`].

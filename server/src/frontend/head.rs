@@ -1,10 +1,10 @@
-//! Reading the CONNECT head before hyper sees it, so that every malformed request gets a
-//! one-line reason (hyper answers what it cannot parse with a bare 400).
+//! Reading and checking the CONNECT head, and the bytes of every answer. Each connection
+//! carries one request: a tunnel, or a refusal with a one-line reason and `Connection: close`.
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::tunnel;
+use crate::tunnel::{self, Target};
 
 /// Largest CONNECT head (request line and headers) accepted.
 pub(super) const MAX_HEAD_BYTES: usize = 16 * 1024;
@@ -13,12 +13,11 @@ const MAX_HEADERS: usize = 64;
 /// What the first bytes of a connection turned out to be.
 #[derive(Debug)]
 pub(super) enum Head {
-    /// A complete, well-formed head; everything read so far (head and any bytes behind it) is
-    /// in the buffer, to be handed to hyper.
-    Complete(BytesMut),
+    /// `CONNECT target`, and the bytes the client sent behind the head: the tunnel's first.
+    Connect(Target, Bytes),
     /// The client closed or failed before sending a whole head.
     Closed,
-    /// A malformed request: status and reason to answer with.
+    /// A request to refuse: status and reason to answer with.
     Refuse(u16, String),
 }
 
@@ -66,24 +65,34 @@ fn check(buf: BytesMut, end: usize) -> Head {
         }
         Err(error) => return Head::Refuse(400, format!("malformed request: {error}")),
     }
-    if request.method == Some("CONNECT") {
-        if let Err(error) = tunnel::parse_target(request.path.unwrap_or("")) {
-            return Head::Refuse(400, error.to_string());
-        }
+    if request.method != Some("CONNECT") {
+        return Head::Refuse(405, "only CONNECT is served here".to_owned());
     }
-    Head::Complete(buf)
+    match tunnel::parse_target(request.path.unwrap_or("")) {
+        Ok(target) => Head::Connect(target, buf.freeze().slice(end..)),
+        Err(error) => Head::Refuse(400, error.to_string()),
+    }
 }
 
-/// The bytes of a refusal: status line, `text/plain` reason, and `Connection: close`.
+/// The answer to a CONNECT whose dial succeeded: no body, no length headers; what follows is
+/// the tunnel.
+pub(super) const ESTABLISHED: &[u8] = b"HTTP/1.1 200 OK\r\n\r\n";
+
+/// The bytes of a refusal: status line, `text/plain` reason, and `Connection: close` (405
+/// also names the one method served).
 pub(super) fn refusal(status: u16, reason: &str) -> Vec<u8> {
-    let text = match status {
-        400 => "Bad Request",
-        431 => "Request Header Fields Too Large",
-        _ => "Error",
+    let text = http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|status| status.canonical_reason())
+        .unwrap_or("Error");
+    let allow = if status == 405 {
+        "allow: CONNECT\r\n"
+    } else {
+        ""
     };
     let body = format!("{reason}\n");
     format!(
-        "HTTP/1.1 {status} {text}\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        "HTTP/1.1 {status} {text}\r\ncontent-type: text/plain; charset=utf-8\r\n{allow}connection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()
@@ -101,15 +110,15 @@ mod tests {
     #[tokio::test]
     async fn heads() {
         assert!(
-            matches!(head_of(b"CONNECT 10.0.0.5:10250 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nEARLY").await, Head::Complete(b) if b.ends_with(b"EARLY"))
+            matches!(head_of(b"CONNECT 10.0.0.5:10250 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nEARLY").await, Head::Connect(t, early) if t.port == 10250 && early == "EARLY")
         );
         assert!(matches!(
             head_of(b"CONNECT [fd00::1]:80 HTTP/1.0\r\n\r\n").await,
-            Head::Complete(_)
+            Head::Connect(t, early) if t.host == "fd00::1" && early.is_empty()
         ));
         assert!(matches!(
             head_of(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await,
-            Head::Complete(_)
+            Head::Refuse(405, _)
         ));
         for bad in [
             &b"CONNECT fd00::1:80 HTTP/1.1\r\n\r\n"[..],
@@ -138,6 +147,12 @@ mod tests {
         assert!(
             text.starts_with("HTTP/1.1 400 Bad Request\r\n")
                 && text.ends_with("\r\n\r\nbad target\n"),
+            "{text}"
+        );
+        let text = String::from_utf8(refusal(405, "no")).unwrap();
+        assert!(
+            text.starts_with("HTTP/1.1 405 Method Not Allowed\r\n")
+                && text.contains("\r\nallow: CONNECT\r\n"),
             "{text}"
         );
     }
