@@ -76,7 +76,7 @@ pub async fn serve_tcp(
                         Ok(Err(error)) => return debug!(%error, "TLS handshake failed"),
                         Err(_) => return debug!("TLS handshake timed out"),
                     };
-                serve_connection(tls, ctx).await;
+                serve_connection(Box::new(tls), ctx).await;
             }
             .instrument(span),
         );
@@ -104,7 +104,7 @@ pub async fn serve_unix(
             target = tracing::field::Empty,
             agent = tracing::field::Empty
         );
-        connections.spawn(serve_connection(socket, ctx.clone()).instrument(span));
+        connections.spawn(serve_connection(Box::new(socket), ctx.clone()).instrument(span));
     }
 }
 
@@ -138,7 +138,11 @@ async fn accept_failed(error: io::Error) {
 
 /// One client connection: read and check the head, open the tunnel, answer, splice. Errors
 /// are answered with their status and a one-line reason, and the connection closes.
-async fn serve_connection<S: ClientSocket>(mut socket: S, ctx: Arc<Context>) {
+///
+/// The socket comes boxed: an async fn keeps a by-value parameter twice in its state (as
+/// argument and as local), and this task lives as long as the tunnel — a TLS stream is
+/// 1.2 KiB.
+async fn serve_connection<S: ClientSocket>(mut socket: Box<S>, ctx: Arc<Context>) {
     let (target, early) =
         match tokio::time::timeout(ctx.handshake_timeout, head::read(&mut socket)).await {
             Ok(Head::Connect(target, early)) => (target, early),
@@ -146,7 +150,7 @@ async fn serve_connection<S: ClientSocket>(mut socket: S, ctx: Arc<Context>) {
             Ok(Head::Refuse(status, reason)) => {
                 ctx.metrics.dial(DialResult::BadRequest);
                 debug!(status, %reason, "CONNECT refused");
-                return refuse(socket, status, &reason).await;
+                return refuse(&mut *socket, status, &reason).await;
             }
             Err(_) => return debug!("client did not send a request head in time"),
         };
@@ -165,7 +169,7 @@ async fn serve_connection<S: ClientSocket>(mut socket: S, ctx: Arc<Context>) {
             } else {
                 debug!(%status, %error, "CONNECT refused");
             }
-            return refuse(socket, status.as_u16(), &error.to_string()).await;
+            return refuse(&mut *socket, status.as_u16(), &error.to_string()).await;
         }
     };
     debug!(stream = stream.id(), "tunnel open");
@@ -179,7 +183,7 @@ async fn serve_connection<S: ClientSocket>(mut socket: S, ctx: Arc<Context>) {
     // kube-apiserver fails when any byte follows the 200 in the same read: a target that
     // speaks first waits for the client's first byte, or the hold time.
     let hold = Some(ctx.target_bytes_hold).filter(|hold| !hold.is_zero());
-    let result = pump::splice_holding(&mut socket, &stream, early, hold, &mut moved).await;
+    let result = pump::splice_holding(&mut *socket, &stream, early, hold, &mut moved).await;
     ctx.metrics.tunnels_open.dec();
     ctx.metrics.bytes(Direction::ToTarget, moved.up);
     ctx.metrics.bytes(Direction::FromTarget, moved.down);
@@ -211,7 +215,7 @@ async fn open(ctx: &Context, target: &Target) -> Result<(MuxStream, String), Tun
 }
 
 /// Answers with `status` and `reason`, then closes the connection.
-async fn refuse<S: ClientSocket>(mut socket: S, status: u16, reason: &str) {
+async fn refuse<S: ClientSocket>(socket: &mut S, status: u16, reason: &str) {
     let _ = socket.write_all(&head::refusal(status, reason)).await;
     let _ = socket.shutdown().await;
 }
