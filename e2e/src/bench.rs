@@ -8,7 +8,8 @@
 //! - [`rig`]: the server/agent processes under test.
 //! - Measurements: [`throughput`] (and CPU per GiB), [`setup`], [`latency`] (round trips),
 //!   [`memory`] (idle tunnels), [`stall`] (stalled neighbour).
-//! - [`report`] (tables, JSON lines, PASS/MISS), [`plot`] (SVG), [`profile`] (`perf record`).
+//! - [`report`] (tables, JSON lines, PASS/MISS), [`plot`] (SVG), [`profile`] (`perf record`)
+//!   with [`flamegraph`] (SVG flame graphs of the recordings).
 //! - [`callgrind`]: instruction counts of fixed workloads, the measure that does not depend on
 //!   machine load (`--callgrind DIR`, instead of the timed measurements).
 //!
@@ -17,6 +18,7 @@
 //! the direct runs.
 
 pub mod callgrind;
+pub mod flamegraph;
 pub mod latency;
 pub mod memory;
 pub mod plot;
@@ -64,7 +66,8 @@ pub struct Options {
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
     /// Record the server and agent with `perf record` during the one-tunnel bulk runs and the
-    /// mTLS setup run at concurrency 1, into this directory (slows those runs down).
+    /// mTLS setup run at concurrency 1, into this directory, with a flame graph (SVG) of each
+    /// recording (slows those runs down).
     #[arg(long)]
     pub perf: Option<PathBuf>,
     /// Instead of the timed measurements, run the server and agent under callgrind through
