@@ -8,12 +8,17 @@
 //! - [`rig`]: the server/agent processes under test.
 //! - Measurements: [`throughput`] (and CPU per GiB), [`setup`], [`latency`] (round trips),
 //!   [`memory`] (idle tunnels), [`stall`] (stalled neighbour).
-//! - [`report`] (tables, JSON lines, PASS/MISS), [`plot`] (SVG), [`profile`] (`perf record`).
+//! - [`report`] (tables, JSON lines, PASS/MISS), [`plot`] (SVG), [`profile`] (`perf record`)
+//!   with [`flamegraph`] (SVG flame graphs of the recordings).
+//! - [`callgrind`]: instruction counts of fixed workloads, the measure that does not depend on
+//!   machine load (`--callgrind DIR`, instead of the timed measurements).
 //!
 //! Every load loop is bounded in count and in time. The client's own CPU is not counted;
 //! on a small machine it competes with the server and agent, as it does with the target in
 //! the direct runs.
 
+pub mod callgrind;
+pub mod flamegraph;
 pub mod latency;
 pub mod memory;
 pub mod plot;
@@ -61,9 +66,15 @@ pub struct Options {
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
     /// Record the server and agent with `perf record` during the one-tunnel bulk runs and the
-    /// mTLS setup run at concurrency 1, into this directory (slows those runs down).
+    /// mTLS setup run at concurrency 1, into this directory, with a flame graph (SVG) of each
+    /// recording (slows those runs down).
     #[arg(long)]
     pub perf: Option<PathBuf>,
+    /// Instead of the timed measurements, run the server and agent under callgrind through
+    /// fixed workloads and report instructions per MiB, per tunnel setup and per round trip;
+    /// the callgrind files go to this directory (needs valgrind; takes a few minutes).
+    #[arg(long, conflicts_with_all = ["perf", "only", "replot"])]
+    pub callgrind: Option<PathBuf>,
     /// Keep the idle tunnels of the memory measurement open this many seconds at the
     /// baseline and at each count, to inspect the server and agent (heaptrack -p, smaps).
     #[arg(long, default_value_t = 0)]
@@ -159,6 +170,9 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
                 path.display()
             );
         }
+    }
+    if let Some(dir) = &options.callgrind {
+        return run_callgrind(options, dir);
     }
     // A profiled run's numbers are skewed by perf: keep them apart from the real results.
     let out_dir = options
@@ -294,6 +308,41 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
     println!("{}", report.markdown());
     eprintln!("results: {}", report.json_path().display());
     Ok(report.all_passed())
+}
+
+/// The `--callgrind DIR` mode: instruction counts instead of timings.
+fn run_callgrind(options: &Options, dir: &std::path::Path) -> anyhow::Result<bool> {
+    let callgrind = callgrind::Callgrind::new(dir.to_owned())?;
+    let json_path = options
+        .json
+        .clone()
+        .unwrap_or_else(|| dir.join("results.jsonl"));
+    let counts = if options.quick {
+        callgrind::Counts::quick()
+    } else {
+        callgrind::Counts::full()
+    };
+    let machine = Machine::read();
+    let mut report = Report::create(&json_path, options.quick)?;
+    report.record(
+        "machine",
+        json!({ "nproc": machine.nproc, "cpu": machine.cpu, "kernel": machine.kernel }),
+    )?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let target = runtime.block_on(Target::start())?;
+    callgrind::run(&callgrind, &runtime, target.addr, &counts, &mut report)?;
+    println!(
+        "## Bridgehead instruction counts (callgrind){}\n\nmachine: {} x {}, kernel {}\n",
+        if options.quick { " (--quick)" } else { "" },
+        machine.nproc,
+        machine.cpu,
+        machine.kernel,
+    );
+    println!("{}", report.markdown());
+    eprintln!("results: {}", report.json_path().display());
+    Ok(true)
 }
 
 /// Adds how much CPU other work took during a measurement to the report.

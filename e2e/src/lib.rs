@@ -16,4 +16,4 @@ pub mod netns;
 pub mod process;
 pub mod target;
 
-pub use process::{Agent, AgentOptions, Pki, Server, ServerOptions};
+pub use process::{Agent, AgentOptions, Pki, Server, ServerOptions, Wrapper};

@@ -1,5 +1,6 @@
 //! Starting the binaries and reading what they announce.
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,8 @@ use anyhow::{bail, Context};
 
 /// How long a process may take to announce its listeners.
 const STARTUP: Duration = Duration::from_secs(20);
+/// How long an agent may take to register with its server.
+const REGISTRATION: Duration = Duration::from_secs(20);
 
 /// A fresh PKI on disk.
 #[derive(Debug)]
@@ -60,6 +63,35 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// A command a binary runs under, such as `valgrind --tool=callgrind ...`, and how much more
+/// time that gives the binary to start.
+#[derive(Debug, Clone, Default)]
+pub struct Wrapper {
+    /// The program and its arguments; the binary's path and flags follow them.
+    pub command: Vec<OsString>,
+    /// Startup and registration timeouts are multiplied by this (0 counts as 1).
+    pub patience: u32,
+}
+
+impl Wrapper {
+    /// What startup timeouts are multiplied by under `wrapper` (1 without one).
+    fn patience(wrapper: Option<&Wrapper>) -> u32 {
+        wrapper.map_or(1, |w| w.patience.max(1))
+    }
+}
+
+/// A command running `program` after `prefix` (a wrapper, `ip netns exec NAME`, or nothing).
+fn prefixed(prefix: &[OsString], program: PathBuf) -> Command {
+    match prefix.split_first() {
+        Some((first, rest)) => {
+            let mut command = Command::new(first);
+            command.args(rest).arg(program);
+            command
+        }
+        None => Command::new(program),
+    }
+}
+
 /// A child process killed on drop, its stdout announcements collected.
 #[derive(Debug)]
 pub struct Process {
@@ -72,7 +104,16 @@ pub struct Process {
 impl Process {
     /// Spawns `command` with stderr to a log file and waits until it printed one
     /// `... <what> listening on <addr>` line for each of `wants`; returns them in order.
-    pub fn spawn(mut command: Command, wants: &[&str]) -> anyhow::Result<(Process, Vec<String>)> {
+    pub fn spawn(command: Command, wants: &[&str]) -> anyhow::Result<(Process, Vec<String>)> {
+        Process::spawn_within(command, wants, STARTUP)
+    }
+
+    /// [`Process::spawn`], waiting at most `startup` for the announcements.
+    pub fn spawn_within(
+        mut command: Command,
+        wants: &[&str],
+        startup: Duration,
+    ) -> anyhow::Result<(Process, Vec<String>)> {
         let logdir = tempfile::tempdir()?;
         let log = logdir.path().join("stderr.log");
         command
@@ -102,7 +143,7 @@ impl Process {
             _logdir: logdir,
         };
         let mut found = vec![None; wants.len()];
-        let deadline = Instant::now() + STARTUP;
+        let deadline = Instant::now() + startup;
         while found.iter().any(Option::is_none) {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = match process.lines.recv_timeout(left) {
@@ -216,6 +257,8 @@ pub struct ServerOptions {
     pub agent_bind: Option<String>,
     /// Agent endpoint port (default 0, ephemeral), e.g. the port of a server this one replaces.
     pub agent_port: Option<u16>,
+    /// Run the server under this command (e.g. valgrind).
+    pub wrapper: Option<Wrapper>,
 }
 
 /// A running `bridgehead-server`.
@@ -226,6 +269,8 @@ pub struct Server {
     pub frontend: String,
     pub agent_addr: SocketAddr,
     pub health: SocketAddr,
+    /// Registration timeouts are multiplied by this (the wrapper's patience).
+    patience: u32,
 }
 
 impl Server {
@@ -234,7 +279,8 @@ impl Server {
             .bind
             .clone()
             .unwrap_or_else(|| "127.0.0.1".to_owned());
-        let mut command = Command::new(binary("bridgehead-server")?);
+        let prefix = options.wrapper.as_ref().map_or(&[][..], |w| &w.command[..]);
+        let mut command = prefixed(prefix, binary("bridgehead-server")?);
         let agent_port = options.agent_port.unwrap_or(0).to_string();
         command.args(["--agent-port", &agent_port, "--health-port", "0"]);
         let agent_bind = options.agent_bind.as_deref().unwrap_or(&bind);
@@ -262,9 +308,15 @@ impl Server {
             }
         }
         command.args(&options.args);
-        let (process, addrs) = Process::spawn(command, &["frontend", "agent endpoint", "health"])?;
+        let patience = Wrapper::patience(options.wrapper.as_ref());
+        let (process, addrs) = Process::spawn_within(
+            command,
+            &["frontend", "agent endpoint", "health"],
+            STARTUP * patience,
+        )?;
         Ok(Server {
             process,
+            patience,
             frontend: addrs[0].clone(),
             agent_addr: addrs[1].parse()?,
             health: addrs[2].parse()?,
@@ -283,9 +335,10 @@ impl Server {
         crate::client::http_get(self.health, path)
     }
 
-    /// Waits (bounded) until `GET /agents` lists `n` agents that are not draining.
+    /// Waits (bounded, longer under a slow wrapper) until `GET /agents` lists `n` agents
+    /// that are not draining.
     pub fn wait_agents(&self, n: usize) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + REGISTRATION * self.patience;
         loop {
             let count = self
                 .agents()?
@@ -345,6 +398,8 @@ pub struct AgentOptions {
     pub netns: Option<String>,
     /// Connect to this address instead of the server's agent endpoint.
     pub server: Option<SocketAddr>,
+    /// Run the agent under this command (e.g. valgrind), inside the namespace if any.
+    pub wrapper: Option<Wrapper>,
 }
 
 /// A running `bridgehead-agent`.
@@ -357,15 +412,14 @@ pub struct Agent {
 impl Agent {
     pub fn start(pki: &Pki, server: &Server, options: AgentOptions) -> anyhow::Result<Agent> {
         let addr = options.server.unwrap_or(server.agent_addr);
-        let mut command = match &options.netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns])
-                    .arg(binary("bridgehead-agent")?);
-                c
-            }
-            None => Command::new(binary("bridgehead-agent")?),
+        let mut prefix: Vec<OsString> = match &options.netns {
+            Some(ns) => ["ip", "netns", "exec", ns].map(OsString::from).into(),
+            None => Vec::new(),
         };
+        if let Some(wrapper) = &options.wrapper {
+            prefix.extend(wrapper.command.iter().cloned());
+        }
+        let mut command = prefixed(&prefix, binary("bridgehead-agent")?);
         command.args(["--proxy-server-host", &addr.ip().to_string()]);
         command.args(["--proxy-server-port", &addr.port().to_string()]);
         command.arg("--ca-cert").arg(pki.path("ca.crt"));
@@ -392,7 +446,8 @@ impl Agent {
             command.args(["--agent-identifiers", ids]);
         }
         command.args(&options.args);
-        let (process, addrs) = Process::spawn(command, &["health"])?;
+        let startup = STARTUP * Wrapper::patience(options.wrapper.as_ref());
+        let (process, addrs) = Process::spawn_within(command, &["health"], startup)?;
         Ok(Agent {
             process,
             health: addrs[0].parse()?,

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::report::{micros, Check, Outcome, Report};
 use super::rig::Rig;
-use super::route::Route;
+use super::route::{Conn, Route};
 use super::target;
 use super::Budget;
 
@@ -17,6 +17,8 @@ use super::Budget;
 const MESSAGE: usize = 64;
 /// Exchanges before timing starts.
 const WARMUP: usize = 200;
+/// An exchange may run this much past its time bound before it counts as hung.
+const GRACE: Duration = Duration::from_secs(10);
 /// The round trip through Bridgehead may add this much to the direct p50.
 const RTT_BUDGET: Duration = Duration::from_micros(50);
 
@@ -57,27 +59,45 @@ pub async fn round_trips(
     count: usize,
     limit: Duration,
 ) -> anyhow::Result<Summary> {
+    let mut conn = echo_tunnel(route, target, limit).await?;
+    let mut samples = exchanges(&mut conn, count, limit).await?;
+    Ok(Summary::of(&mut samples))
+}
+
+/// Opens a connection to the echo target and warms it up with [`WARMUP`] exchanges (the
+/// warm-up at most `limit`).
+pub async fn echo_tunnel(
+    route: &Route,
+    target: SocketAddr,
+    limit: Duration,
+) -> anyhow::Result<Conn> {
     let mut conn = route.open(target).await?;
     target::start_echo(&mut conn).await?;
+    exchanges(&mut conn, WARMUP, limit).await?;
+    Ok(conn)
+}
+
+/// Up to `count` exchanges on an echo connection, stopping after `limit`; the time of each.
+pub async fn exchanges(
+    conn: &mut Conn,
+    count: usize,
+    limit: Duration,
+) -> anyhow::Result<Vec<Duration>> {
     let message = [0x42u8; MESSAGE];
     let mut reply = [0u8; MESSAGE];
     let exchanges = async {
-        for _ in 0..WARMUP {
-            target::echo(&mut conn, &message, &mut reply).await?;
-        }
         let mut samples = Vec::with_capacity(count);
         let deadline = Instant::now() + limit;
         while samples.len() < count && Instant::now() < deadline {
             let started = Instant::now();
-            target::echo(&mut conn, &message, &mut reply).await?;
+            target::echo(conn, &message, &mut reply).await?;
             samples.push(started.elapsed());
         }
         anyhow::Ok(samples)
     };
-    let mut samples = tokio::time::timeout(limit + Duration::from_secs(10), exchanges)
+    tokio::time::timeout(limit + GRACE, exchanges)
         .await
-        .map_err(|_| anyhow::anyhow!("round trips did not finish in time"))??;
-    Ok(Summary::of(&mut samples))
+        .map_err(|_| anyhow::anyhow!("round trips did not finish in time"))?
 }
 
 /// Round trips direct, through the mTLS frontend and through the Unix socket.

@@ -1,6 +1,7 @@
 //! Optional `perf record` of the server and the agent while a measurement runs
-//! (`--perf DIR`): one `DIR/<label>-<process>.data` per process, for `perf report -i`, and a
-//! `perf stat` count of syscalls and context switches beside it (`.stat`, CSV).
+//! (`--perf DIR`): one `DIR/<label>-<process>.data` per process, for `perf report -i`, its
+//! flame graph (`.svg`, see [`super::flamegraph`]), and a `perf stat` count of syscalls and
+//! context switches beside it (`.stat`, CSV).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -30,6 +31,8 @@ pub struct Profiler {
 pub struct Recording {
     children: Vec<(Child, PathBuf)>,
     stats: Vec<(String, PathBuf)>,
+    /// Flame graph title and `perf record` output of each process.
+    records: Vec<(String, PathBuf)>,
 }
 
 /// Counts `perf stat` made for one process.
@@ -61,6 +64,7 @@ impl Profiler {
     pub fn start(&self, label: &str, processes: &[(&str, u32)]) -> anyhow::Result<Recording> {
         let mut children = Vec::new();
         let mut stats = Vec::new();
+        let mut records = Vec::new();
         for (name, pid) in processes {
             let stat = self.dir.join(format!("{label}-{name}.stat"));
             let child = Command::new("perf")
@@ -93,17 +97,23 @@ impl Profiler {
                 .stderr(log)
                 .spawn()
                 .context("starting perf record")?;
-            children.push((child, output));
+            children.push((child, output.clone()));
+            let title = format!("bridgehead {name}, {label} (perf cpu-clock at {FREQUENCY} Hz)");
+            records.push((title, output));
         }
         std::thread::sleep(ATTACH);
         eprintln!("  (perf recording {label})");
-        Ok(Recording { children, stats })
+        Ok(Recording {
+            children,
+            stats,
+            records,
+        })
     }
 }
 
 impl Recording {
-    /// Stops every `perf` (SIGINT, so it writes its file), waits for them, and returns the
-    /// `perf stat` counts.
+    /// Stops every `perf` (SIGINT, so it writes its file), waits for them, draws each
+    /// recording's flame graph next to it (`.svg`), and returns the `perf stat` counts.
     pub fn stop(mut self) -> anyhow::Result<Vec<Counts>> {
         for (child, output) in &mut self.children {
             let _ = Command::new("kill")
@@ -118,6 +128,13 @@ impl Recording {
                 std::thread::sleep(Duration::from_millis(50));
             }
             eprintln!("  (perf wrote {})", output.display());
+        }
+        for (title, data) in &self.records {
+            let svg = data.with_extension("svg");
+            match super::flamegraph::render(data, &svg, title) {
+                Ok(()) => eprintln!("  (flame graph {})", svg.display()),
+                Err(error) => eprintln!("  flame graph of {}: {error:#}", data.display()),
+            }
         }
         let mut counts = Vec::new();
         for (process, path) in &self.stats {

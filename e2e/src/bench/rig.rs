@@ -3,8 +3,9 @@
 //! its own agent.
 
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use crate::{Agent, AgentOptions, Pki, Server, ServerOptions};
+use crate::{Agent, AgentOptions, Pki, Server, ServerOptions, Wrapper};
 
 use super::route::Route;
 
@@ -29,9 +30,26 @@ struct UdsPair {
 impl Rig {
     /// Starts the pair(s) and waits until each agent is registered.
     pub fn start(with_uds: bool) -> anyhow::Result<Rig> {
+        Rig::start_under(with_uds, |_| None)
+    }
+
+    /// [`Rig::start`], each process run under the wrapper `wrap` gives for its name
+    /// (`server`, `agent`, `uds-server`, `uds-agent`), such as valgrind.
+    pub fn start_under(
+        with_uds: bool,
+        wrap: impl Fn(&str) -> Option<Wrapper>,
+    ) -> anyhow::Result<Rig> {
         let pki = Pki::new()?;
-        let server = Server::start(&pki, ServerOptions::default())?;
-        let agent = Agent::start(&pki, &server, AgentOptions::default())?;
+        let server_options = ServerOptions {
+            wrapper: wrap("server"),
+            ..Default::default()
+        };
+        let server = Server::start(&pki, server_options)?;
+        let agent_options = AgentOptions {
+            wrapper: wrap("agent"),
+            ..Default::default()
+        };
+        let agent = Agent::start(&pki, &server, agent_options)?;
         server.wait_agents(1)?;
         let mtls = Route::mtls(&pki, server.frontend_addr())?;
         let uds = if with_uds {
@@ -41,10 +59,15 @@ impl Rig {
                 &pki,
                 ServerOptions {
                     uds: Some(path.clone()),
+                    wrapper: wrap("uds-server"),
                     ..Default::default()
                 },
             )?;
-            let uds_agent = Agent::start(&pki, &uds_server, AgentOptions::default())?;
+            let agent_options = AgentOptions {
+                wrapper: wrap("uds-agent"),
+                ..Default::default()
+            };
+            let uds_agent = Agent::start(&pki, &uds_server, agent_options)?;
             uds_server.wait_agents(1)?;
             Some(UdsPair {
                 server: uds_server,
@@ -76,6 +99,33 @@ impl Rig {
             pids.extend([uds.server.process.pid(), uds.agent.process.pid()]);
         }
         pids
+    }
+
+    /// The Unix-socket route and its server's and agent's process ids, when started.
+    pub fn uds(&self) -> Option<(&Route, [u32; 2])> {
+        self.uds.as_ref().map(|uds| {
+            let pids = [uds.server.process.pid(), uds.agent.process.pid()];
+            (&uds.route, pids)
+        })
+    }
+
+    /// Sends SIGTERM to every process of the rig and waits (at most `timeout` in all) until
+    /// each has exited: the graceful drain, after which a profiler wrapping them writes its
+    /// output. Processes still running afterwards are killed on drop.
+    pub fn terminate(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        let mut processes = vec![&mut self.server.process, &mut self.agent.process];
+        if let Some(uds) = &mut self.uds {
+            processes.extend([&mut uds.server.process, &mut uds.agent.process]);
+        }
+        for process in &processes {
+            process.signal("TERM")?;
+        }
+        let deadline = Instant::now() + timeout;
+        for process in processes {
+            let left = deadline.saturating_duration_since(Instant::now());
+            process.wait_exit(left)?;
+        }
+        Ok(())
     }
 
     /// Direct, mTLS and (when started) Unix socket.

@@ -13,7 +13,7 @@ use super::procfs;
 use super::profile::{self, Profiler};
 use super::report::{rate, ratio, Check, Outcome, Report, ThroughputPoint};
 use super::rig::Rig;
-use super::route::Route;
+use super::route::{Conn, Route};
 use super::target;
 use super::Budget;
 
@@ -78,6 +78,12 @@ pub async fn bulk(
     limit: Duration,
     pids: &[u32],
 ) -> anyhow::Result<Bulk> {
+    let conns = open(route, target, tunnels).await?;
+    transfer(conns, direction, total, limit, pids).await
+}
+
+/// Opens `tunnels` connections to `target` at once.
+pub async fn open(route: &Route, target: SocketAddr, tunnels: usize) -> anyhow::Result<Vec<Conn>> {
     let mut opening = JoinSet::new();
     for _ in 0..tunnels {
         let route = route.clone();
@@ -87,7 +93,19 @@ pub async fn bulk(
     while let Some(opened) = opening.join_next().await {
         conns.push(opened??);
     }
-    let each = (total / tunnels as u64).max(1);
+    Ok(conns)
+}
+
+/// Moves `total` bytes split between the open `conns` in `direction`, all at once, stopping
+/// after `limit`; closes them. CPU is sampled on `pids` around the transfer.
+pub async fn transfer(
+    conns: Vec<Conn>,
+    direction: Direction,
+    total: u64,
+    limit: Duration,
+    pids: &[u32],
+) -> anyhow::Result<Bulk> {
+    let each = (total / conns.len().max(1) as u64).max(1);
     let cpu_before = (!pids.is_empty())
         .then(|| procfs::total_cpu(pids))
         .transpose()?;
