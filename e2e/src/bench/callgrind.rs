@@ -138,6 +138,11 @@ impl Callgrind {
                 GLIBC_TUNABLES.into(),
                 "valgrind".into(),
                 "--tool=callgrind".into(),
+                // Every dump names its functions in full: with name compression, a dump
+                // refers to names defined in earlier dumps, and `callgrind_annotate` of one
+                // dump file shows only `clone`.
+                "--compress-strings=no".into(),
+                "--compress-pos=no".into(),
                 out_file,
                 log_file,
             ],

@@ -519,27 +519,30 @@ impl AsyncRead for TlsStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if buf.remaining() == 0 {
-            return Poll::Ready(Ok(()));
-        }
+        let start = buf.filled().len();
+        // Every complete record already received goes out in this read, as far as `buf`
+        // holds: a reader that takes one record per call would leave partial records behind
+        // (copied once more) whenever its next read is smaller.
         loop {
+            if buf.remaining() == 0 {
+                return Poll::Ready(Ok(()));
+            }
             if this.plaintext.len() > 0 {
                 this.plaintext.take_into(buf);
-                return Poll::Ready(Ok(()));
+                continue;
             }
             if this.read_eof {
                 return Poll::Ready(Ok(()));
             }
-            let before = buf.filled().len();
             match this.step(Some(buf), None)? {
-                // An empty record delivers nothing; an empty read would mean EOF.
-                Step::Data | Step::Wrote if buf.filled().len() == before => {}
-                Step::Data | Step::Wrote | Step::PeerClosed | Step::Closed => {
-                    return Poll::Ready(Ok(()))
-                }
+                Step::Data | Step::Wrote => {}
+                Step::PeerClosed | Step::Closed => return Poll::Ready(Ok(())),
                 // A post-handshake message's answer (a key update): send it along if the
                 // socket takes it; otherwise the next write or flush does.
                 Step::Again => this.send_some()?,
+                // Bytes delivered already: return them rather than wait for more. (An empty
+                // record delivers nothing; an empty read would mean EOF.)
+                Step::NeedData if buf.filled().len() > start => return Poll::Ready(Ok(())),
                 Step::NeedData => {
                     if ready!(this.poll_fill(cx))? == 0 {
                         return Poll::Ready(Err(io::Error::new(
