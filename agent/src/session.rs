@@ -11,7 +11,7 @@ use bridgehead_mux::{DialRequest, Mux};
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info, info_span, warn, Instrument};
+use tracing::{debug, debug_span, info, warn, Instrument};
 
 use crate::config::Config;
 use crate::connect::Connected;
@@ -76,7 +76,9 @@ pub(crate) async fn run(
 /// Spawns a tunnel task for every dial the server asks for, until the session ends.
 async fn accept_loop(mux: &Mux, tracker: &TaskTracker, metrics: &Metrics) {
     while let Some(request) = mux.accept().await {
-        let span = info_span!(
+        // At the level of the lines logged in it: an enabled span costs every tunnel memory
+        // (its slab entry and formatted fields) for as long as the tunnel lives.
+        let span = debug_span!(
             "stream",
             stream = request.id(),
             target = %Target(&request.host, request.port),
