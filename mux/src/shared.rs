@@ -22,7 +22,8 @@ pub(crate) enum Ending {
     },
 }
 
-/// Per-stream bookkeeping next to the session.
+/// Per-stream bookkeeping next to the session, kept small: every open stream has one, idle
+/// or not.
 ///
 /// A task waiting on the stream leaves its waker here, under the session's lock, so the
 /// event that satisfies the wait cannot slip in between the check and the registration.
@@ -33,10 +34,20 @@ pub(crate) struct Slot {
     pub(crate) reader: Option<Waker>,
     /// Woken when send credit arrives or the stream ends.
     pub(crate) writer: Option<Waker>,
-    /// Server: the dial's answer, once known.
-    pub(crate) dial: Option<Result<(), (ErrorCode, String)>>,
-    /// Set once the stream is gone from the session.
-    pub(crate) ending: Option<Ending>,
+    /// Server: the dial's answer.
+    pub(crate) dial: Dial,
+    /// Set once the stream is gone from the session (boxed: it comes once, at the end).
+    pub(crate) ending: Option<Box<Ending>>,
+}
+
+/// Server: where the agent's answer to a dial stands.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dial {
+    #[default]
+    Waiting,
+    Opened,
+    /// The code and message are the stream's [`Ending::Reset`].
+    Failed,
 }
 
 /// A dial the server asked for, waiting for the agent's accept loop.
@@ -125,13 +136,13 @@ impl Shared {
                     });
                     self.dials.notify_one();
                 }
-                Event::Opened { stream } => state.answer(stream, Ok(())),
+                Event::Opened { stream } => state.answer(stream, Dial::Opened),
                 Event::DialFailed {
                     stream,
                     code,
                     message,
                 } => {
-                    state.answer(stream, Err((code, message.clone())));
+                    state.answer(stream, Dial::Failed);
                     state.end(
                         stream,
                         Ending::Reset {
@@ -255,9 +266,9 @@ impl State {
         }
     }
 
-    fn answer(&mut self, stream: StreamId, answer: Result<(), (ErrorCode, String)>) {
+    fn answer(&mut self, stream: StreamId, answer: Dial) {
         if let Some(slot) = self.slots.get_mut(&stream) {
-            slot.dial = Some(answer);
+            slot.dial = answer;
             slot.wake(Waiter::Reader);
         }
     }
@@ -271,7 +282,7 @@ impl State {
     fn end(&mut self, stream: StreamId, ending: Ending) {
         if let Some(slot) = self.slots.get_mut(&stream) {
             if slot.ending.is_none() {
-                slot.ending = Some(ending);
+                slot.ending = Some(Box::new(ending));
             }
             slot.wake(Waiter::Reader);
             slot.wake(Waiter::Writer);

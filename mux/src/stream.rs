@@ -10,7 +10,7 @@ use bridgehead_proto::session::{OpenError, ReadOutcome, StreamError};
 use bridgehead_proto::{ErrorCode, StreamId};
 use bytes::{Buf, Bytes};
 
-use crate::shared::{Ending, Shared, Slot, State, Waiter};
+use crate::shared::{Dial, Ending, Shared, Slot, State, Waiter};
 use crate::OpenFailure;
 
 /// How a stream ended abnormally, as seen by a read or write.
@@ -161,17 +161,17 @@ impl MuxStream {
     }
 
     fn reset_of(&self, state: &State) -> Option<StreamEnd> {
-        match state.slots.get(&self.id).and_then(|s| s.ending.clone()) {
-            Some(Ending::Reset {
+        match state.slots.get(&self.id)?.ending.as_deref()? {
+            Ending::Reset {
                 code,
                 reason,
                 by_peer,
-            }) => Some(StreamEnd {
-                code,
-                reason,
-                by_peer,
+            } => Some(StreamEnd {
+                code: *code,
+                reason: reason.clone(),
+                by_peer: *by_peer,
             }),
-            _ => None,
+            Ending::Closed => None,
         }
     }
 
@@ -221,13 +221,19 @@ pub(crate) async fn open(
     let stream = MuxStream::new(shared.clone(), id);
     let answer = poll_fn(|cx| {
         shared.with(|state| {
-            let answer = state.slots.get(&id).and_then(|slot| slot.dial.clone());
-            match (answer, &state.closed) {
-                (Some(answer), _) => Poll::Ready(answer),
-                (None, Some(reason)) => {
+            let slot = state.slots.get(&id);
+            match (slot.map_or(Dial::Waiting, |slot| slot.dial), &state.closed) {
+                (Dial::Opened, _) => Poll::Ready(Ok(())),
+                (Dial::Failed, _) => match slot.and_then(|slot| slot.ending.as_deref()) {
+                    Some(Ending::Reset { code, reason, .. }) => {
+                        Poll::Ready(Err((*code, reason.clone())))
+                    }
+                    _ => Poll::Ready(Err((ErrorCode::Other, "dial failed".to_owned()))),
+                },
+                (Dial::Waiting, Some(reason)) => {
                     Poll::Ready(Err((ErrorCode::ConnectionReset, reason.clone())))
                 }
-                (None, None) => {
+                (Dial::Waiting, None) => {
                     state.park(id, Waiter::Reader, cx);
                     Poll::Pending
                 }
