@@ -3,15 +3,17 @@
 
 use std::convert::Infallible;
 use std::fmt;
+use std::future::Future;
 use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
 use bridgehead_mux::pump::{self, Moved};
-use bridgehead_mux::{DialRequest, Mux};
+use bridgehead_mux::{DialRequest, Mux, MuxStream};
 use bytes::Bytes;
+use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info, info_span, warn, Instrument};
+use tracing::{debug, debug_span, info, warn, Instrument};
 
 use crate::config::Config;
 use crate::connect::Connected;
@@ -38,7 +40,7 @@ pub(crate) async fn run(
     let driver = mux.run(ws, config.keepalive, stop.clone());
     let background = async {
         tokio::join!(
-            accept_loop(&mux, &tracker, health.metrics()),
+            accept_loop(&mux, &tracker, health),
             drain_on_shutdown(
                 &mux,
                 &tracker,
@@ -74,14 +76,16 @@ pub(crate) async fn run(
 }
 
 /// Spawns a tunnel task for every dial the server asks for, until the session ends.
-async fn accept_loop(mux: &Mux, tracker: &TaskTracker, metrics: &Metrics) {
+async fn accept_loop(mux: &Mux, tracker: &TaskTracker, health: &Health) {
     while let Some(request) = mux.accept().await {
-        let span = info_span!(
+        // At the level of the lines logged in it: an enabled span costs every tunnel memory
+        // (its slab entry and formatted fields) for as long as the tunnel lives.
+        let span = debug_span!(
             "stream",
             stream = request.id(),
             target = %Target(&request.host, request.port),
         );
-        tracker.spawn(tunnel(request, metrics.clone()).instrument(span));
+        tracker.spawn(tunnel(request, health.clone()).instrument(span));
     }
 }
 
@@ -119,55 +123,78 @@ async fn drain_on_shutdown(
 
 /// One tunnel: dial within the server's deadline (unless the server gives up first), answer,
 /// then splice until both directions end.
-async fn tunnel(request: DialRequest, metrics: Metrics) {
+///
+/// The task lives as long as the tunnel, so its future is kept small: not an `async fn`, which
+/// would hold a second copy of its arguments, and the dial in a future of its own, done before
+/// the splice starts.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice in the task"
+)]
+fn tunnel(request: DialRequest, health: Health) -> impl Future<Output = ()> {
+    async move {
+        let metrics = health.metrics();
+        let Some((mut socket, stream)) = connect(request, metrics).await else {
+            return;
+        };
+        let _open = metrics.stream_opened();
+        let mut moved = Moved::default();
+        let result = pump::splice(&mut socket, &stream, Bytes::new(), &mut moved).await;
+        metrics.moved(moved);
+        match result {
+            Ok(()) => debug!(
+                from_target = moved.up,
+                to_target = moved.down,
+                "tunnel closed"
+            ),
+            Err(error) => {
+                // The client's end failed: let the target see a reset, not a clean close.
+                let _ = socket.set_zero_linger();
+                debug!(
+                    %error,
+                    from_target = moved.up,
+                    to_target = moved.down,
+                    "tunnel reset"
+                );
+            }
+        }
+    }
+}
+
+/// Dials the target and answers the server: the connection and the stream, or `None` when
+/// the dial failed or the server gave up.
+async fn connect(request: DialRequest, metrics: &Metrics) -> Option<(TcpStream, MuxStream)> {
     let started = Instant::now();
+    // Boxed: a large state, and needed only until the connection is up.
+    let dial = Box::pin(dial::dial(&request.host, request.port, request.timeout));
     let dialed = tokio::select! {
-        dialed = dial::dial(&request.host, request.port, request.timeout) => dialed,
+        dialed = dial => dialed,
         () = request.cancelled() => {
             debug!("the server gave up on the dial");
-            return;
+            return None;
         }
     };
     metrics.dial_finished(
         dialed.as_ref().err().map(DialError::code),
         started.elapsed(),
     );
-    let mut socket = match dialed {
+    let socket = match dialed {
         Ok(socket) => socket,
         Err(error) => {
             let code = error.code();
             debug!(%error, %code, "dial failed");
             request.reject(code, &error.to_string());
-            return;
+            return None;
         }
     };
-    let stream = match request.accept() {
-        Ok(stream) => stream,
+    match request.accept() {
+        Ok(stream) => {
+            debug!(elapsed = ?started.elapsed(), "tunnel open");
+            Some((socket, stream))
+        }
         Err(end) => {
             debug!(reason = %end, "the server gave up before the dial finished");
-            return;
-        }
-    };
-    debug!(elapsed = ?started.elapsed(), "tunnel open");
-    let _open = metrics.stream_opened();
-    let mut moved = Moved::default();
-    let result = pump::splice(&mut socket, &stream, Bytes::new(), &mut moved).await;
-    metrics.moved(moved);
-    match result {
-        Ok(()) => debug!(
-            from_target = moved.up,
-            to_target = moved.down,
-            "tunnel closed"
-        ),
-        Err(error) => {
-            // The client's end failed: let the target see a reset, not a clean close.
-            let _ = socket.set_zero_linger();
-            debug!(
-                %error,
-                from_target = moved.up,
-                to_target = moved.down,
-                "tunnel reset"
-            );
+            None
         }
     }
 }

@@ -9,7 +9,8 @@
 //! The session state sits behind one `std::sync::Mutex` per WebSocket, held for the few
 //! hundred nanoseconds a state transition takes and never across an `.await` — the design of
 //! quinn, whose pure `quinn-proto` state is driven the same way. Wake-ups go through one
-//! `Notify` pair per stream, so a stalled stream never delays the others.
+//! reader and writer waker per stream, left in the state under the same lock, so a stalled
+//! stream never delays the others.
 //!
 //! Not here: TLS, HTTP, routing, metrics. Those belong to the server and the agent.
 

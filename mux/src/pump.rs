@@ -1,20 +1,32 @@
 //! Splicing a socket to a stream: the data path of every tunnel.
+//!
+//! A tunnel's splice lives as long as the tunnel, and most tunnels are idle most of the time,
+//! so [`Splice`] is a future written by hand rather than an `async fn`: an `async fn` keeps
+//! every local live across an await (read buffers, timers, the futures it awaits) inside its
+//! state for as long as it runs. Here an idle tunnel holds the socket, the stream and a few
+//! flags; buffers exist only while bytes move.
 
-use std::io;
+use std::fmt;
+use std::future::Future;
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bridgehead_proto::frame::MAX_DATA_PAYLOAD;
 use bridgehead_proto::ErrorCode;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
-use tokio::sync::Notify;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Sleep;
+use tokio_util::io::poll_read_buf;
 
 use crate::{MuxStream, StreamEnd};
 
 /// Most chunks and bytes one vectored socket write carries.
 const WRITE_BATCH_CHUNKS: usize = 16;
 const WRITE_BATCH_BYTES: usize = 256 * 1024;
-/// Size of the inline buffer an idle tunnel waits on.
+/// Most bytes a read of a tunnel that is not streaming takes (into a buffer on the stack).
 const IDLE_READ: usize = 512;
 
 /// Bytes moved by a finished splice.
@@ -43,169 +55,334 @@ pub enum SpliceError {
 /// direction ends on its own. `initial` holds bytes the client sent ahead (after its CONNECT
 /// head); they go first. On error the stream is reset. `moved` holds the byte counts when it
 /// returns.
-pub async fn splice<S>(
+pub fn splice<'a, S>(
     socket: S,
-    stream: &MuxStream,
+    stream: &'a MuxStream,
     initial: Bytes,
-    moved: &mut Moved,
-) -> Result<(), SpliceError>
+    moved: &'a mut Moved,
+) -> Splice<'a, S>
 where
-    S: AsyncRead + AsyncWrite,
+    S: AsyncRead + AsyncWrite + Unpin,
 {
-    splice_holding(socket, stream, initial, None, moved).await
+    splice_holding(socket, stream, initial, None, moved)
 }
 
 /// [`splice`], except that with `hold` the stream's first bytes wait until the socket's side
 /// has sent something or `hold` has passed. A CONNECT client that checks that nothing follows
 /// the `200` in the same read (kube-apiserver does) then never sees a target's greeting glued
 /// to it, while a client that waits for a speak-first target gets the greeting after `hold`.
-pub async fn splice_holding<S>(
+pub fn splice_holding<'a, S>(
     socket: S,
-    stream: &MuxStream,
+    stream: &'a MuxStream,
     initial: Bytes,
     hold: Option<Duration>,
-    moved: &mut Moved,
-) -> Result<(), SpliceError>
+    moved: &'a mut Moved,
+) -> Splice<'a, S>
 where
-    S: AsyncRead + AsyncWrite,
+    S: AsyncRead + AsyncWrite + Unpin,
 {
-    let (rd, wr) = tokio::io::split(socket);
-    let spoke = Notify::new();
-    let hold = hold.filter(|_| initial.is_empty());
-    let up = uplink(rd, stream, initial, &spoke, &mut moved.up);
-    let down = async {
-        if let Some(hold) = hold {
-            let _ = tokio::time::timeout(hold, spoke.notified()).await;
-        }
-        downlink(wr, stream, &mut moved.down).await
+    let hold = match hold {
+        Some(hold) if initial.is_empty() => Hold::Armed(hold),
+        _ => Hold::Off,
     };
-    tokio::pin!(up, down);
-    let (mut up_done, mut down_done) = (false, false);
-    let result = loop {
-        tokio::select! {
-            result = &mut up, if !up_done => match result {
-                Ok(()) => up_done = true,
-                Err(error) => break Err(error),
-            },
-            result = &mut down, if !down_done => match result {
-                Ok(()) => down_done = true,
-                Err(error) => break Err(error),
-            },
-        }
-        if up_done && down_done {
-            break Ok(());
-        }
+    moved.up += initial.len() as u64;
+    // An empty `initial` may still pin the HTTP layer's read buffer: let it go now.
+    let pending = if initial.is_empty() {
+        Bytes::new()
+    } else {
+        initial
     };
-    if let Err(error) = &result {
-        let (code, reason) = match error {
-            SpliceError::Stream(end) => (end.code, end.reason.clone()),
-            SpliceError::Io(io) => (ErrorCode::ConnectionReset, io.to_string()),
-        };
-        stream.reset(code, &reason);
+    Splice {
+        socket,
+        stream,
+        moved,
+        hold,
+        up: Uplink {
+            pending,
+            big: BytesMut::new(),
+            streaming: false,
+            done: false,
+        },
+        down: Downlink {
+            head: Bytes::new(),
+            rest: Vec::new(),
+            eof: false,
+            done: false,
+        },
     }
-    result
+}
+
+/// The future [`splice`] and [`splice_holding`] return.
+#[must_use = "futures do nothing unless polled"]
+pub struct Splice<'a, S> {
+    socket: S,
+    stream: &'a MuxStream,
+    moved: &'a mut Moved,
+    /// Keeps the stream's bytes from the socket until the socket's side spoke.
+    hold: Hold,
+    up: Uplink,
+    down: Downlink,
 }
 
 /// Socket to stream, reading only as much as the stream's credit allows.
 ///
-/// An idle tunnel waits on a small inline buffer; only a read that fills it switches to large
-/// heap reads, and the large buffer is let go as soon as a read comes up short again, so
-/// thousands of idle tunnels hold no read buffers.
-async fn uplink<S: AsyncRead>(
-    mut rd: ReadHalf<S>,
-    stream: &MuxStream,
-    initial: Bytes,
-    spoke: &Notify,
-    count: &mut u64,
-) -> Result<(), SpliceError> {
-    if initial.is_empty() {
-        // It may still pin the HTTP layer's read buffer: let it go now, not at the end.
-        drop(initial);
-    } else {
-        *count += initial.len() as u64;
-        stream.write(initial).await?;
-    }
-    let mut small = [0u8; IDLE_READ];
-    let mut big = BytesMut::new();
-    let mut streaming = false;
-    loop {
-        let credit = stream.writable().await?;
-        let chunk = if streaming {
-            let want = credit.min(MAX_DATA_PAYLOAD);
-            big.reserve(want);
-            let n = rd.read_buf(&mut (&mut big).limit(want)).await?;
-            streaming = n == want;
-            let chunk = big.split().freeze();
-            if !streaming {
-                big = BytesMut::new();
-            }
-            chunk
-        } else {
-            let want = credit.min(IDLE_READ);
-            let n = rd.read(&mut small[..want]).await?;
-            streaming = n == want;
-            Bytes::copy_from_slice(&small[..n])
-        };
-        // The socket's side has spoken (or finished): held bytes may flow.
-        spoke.notify_one();
-        if chunk.is_empty() {
-            stream.finish()?;
-            return Ok(());
-        }
-        *count += chunk.len() as u64;
-        stream.write(chunk).await?;
-    }
+/// A read of an idle tunnel goes into a small buffer on the stack, which is copied out; only
+/// a read that fills it switches to large reads into `big`, which is let go as soon as a read
+/// comes up short or finds nothing, so idle tunnels hold no read buffers.
+#[derive(Debug)]
+struct Uplink {
+    /// Bytes taken from the socket (or the client's early bytes) that the stream has not
+    /// accepted yet.
+    pending: Bytes,
+    /// The read buffer of a streaming uplink; empty and unallocated otherwise.
+    big: BytesMut,
+    /// The last read filled its buffer: more is likely waiting.
+    streaming: bool,
+    /// The socket reached EOF and the stream was finished.
+    done: bool,
 }
 
 /// Stream to socket; the peer's FIN shuts the socket's write side. Chunks that are already
 /// buffered when one arrives go out with it in one vectored write.
-async fn downlink<S: AsyncWrite>(
-    mut wr: WriteHalf<S>,
-    stream: &MuxStream,
-    count: &mut u64,
-) -> Result<(), SpliceError> {
-    while let Some(first) = stream.read().await? {
-        *count += first.len() as u64;
-        let Some(second) = stream.try_read() else {
-            wr.write_all(&first).await?;
-            continue;
-        };
-        // A burst: the batch exists only while it is written, so idle tunnels hold none.
-        let mut size = first.len() + second.len();
-        let mut batch = vec![first, second];
-        while batch.len() < WRITE_BATCH_CHUNKS && size < WRITE_BATCH_BYTES {
-            let Some(chunk) = stream.try_read() else {
-                break;
-            };
-            size += chunk.len();
-            batch.push(chunk);
-        }
-        *count += (size - batch[0].len()) as u64;
-        write_all_vectored(&mut wr, &mut batch).await?;
-    }
-    wr.shutdown().await?;
-    Ok(())
+#[derive(Debug)]
+struct Downlink {
+    /// The chunk being written.
+    head: Bytes,
+    /// The chunks of a burst behind `head`; unallocated between bursts.
+    rest: Vec<Bytes>,
+    /// The peer finished: shut the socket's write side once everything is written.
+    eof: bool,
+    /// The socket's write side is shut.
+    done: bool,
 }
 
-/// Writes every chunk of `batch`, emptying it, in as few calls as the writer allows.
-async fn write_all_vectored<W: AsyncWrite + Unpin>(
-    wr: &mut W,
-    batch: &mut Vec<Bytes>,
-) -> io::Result<()> {
-    while !batch.is_empty() {
-        let slices: Vec<io::IoSlice<'_>> = batch.iter().map(|c| io::IoSlice::new(c)).collect();
-        let mut written = wr.write_vectored(&slices).await?;
-        if written == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
+/// The wait of [`splice_holding`]'s `hold`. The timer exists only during the wait.
+#[derive(Debug)]
+enum Hold {
+    /// Nothing held (any more).
+    Off,
+    /// Not started: the splice was not polled yet.
+    Armed(Duration),
+    /// Waiting for the socket's side to speak, or for the timer.
+    Waiting(Pin<Box<Sleep>>),
+}
+
+impl<S> fmt::Debug for Splice<'_, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Splice")
+            .field("stream", &self.stream)
+            .field("moved", &self.moved)
+            .field("hold", &self.hold)
+            .field("up", &self.up)
+            .field("down", &self.down)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Future for Splice<'_, S>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    type Output = Result<(), SpliceError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        // The uplink goes first: when it reads, a held downlink may start in the same poll.
+        let result = match this.poll_up(cx).and_then(|()| this.poll_down(cx)) {
+            Ok(()) if this.up.done && this.down.done => Ok(()),
+            Ok(()) => return Poll::Pending,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = &result {
+            let (code, reason) = match error {
+                SpliceError::Stream(end) => (end.code, end.reason.clone()),
+                SpliceError::Io(io) => (ErrorCode::ConnectionReset, io.to_string()),
+            };
+            this.stream.reset(code, &reason);
         }
-        while let Some(chunk) = batch.first_mut() {
-            if written < chunk.len() {
-                chunk.advance(written);
+        Poll::Ready(result)
+    }
+}
+
+impl<S> Splice<'_, S>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    /// Moves socket bytes into the stream until the socket or the stream's credit has nothing
+    /// more for now, or the uplink is done.
+    fn poll_up(&mut self, cx: &mut Context<'_>) -> Result<(), SpliceError> {
+        while !self.up.done {
+            if !self.up.pending.is_empty() {
+                self.stream.send(&mut self.up.pending)?;
+                if !self.up.pending.is_empty() && self.stream.poll_writable(cx)?.is_pending() {
+                    return Ok(());
+                }
+                continue;
+            }
+            let Poll::Ready(credit) = self.stream.poll_writable(cx)? else {
+                return Ok(());
+            };
+            let Poll::Ready(chunk) = self.up.poll_read(&mut self.socket, cx, credit)? else {
+                return Ok(());
+            };
+            // The socket's side has spoken (or finished): held bytes may flow.
+            self.hold = Hold::Off;
+            if chunk.is_empty() {
+                self.stream.finish()?;
+                self.up.done = true;
+            } else {
+                self.moved.up += chunk.len() as u64;
+                self.up.pending = chunk;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves stream chunks into the socket until the stream or the socket has nothing more for
+    /// now, or the downlink is done.
+    fn poll_down(&mut self, cx: &mut Context<'_>) -> Result<(), SpliceError> {
+        if self.hold.poll(cx).is_pending() {
+            return Ok(());
+        }
+        while !self.down.done {
+            if self.down.poll_write(&mut self.socket, cx)?.is_pending() {
+                return Ok(());
+            }
+            if self.down.eof {
+                if Pin::new(&mut self.socket).poll_shutdown(cx)?.is_pending() {
+                    return Ok(());
+                }
+                self.down.done = true;
                 break;
             }
-            written -= chunk.len();
-            batch.remove(0);
+            let Poll::Ready(chunk) = self.stream.poll_read(cx)? else {
+                return Ok(());
+            };
+            let Some(first) = chunk else {
+                self.down.eof = true;
+                continue;
+            };
+            let mut size = first.len();
+            // A burst: the chunks already buffered go out with this one.
+            while self.down.rest.len() + 1 < WRITE_BATCH_CHUNKS && size < WRITE_BATCH_BYTES {
+                let Some(chunk) = self.stream.try_read() else {
+                    break;
+                };
+                size += chunk.len();
+                self.down.rest.reserve_exact(WRITE_BATCH_CHUNKS - 1);
+                self.down.rest.push(chunk);
+            }
+            self.moved.down += size as u64;
+            self.down.head = first;
+        }
+        Ok(())
+    }
+}
+
+impl Uplink {
+    /// Reads at most `credit` bytes; an empty chunk is EOF.
+    fn poll_read<S: AsyncRead + Unpin>(
+        &mut self,
+        socket: &mut S,
+        cx: &mut Context<'_>,
+        credit: usize,
+    ) -> Poll<io::Result<Bytes>> {
+        if self.streaming {
+            let want = credit.min(MAX_DATA_PAYLOAD);
+            self.big.reserve(want);
+            let read = poll_read_buf(Pin::new(socket), cx, &mut (&mut self.big).limit(want));
+            let Poll::Ready(n) = read? else {
+                // Drained after all: wait without the buffer.
+                self.streaming = false;
+                self.big = BytesMut::new();
+                return Poll::Pending;
+            };
+            self.streaming = n == want;
+            let chunk = self.big.split().freeze();
+            if !self.streaming {
+                self.big = BytesMut::new();
+            }
+            Poll::Ready(Ok(chunk))
+        } else {
+            let want = credit.min(IDLE_READ);
+            let mut small = [MaybeUninit::<u8>::uninit(); IDLE_READ];
+            let mut buf = ReadBuf::uninit(&mut small[..want]);
+            ready!(Pin::new(socket).poll_read(cx, &mut buf))?;
+            self.streaming = buf.filled().len() == want;
+            Poll::Ready(Ok(Bytes::copy_from_slice(buf.filled())))
         }
     }
-    Ok(())
 }
+
+impl Downlink {
+    /// Writes `head` and `rest`, in as few calls as the socket allows.
+    fn poll_write<S: AsyncWrite + Unpin>(
+        &mut self,
+        socket: &mut S,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            if self.head.is_empty() {
+                if self.rest.is_empty() {
+                    // Let go of the buffers the chunks were cut from, and of the burst's list.
+                    self.head = Bytes::new();
+                    self.rest = Vec::new();
+                    return Poll::Ready(Ok(()));
+                }
+                self.head = self.rest.remove(0);
+                continue;
+            }
+            let socket = Pin::new(&mut *socket);
+            let written = if self.rest.is_empty() {
+                ready!(socket.poll_write(cx, &self.head))?
+            } else {
+                let mut slices = [IoSlice::new(&[]); WRITE_BATCH_CHUNKS];
+                slices[0] = IoSlice::new(&self.head);
+                for (slice, chunk) in slices[1..].iter_mut().zip(&self.rest) {
+                    *slice = IoSlice::new(chunk);
+                }
+                let count = (1 + self.rest.len()).min(WRITE_BATCH_CHUNKS);
+                ready!(socket.poll_write_vectored(cx, &slices[..count]))?
+            };
+            if written == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.consume(written);
+        }
+    }
+
+    /// Drops the first `written` bytes of `head` and `rest`.
+    fn consume(&mut self, mut written: usize) {
+        while written > 0 {
+            if written < self.head.len() {
+                self.head.advance(written);
+                return;
+            }
+            written -= self.head.len();
+            self.head = if self.rest.is_empty() {
+                Bytes::new()
+            } else {
+                self.rest.remove(0)
+            };
+        }
+    }
+}
+
+impl Hold {
+    /// Ready once nothing is held.
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            match self {
+                Hold::Off => return Poll::Ready(()),
+                Hold::Armed(hold) => *self = Hold::Waiting(Box::pin(tokio::time::sleep(*hold))),
+                Hold::Waiting(sleep) => {
+                    ready!(sleep.as_mut().poll(cx));
+                    *self = Hold::Off;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

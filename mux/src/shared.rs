@@ -1,7 +1,8 @@
 //! The state one session's tasks share: the protocol state machine and per-stream wake-ups.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
+use std::task::{Context, Waker};
 use std::time::Instant;
 
 use bridgehead_proto::session::{Event, Session, SessionConfig};
@@ -21,21 +22,32 @@ pub(crate) enum Ending {
     },
 }
 
-/// Wake-ups for one stream's tasks.
+/// Per-stream bookkeeping next to the session, kept small: every open stream has one, idle
+/// or not.
+///
+/// A task waiting on the stream leaves its waker here, under the session's lock, so the
+/// event that satisfies the wait cannot slip in between the check and the registration.
+/// One waiter per direction: the stream's reader (or the dial's waiter) and its writer.
 #[derive(Debug, Default)]
-pub(crate) struct Signals {
-    pub(crate) read: Notify,
-    pub(crate) write: Notify,
+pub(crate) struct Slot {
+    /// Woken when data, EOF, the dial's answer or the end of the stream arrives.
+    pub(crate) reader: Option<Waker>,
+    /// Woken when send credit arrives or the stream ends.
+    pub(crate) writer: Option<Waker>,
+    /// Server: the dial's answer.
+    pub(crate) dial: Dial,
+    /// Set once the stream is gone from the session (boxed: it comes once, at the end).
+    pub(crate) ending: Option<Box<Ending>>,
 }
 
-/// Per-stream bookkeeping next to the session.
-#[derive(Debug)]
-pub(crate) struct Slot {
-    pub(crate) signals: Arc<Signals>,
-    /// Server: the dial's answer, once known.
-    pub(crate) dial: Option<Result<(), (ErrorCode, String)>>,
-    /// Set once the stream is gone from the session.
-    pub(crate) ending: Option<Ending>,
+/// Server: where the agent's answer to a dial stands.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dial {
+    #[default]
+    Waiting,
+    Opened,
+    /// The code and message are the stream's [`Ending::Reset`].
+    Failed,
 }
 
 /// A dial the server asked for, waiting for the agent's accept loop.
@@ -115,7 +127,7 @@ impl Shared {
                     port,
                     timeout_ms,
                 } => {
-                    state.slots.insert(stream, Slot::new());
+                    state.slots.insert(stream, Slot::default());
                     state.dials.push_back(PendingDial {
                         stream,
                         host,
@@ -124,13 +136,13 @@ impl Shared {
                     });
                     self.dials.notify_one();
                 }
-                Event::Opened { stream } => state.answer(stream, Ok(())),
+                Event::Opened { stream } => state.answer(stream, Dial::Opened),
                 Event::DialFailed {
                     stream,
                     code,
                     message,
                 } => {
-                    state.answer(stream, Err((code, message.clone())));
+                    state.answer(stream, Dial::Failed);
                     state.end(
                         stream,
                         Ending::Reset {
@@ -140,8 +152,8 @@ impl Shared {
                         },
                     );
                 }
-                Event::Readable { stream } => state.wake(stream, true, false),
-                Event::Writable { stream } => state.wake(stream, false, true),
+                Event::Readable { stream } => state.wake(stream, Waiter::Reader),
+                Event::Writable { stream } => state.wake(stream, Waiter::Writer),
                 Event::Reset {
                     stream,
                     code,
@@ -218,42 +230,62 @@ impl Shared {
     }
 }
 
+/// Which of a stream's waiters to wake or register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waiter {
+    Reader,
+    Writer,
+}
+
 impl Slot {
-    pub(crate) fn new() -> Slot {
-        Slot {
-            signals: Arc::new(Signals::default()),
-            dial: None,
-            ending: None,
+    fn waker(&mut self, waiter: Waiter) -> &mut Option<Waker> {
+        match waiter {
+            Waiter::Reader => &mut self.reader,
+            Waiter::Writer => &mut self.writer,
+        }
+    }
+
+    /// Wakes `waiter`'s task, if one waits.
+    fn wake(&mut self, waiter: Waiter) {
+        if let Some(waker) = self.waker(waiter).take() {
+            waker.wake();
         }
     }
 }
 
 impl State {
-    fn answer(&mut self, stream: StreamId, answer: Result<(), (ErrorCode, String)>) {
+    /// Leaves `cx`'s waker for `waiter` of `stream`. Call it under the same lock as the check
+    /// that found nothing to do, so the event it waits for cannot come in between. The waker
+    /// stays until that event or the stream's end.
+    pub(crate) fn park(&mut self, stream: StreamId, waiter: Waiter, cx: &Context<'_>) {
         if let Some(slot) = self.slots.get_mut(&stream) {
-            slot.dial = Some(answer);
-            slot.signals.read.notify_one();
+            let waker = slot.waker(waiter);
+            if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *waker = Some(cx.waker().clone());
+            }
         }
     }
 
-    fn wake(&self, stream: StreamId, read: bool, write: bool) {
-        if let Some(slot) = self.slots.get(&stream) {
-            if read {
-                slot.signals.read.notify_one();
-            }
-            if write {
-                slot.signals.write.notify_one();
-            }
+    fn answer(&mut self, stream: StreamId, answer: Dial) {
+        if let Some(slot) = self.slots.get_mut(&stream) {
+            slot.dial = answer;
+            slot.wake(Waiter::Reader);
+        }
+    }
+
+    fn wake(&mut self, stream: StreamId, waiter: Waiter) {
+        if let Some(slot) = self.slots.get_mut(&stream) {
+            slot.wake(waiter);
         }
     }
 
     fn end(&mut self, stream: StreamId, ending: Ending) {
         if let Some(slot) = self.slots.get_mut(&stream) {
             if slot.ending.is_none() {
-                slot.ending = Some(ending);
+                slot.ending = Some(Box::new(ending));
             }
-            slot.signals.read.notify_one();
-            slot.signals.write.notify_one();
+            slot.wake(Waiter::Reader);
+            slot.wake(Waiter::Writer);
         }
     }
 }

@@ -1,14 +1,16 @@
 //! One tunnel's end of the session: [`MuxStream`], and the agent's [`DialRequest`].
 
 use std::fmt;
+use std::future::poll_fn;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bridgehead_proto::session::{OpenError, ReadOutcome, StreamError};
 use bridgehead_proto::{ErrorCode, StreamId};
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 
-use crate::shared::{Ending, Shared, Signals, Slot};
+use crate::shared::{Dial, Ending, Shared, Slot, State, Waiter};
 use crate::OpenFailure;
 
 /// How a stream ended abnormally, as seen by a read or write.
@@ -28,7 +30,6 @@ pub struct StreamEnd {
 pub struct MuxStream {
     shared: Arc<Shared>,
     id: StreamId,
-    signals: Arc<Signals>,
 }
 
 impl fmt::Debug for MuxStream {
@@ -38,12 +39,8 @@ impl fmt::Debug for MuxStream {
 }
 
 impl MuxStream {
-    fn new(shared: Arc<Shared>, id: StreamId, signals: Arc<Signals>) -> MuxStream {
-        MuxStream {
-            shared,
-            id,
-            signals,
-        }
+    fn new(shared: Arc<Shared>, id: StreamId) -> MuxStream {
+        MuxStream { shared, id }
     }
 
     /// The stream id on the wire.
@@ -54,25 +51,30 @@ impl MuxStream {
     /// The next chunk the peer sent, in order; `Ok(None)` once the peer finished its direction
     /// and every byte was read.
     pub async fn read(&self) -> Result<Option<Bytes>, StreamEnd> {
-        loop {
-            let notified = self.signals.read.notified();
+        poll_fn(|cx| self.poll_read(cx)).await
+    }
+
+    /// [`MuxStream::read`] as a poll: when nothing is buffered, `cx` is woken once something
+    /// arrives (data, EOF, the end of the stream).
+    pub(crate) fn poll_read(&self, cx: &Context<'_>) -> Poll<Result<Option<Bytes>, StreamEnd>> {
+        self.shared.with(|state| {
             // Data that arrived before a reset of the session is still delivered first.
-            let outcome = self.shared.with(|state| {
-                let outcome = state.session.read(self.id);
-                match outcome {
-                    ReadOutcome::Pending | ReadOutcome::Gone => match self.reset_of(state) {
-                        Some(end) => Err(end),
-                        None => Ok(outcome),
-                    },
-                    outcome => Ok(outcome),
+            let outcome = match state.session.read(self.id) {
+                ReadOutcome::Data(chunk) => Ok(Some(chunk)),
+                ReadOutcome::Eof => Ok(None),
+                outcome @ (ReadOutcome::Pending | ReadOutcome::Gone) => {
+                    match (self.reset_of(state), outcome) {
+                        (Some(end), _) => Err(end),
+                        (None, ReadOutcome::Gone) => Ok(None),
+                        (None, _) => {
+                            state.park(self.id, Waiter::Reader, cx);
+                            return Poll::Pending;
+                        }
+                    }
                 }
-            })?;
-            match outcome {
-                ReadOutcome::Data(chunk) => return Ok(Some(chunk)),
-                ReadOutcome::Eof | ReadOutcome::Gone => return Ok(None),
-                ReadOutcome::Pending => notified.await,
-            }
-        }
+            };
+            Poll::Ready(outcome)
+        })
     }
 
     /// The next chunk if one is buffered right now; `None` otherwise (also at EOF or after a
@@ -86,37 +88,57 @@ impl MuxStream {
 
     /// Waits until the stream may send, and returns how many bytes it may send now.
     pub async fn writable(&self) -> Result<usize, StreamEnd> {
-        loop {
-            let notified = self.signals.write.notified();
-            let credit = self.shared.with(|state| {
-                if let Some(end) = self.reset_of(state) {
-                    return Err(end);
-                }
-                state
-                    .session
-                    .send_credit(self.id)
-                    .map_err(|error| self.local_end(error))
-            })?;
-            if credit > 0 {
-                return Ok(credit);
+        poll_fn(|cx| self.poll_writable(cx)).await
+    }
+
+    /// [`MuxStream::writable`] as a poll: without credit, `cx` is woken once credit arrives or
+    /// the stream ends.
+    pub(crate) fn poll_writable(&self, cx: &Context<'_>) -> Poll<Result<usize, StreamEnd>> {
+        self.shared.with(|state| match self.credit(state) {
+            Ok(0) => {
+                state.park(self.id, Waiter::Writer, cx);
+                Poll::Pending
             }
-            notified.await;
-        }
+            credit => Poll::Ready(credit),
+        })
     }
 
     /// Sends all of `data`, waiting for credit as needed.
     pub async fn write(&self, mut data: Bytes) -> Result<(), StreamEnd> {
         while !data.is_empty() {
             self.writable().await?;
-            let taken = self.shared.with(|state| {
-                state
-                    .session
-                    .send(self.id, data.clone())
-                    .map_err(|error| self.local_end(error))
-            })?;
-            let _ = data.split_to(taken);
+            self.send(&mut data)?;
         }
         Ok(())
+    }
+
+    /// Queues as much of `data` as the credit allows right now, and advances `data` past it.
+    /// Once all of it is taken, `data` no longer refers to the buffer it was cut from.
+    pub(crate) fn send(&self, data: &mut Bytes) -> Result<(), StreamEnd> {
+        let taken = self.shared.with(|state| {
+            self.credit(state)?;
+            state
+                .session
+                .send(self.id, data.clone())
+                .map_err(|error| self.local_end(error))
+        })?;
+        if taken == data.len() {
+            *data = Bytes::new();
+        } else {
+            data.advance(taken);
+        }
+        Ok(())
+    }
+
+    /// The send credit, or how the stream ended.
+    fn credit(&self, state: &State) -> Result<usize, StreamEnd> {
+        if let Some(end) = self.reset_of(state) {
+            return Err(end);
+        }
+        state
+            .session
+            .send_credit(self.id)
+            .map_err(|error| self.local_end(error))
     }
 
     /// Ends this direction (FIN); the peer's direction stays open.
@@ -138,18 +160,18 @@ impl MuxStream {
             .with(|state| state.session.reset(self.id, code, reason));
     }
 
-    fn reset_of(&self, state: &crate::shared::State) -> Option<StreamEnd> {
-        match state.slots.get(&self.id).and_then(|s| s.ending.clone()) {
-            Some(Ending::Reset {
+    fn reset_of(&self, state: &State) -> Option<StreamEnd> {
+        match state.slots.get(&self.id)?.ending.as_deref()? {
+            Ending::Reset {
                 code,
                 reason,
                 by_peer,
-            }) => Some(StreamEnd {
-                code,
-                reason,
-                by_peer,
+            } => Some(StreamEnd {
+                code: *code,
+                reason: reason.clone(),
+                by_peer: *by_peer,
             }),
-            _ => None,
+            Ending::Closed => None,
         }
     }
 
@@ -184,7 +206,7 @@ pub(crate) async fn open(
 ) -> Result<MuxStream, OpenFailure> {
     let timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
     let now = shared.now_ms();
-    let (id, signals) = shared.with(|state| {
+    let id = shared.with(|state| {
         if let Some(reason) = &state.closed {
             return Err(OpenFailure::SessionClosed(reason.clone()));
         }
@@ -192,43 +214,48 @@ pub(crate) async fn open(
             .session
             .open(host, port, timeout_ms, now)
             .map_err(OpenFailure::Refused)?;
-        let slot = Slot::new();
-        let signals = slot.signals.clone();
-        state.slots.insert(id, slot);
-        Ok((id, signals))
+        state.slots.insert(id, Slot::default());
+        Ok(id)
     })?;
     // From here the handle owns the slot: dropping it (client gone) resets the stream.
-    let stream = MuxStream::new(shared.clone(), id, signals);
-    let deadline = tokio::time::Instant::now() + timeout;
-    let signals = stream.signals.clone();
-    loop {
-        let notified = signals.read.notified();
-        let answer = shared.with(|state| {
-            let slot = state.slots.get(&id)?;
-            match (&slot.dial, &state.closed) {
-                (Some(answer), _) => Some(answer.clone()),
-                (None, Some(reason)) => Some(Err((ErrorCode::ConnectionReset, reason.clone()))),
-                (None, None) => None,
-            }
-        });
-        match answer {
-            Some(Ok(())) => return Ok(stream),
-            Some(Err((code, message))) => {
-                if shared.closed_reason().is_some() && code == ErrorCode::ConnectionReset {
-                    return Err(OpenFailure::SessionClosed(message));
+    let stream = MuxStream::new(shared.clone(), id);
+    let answer = poll_fn(|cx| {
+        shared.with(|state| {
+            let slot = state.slots.get(&id);
+            match (slot.map_or(Dial::Waiting, |slot| slot.dial), &state.closed) {
+                (Dial::Opened, _) => Poll::Ready(Ok(())),
+                (Dial::Failed, _) => match slot.and_then(|slot| slot.ending.as_deref()) {
+                    Some(Ending::Reset { code, reason, .. }) => {
+                        Poll::Ready(Err((*code, reason.clone())))
+                    }
+                    _ => Poll::Ready(Err((ErrorCode::Other, "dial failed".to_owned()))),
+                },
+                (Dial::Waiting, Some(reason)) => {
+                    Poll::Ready(Err((ErrorCode::ConnectionReset, reason.clone())))
                 }
-                return Err(OpenFailure::Dial { code, message });
+                (Dial::Waiting, None) => {
+                    state.park(id, Waiter::Reader, cx);
+                    Poll::Pending
+                }
             }
-            None => {}
+        })
+    });
+    match tokio::time::timeout(timeout, answer).await {
+        Ok(Ok(())) => Ok(stream),
+        Ok(Err((code, message))) => {
+            if shared.closed_reason().is_some() && code == ErrorCode::ConnectionReset {
+                return Err(OpenFailure::SessionClosed(message));
+            }
+            Err(OpenFailure::Dial { code, message })
         }
-        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+        Err(_) => {
             let now = shared.now_ms();
             shared.with(|state| state.session.handle_timeout(now));
             // The session's own clock decides; if it still waits (ms rounding), cancel it.
             if shared.with(|state| state.session.contains(id)) {
                 stream.reset(ErrorCode::Cancelled, "dial deadline passed");
             }
-            return Err(OpenFailure::TimedOut(timeout));
+            Err(OpenFailure::TimedOut(timeout))
         }
     }
 }
@@ -241,17 +268,13 @@ pub(crate) async fn accept(shared: &Arc<Shared>) -> Option<DialRequest> {
             if state.closed.is_some() {
                 return Err(());
             }
-            let dial = state.dials.pop_front();
-            Ok(dial.and_then(|dial| {
-                let signals = state.slots.get(&dial.stream)?.signals.clone();
-                Some((dial, signals))
-            }))
+            Ok(state.dials.pop_front())
         });
         match next {
             Err(()) => return None,
-            Ok(Some((dial, signals))) => {
+            Ok(Some(dial)) => {
                 return Some(DialRequest {
-                    stream: MuxStream::new(shared.clone(), dial.stream, signals),
+                    stream: MuxStream::new(shared.clone(), dial.stream),
                     host: dial.host,
                     port: dial.port,
                     timeout: Duration::from_millis(u64::from(dial.timeout_ms)),
@@ -284,17 +307,17 @@ impl DialRequest {
     /// Resolves when the server gave up on this dial (reset or session end) — race it with
     /// the connect.
     pub async fn cancelled(&self) {
-        loop {
-            let notified = self.stream.signals.read.notified();
-            if self
-                .stream
-                .shared
-                .with(|state| state.closed.is_some() || !state.session.contains(self.stream.id))
-            {
-                return;
-            }
-            notified.await;
-        }
+        let MuxStream { shared, id } = &self.stream;
+        poll_fn(|cx| {
+            shared.with(|state| {
+                if state.closed.is_some() || !state.session.contains(*id) {
+                    return Poll::Ready(());
+                }
+                state.park(*id, Waiter::Reader, cx);
+                Poll::Pending
+            })
+        })
+        .await;
     }
 
     /// The dial succeeded: tell the server and get the stream. Fails when the server gave up

@@ -1,6 +1,7 @@
 //! One stream's state inside a [`super::Session`].
 
 use std::collections::VecDeque;
+use std::mem;
 
 use bytes::Bytes;
 
@@ -27,7 +28,7 @@ pub(super) struct Stream {
     /// The peer sent FIN.
     pub(super) recv_closed: bool,
     /// Received data not read yet.
-    pub(super) recv_buf: VecDeque<Bytes>,
+    pub(super) recv_buf: RecvBuf,
     /// Bytes the peer may still send before it needs another grant.
     pub(super) recv_allowed: u64,
     /// Bytes read since the last grant.
@@ -44,7 +45,7 @@ impl Stream {
             send_credit: 0,
             send_closed: false,
             recv_closed: false,
-            recv_buf: VecDeque::new(),
+            recv_buf: RecvBuf::Empty,
             recv_allowed: u64::from(window),
             unacked: 0,
             aborted: false,
@@ -79,5 +80,84 @@ impl Stream {
 
     pub(super) fn finished(&self) -> bool {
         self.send_closed && self.recv_closed && self.recv_buf.is_empty()
+    }
+}
+
+/// The first capacity of a backlog's queue: the full DATA frames of one stream that a
+/// 256 KiB WebSocket message (the mux writer's batch) carries.
+const BACKLOG: usize = 4;
+
+/// Received chunks not read yet, in order. A reader that keeps up finds at most one chunk at a
+/// time, held inline; only a backlog of two or more takes a queue, and the queue goes once
+/// the backlog is read, so an idle stream holds no allocation here.
+#[derive(Debug, Default)]
+pub(super) enum RecvBuf {
+    #[default]
+    Empty,
+    One(Bytes),
+    /// Never empty.
+    Many(VecDeque<Bytes>),
+}
+
+impl RecvBuf {
+    pub(super) fn is_empty(&self) -> bool {
+        matches!(self, RecvBuf::Empty)
+    }
+
+    pub(super) fn push_back(&mut self, chunk: Bytes) {
+        *self = match mem::take(self) {
+            RecvBuf::Empty => RecvBuf::One(chunk),
+            RecvBuf::One(first) => {
+                let mut queue = VecDeque::with_capacity(BACKLOG);
+                queue.extend([first, chunk]);
+                RecvBuf::Many(queue)
+            }
+            RecvBuf::Many(mut queue) => {
+                queue.push_back(chunk);
+                RecvBuf::Many(queue)
+            }
+        };
+    }
+
+    pub(super) fn pop_front(&mut self) -> Option<Bytes> {
+        match mem::take(self) {
+            RecvBuf::Empty => None,
+            RecvBuf::One(chunk) => Some(chunk),
+            RecvBuf::Many(mut queue) => {
+                let chunk = queue.pop_front();
+                if !queue.is_empty() {
+                    *self = RecvBuf::Many(queue);
+                }
+                chunk
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recv_buf_keeps_order_and_lets_a_drained_backlog_go() {
+        let mut buf = RecvBuf::default();
+        assert_eq!(buf.pop_front(), None);
+        buf.push_back(Bytes::from_static(b"a"));
+        assert!(
+            matches!(buf, RecvBuf::One(_)),
+            "one chunk waits inline: {buf:?}"
+        );
+        for chunk in [&b"b"[..], b"c", b""] {
+            buf.push_back(Bytes::from_static(chunk));
+        }
+        assert_eq!(buf.pop_front().as_deref(), Some(&b"a"[..]));
+        buf.push_back(Bytes::from_static(b"d"));
+        let mut read = Vec::new();
+        while let Some(chunk) = buf.pop_front() {
+            read.push(chunk);
+        }
+        assert_eq!(read, [&b"b"[..], b"c", b"", b"d"]);
+        assert!(matches!(buf, RecvBuf::Empty), "the queue stayed: {buf:?}");
+        assert!(buf.is_empty());
     }
 }

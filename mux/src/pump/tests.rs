@@ -1,0 +1,127 @@
+//! What an idle splice keeps: polled by hand over an in-memory socket, so its state can be
+//! looked at between polls.
+
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::WebSocketStream;
+use tokio_util::sync::CancellationToken;
+
+use super::{splice, splice_holding, Hold, Moved, Splice, IDLE_READ};
+use crate::{Keepalive, Mux, MuxStream};
+
+/// A server stream and its agent end, over a live session.
+async fn stream_pair() -> (MuxStream, MuxStream, CancellationToken) {
+    let (a, b) = tokio::io::duplex(256 * 1024);
+    let server = Mux::server();
+    let agent = Mux::agent();
+    let shutdown = CancellationToken::new();
+    let server_ws = WebSocketStream::from_raw_socket(a, Role::Server, None).await;
+    let agent_ws = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
+    tokio::spawn({
+        let (server, shutdown) = (server.clone(), shutdown.clone());
+        async move { server.run(server_ws, Keepalive::default(), shutdown).await }
+    });
+    tokio::spawn({
+        let (agent, shutdown) = (agent.clone(), shutdown.clone());
+        async move { agent.run(agent_ws, Keepalive::default(), shutdown).await }
+    });
+    let accepted = tokio::spawn(async move { agent.accept().await.unwrap().accept().unwrap() });
+    let stream = server.open("x", 1, Duration::from_secs(5)).await.unwrap();
+    (stream, accepted.await.unwrap(), shutdown)
+}
+
+/// Polls `splice` once; it must not finish.
+async fn poll_once(splice: &mut Splice<'_, &mut DuplexStream>) {
+    poll_fn(|cx| {
+        assert!(Pin::new(&mut *splice).poll(cx).is_pending(), "{splice:?}");
+        Poll::Ready(())
+    })
+    .await;
+}
+
+/// Drives `splice` until `client` has read `buf.len()` bytes.
+async fn read_through(
+    splice: &mut Splice<'_, &mut DuplexStream>,
+    client: &mut DuplexStream,
+    buf: &mut [u8],
+) {
+    tokio::select! {
+        read = client.read_exact(buf) => {
+            read.unwrap();
+        }
+        result = splice => panic!("the splice ended: {result:?}"),
+    }
+}
+
+/// A read that exactly fills the small buffer switches to large reads; when the next read
+/// finds nothing, the large buffer goes, so the tunnel does not sit on it while quiet.
+#[tokio::test]
+async fn a_quiet_uplink_holds_no_read_buffer() {
+    let (stream, peer, shutdown) = stream_pair().await;
+    let (mut client, mut socket) = tokio::io::duplex(1024 * 1024);
+    let mut moved = Moved::default();
+    let mut splice = splice(&mut socket, &stream, Bytes::new(), &mut moved);
+    client.write_all(&[7; IDLE_READ]).await.unwrap();
+    poll_once(&mut splice).await;
+    assert!(!splice.up.streaming, "{:?}", splice.up);
+    assert_eq!(splice.up.big.capacity(), 0, "{:?}", splice.up);
+    let chunk = peer.read().await.unwrap().unwrap();
+    assert_eq!(chunk.len(), IDLE_READ);
+
+    // A burst still streams through the large buffer.
+    client.write_all(&vec![8; 200_000]).await.unwrap();
+    poll_once(&mut splice).await;
+    assert_eq!(splice.up.big.capacity(), 0, "{:?}", splice.up);
+    let mut got = 0;
+    while got < 200_000 {
+        got += peer.read().await.unwrap().unwrap().len();
+    }
+    assert_eq!(got, 200_000);
+    assert_eq!(splice.moved.up, (IDLE_READ + 200_000) as u64);
+    shutdown.cancel();
+}
+
+/// A burst of chunks goes out in one write, and the list that carried it does not stay.
+#[tokio::test]
+async fn a_quiet_downlink_holds_no_chunks() {
+    let (stream, peer, shutdown) = stream_pair().await;
+    let (mut client, mut socket) = tokio::io::duplex(1024 * 1024);
+    let mut moved = Moved::default();
+    let mut splice = splice(&mut socket, &stream, Bytes::new(), &mut moved);
+    for _ in 0..4 {
+        peer.write(Bytes::from_static(b"burst ")).await.unwrap();
+    }
+    let mut got = [0; 24];
+    read_through(&mut splice, &mut client, &mut got).await;
+    assert_eq!(&got, b"burst burst burst burst ");
+    assert!(splice.down.head.is_empty(), "{:?}", splice.down);
+    assert_eq!(splice.down.rest.capacity(), 0, "{:?}", splice.down);
+    shutdown.cancel();
+}
+
+/// The hold's timer lives only until the client speaks.
+#[tokio::test]
+async fn the_hold_timer_goes_when_the_client_speaks() {
+    let (stream, peer, shutdown) = stream_pair().await;
+    let (mut client, mut socket) = tokio::io::duplex(1024);
+    let mut moved = Moved::default();
+    let hold = Some(Duration::from_secs(60));
+    let mut splice = splice_holding(&mut socket, &stream, Bytes::new(), hold, &mut moved);
+    poll_once(&mut splice).await;
+    assert!(matches!(splice.hold, Hold::Waiting(_)), "{:?}", splice.hold);
+    peer.write(Bytes::from_static(b"greeting")).await.unwrap();
+    client.write_all(b"hello").await.unwrap();
+    poll_once(&mut splice).await;
+    assert!(matches!(splice.hold, Hold::Off), "{:?}", splice.hold);
+    let mut greeting = [0; 8];
+    read_through(&mut splice, &mut client, &mut greeting).await;
+    assert_eq!(&greeting, b"greeting");
+    assert_eq!(peer.read().await.unwrap().as_deref(), Some(&b"hello"[..]));
+    shutdown.cancel();
+}
