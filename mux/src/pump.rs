@@ -106,6 +106,7 @@ where
         down: Downlink {
             head: Bytes::new(),
             rest: Vec::new(),
+            unflushed: false,
             eof: false,
             done: false,
         },
@@ -128,7 +129,7 @@ pub struct Splice<'a, S> {
 ///
 /// A read of an idle tunnel goes into a small buffer on the stack, which is copied out; only
 /// a read that fills it switches to large reads into `big`, which is let go as soon as a read
-/// comes up short or finds nothing, so idle tunnels hold no read buffers.
+/// is small or finds nothing, so idle tunnels hold no read buffers.
 #[derive(Debug)]
 struct Uplink {
     /// Bytes taken from the socket (or the client's early bytes) that the stream has not
@@ -150,6 +151,8 @@ struct Downlink {
     head: Bytes,
     /// The chunks of a burst behind `head`; unallocated between bursts.
     rest: Vec<Bytes>,
+    /// Bytes were written since the last completed flush.
+    unflushed: bool,
     /// The peer finished: shut the socket's write side once everything is written.
     eof: bool,
     /// The socket's write side is shut.
@@ -256,8 +259,15 @@ where
                 break;
             }
             let Poll::Ready(chunk) = self.stream.poll_read(cx)? else {
+                // Nothing more for now. A socket may still hold written bytes: a TLS stream
+                // whose TCP socket was full keeps its last records until a flush, and without
+                // one they would wait for the next chunk, which may never come.
+                if self.down.unflushed && Pin::new(&mut self.socket).poll_flush(cx)?.is_ready() {
+                    self.down.unflushed = false;
+                }
                 return Ok(());
             };
+            self.down.unflushed = true;
             let Some(first) = chunk else {
                 self.down.eof = true;
                 continue;
@@ -297,7 +307,10 @@ impl Uplink {
                 self.big = BytesMut::new();
                 return Poll::Pending;
             };
-            self.streaming = n == want;
+            // Sources that return whole records (TLS) seldom fill the buffer exactly: keep
+            // streaming while reads are large, so a burst is not read through the small
+            // buffer every other time.
+            self.streaming = n > IDLE_READ;
             let chunk = self.big.split().freeze();
             if !self.streaming {
                 self.big = BytesMut::new();

@@ -37,7 +37,10 @@ async fn stream_pair() -> (MuxStream, MuxStream, CancellationToken) {
 }
 
 /// Polls `splice` once; it must not finish.
-async fn poll_once(splice: &mut Splice<'_, &mut DuplexStream>) {
+async fn poll_once<S>(splice: &mut Splice<'_, S>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     poll_fn(|cx| {
         assert!(Pin::new(&mut *splice).poll(cx).is_pending(), "{splice:?}");
         Poll::Ready(())
@@ -123,5 +126,92 @@ async fn the_hold_timer_goes_when_the_client_speaks() {
     read_through(&mut splice, &mut client, &mut greeting).await;
     assert_eq!(&greeting, b"greeting");
     assert_eq!(peer.read().await.unwrap().as_deref(), Some(&b"hello"[..]));
+    shutdown.cancel();
+}
+
+/// A socket that keeps what is written until it is flushed — as a TLS stream keeps its last
+/// records when its TCP socket is full — still delivers a chunk after which the stream goes
+/// quiet: the downlink flushes before it waits.
+#[tokio::test]
+async fn the_downlink_flushes_before_it_waits() {
+    let (stream, peer, shutdown) = stream_pair().await;
+    let (mut client, socket) = tokio::io::duplex(1024 * 1024);
+    let mut socket = tokio::io::BufWriter::new(socket);
+    let mut moved = Moved::default();
+    let mut splice = splice(&mut socket, &stream, Bytes::new(), &mut moved);
+    peer.write(Bytes::from_static(b"last words")).await.unwrap();
+    let mut got = [0; 10];
+    tokio::select! {
+        read = tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut got)) => {
+            read.expect("the chunk stayed in the socket's buffer").unwrap();
+        }
+        result = &mut splice => panic!("the splice ended: {result:?}"),
+    }
+    assert_eq!(&got, b"last words");
+    shutdown.cancel();
+}
+
+/// Reads at most one TLS record's worth at a time, as a TLS stream does.
+struct Records(DuplexStream);
+
+impl tokio::io::AsyncRead for Records {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let mut record = vec![0; buf.remaining().min(16 * 1024)];
+        let mut read = tokio::io::ReadBuf::new(&mut record);
+        let poll = Pin::new(&mut self.0).poll_read(cx, &mut read);
+        buf.put_slice(read.filled());
+        poll
+    }
+}
+
+impl tokio::io::AsyncWrite for Records {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// A burst from a socket that returns a record per read streams in record-sized chunks; it
+/// does not fall back to the small buffer between records (which split every record in two).
+#[tokio::test]
+async fn a_burst_of_records_streams_whole_records() {
+    let (stream, peer, shutdown) = stream_pair().await;
+    let (mut client, socket) = tokio::io::duplex(1024 * 1024);
+    let mut socket = Records(socket);
+    let mut moved = Moved::default();
+    let mut splice = splice(&mut socket, &stream, Bytes::new(), &mut moved);
+    let total = IDLE_READ + 6 * 16 * 1024 + 3000;
+    client.write_all(&vec![9; total]).await.unwrap();
+    poll_once(&mut splice).await;
+    let mut sizes = Vec::new();
+    while sizes.iter().sum::<usize>() < total {
+        sizes.push(peer.read().await.unwrap().unwrap().len());
+    }
+    assert_eq!(sizes.first(), Some(&IDLE_READ), "{sizes:?}");
+    assert!(
+        sizes[1..sizes.len() - 1].iter().all(|&n| n == 16 * 1024),
+        "chunk sizes {sizes:?}"
+    );
     shutdown.cancel();
 }
