@@ -147,7 +147,8 @@ pub struct Cli {
     )]
     pub log_format: LogFormat,
 
-    /// Worker threads: 0 = one per CPU, 1 = single-threaded (lowest latency on small
+    /// Worker threads: 0 = one per CPU the process may use (affinity, cgroup quota;
+    /// single-threaded when that is one), 1 = single-threaded (lowest latency on small
     /// machines, one core for everything).
     #[arg(long, env = "BRIDGEHEAD_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,

@@ -2,26 +2,35 @@
 
 use std::io;
 
-/// Builds the runtime: `worker_threads` 0 means one worker per CPU (tokio's default), 1 a
-/// single-threaded runtime, more a multi-threaded one of that size.
+/// Builds the runtime: `worker_threads` 0 means one worker per CPU this process may use
+/// (its affinity mask and cgroup CPU quota, as `std::thread::available_parallelism` reads
+/// them), 1 a single-threaded runtime, more a multi-threaded one of that size. With one CPU
+/// available, 0 also means the single-threaded runtime: a pod limited to one CPU gains
+/// nothing from a worker thread beside the main one, only wake-ups between them.
 ///
 /// One thread is the lower-latency choice on small machines: every hand-off between the
 /// session driver and a tunnel stays on one thread (on 2 cores: ~25 % more tunnel setups per
 /// second, ~10 µs less per round trip), at the price of using one core for all the process's
 /// TLS and copying (bulk throughput drops). docs/benchmarks.md has the figures.
 pub fn build_runtime(worker_threads: usize) -> io::Result<tokio::runtime::Runtime> {
-    match worker_threads {
-        1 => tokio::runtime::Builder::new_current_thread()
+    let workers = match worker_threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    if workers == 1 {
+        tracing::info!(
+            worker_threads,
+            "runtime: current-thread (one thread for everything)"
+        );
+        return tokio::runtime::Builder::new_current_thread()
             .enable_all()
-            .build(),
-        0 => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build(),
-        n => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(n)
-            .enable_all()
-            .build(),
+            .build();
     }
+    tracing::info!(worker_threads, workers, "runtime: multi-thread");
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
 }
 
 /// What both binaries do between parsing their configuration and binding: logging, the

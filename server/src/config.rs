@@ -112,7 +112,8 @@ pub struct Cli {
     /// Log format: text or json.
     #[arg(long, env = "BRIDGEHEAD_LOG_FORMAT", default_value = "text", value_parser = PossibleValuesParser::new(["text", "json"]).try_map(|s| s.parse::<LogFormat>()))]
     pub log_format: LogFormat,
-    /// Worker threads: 0 = one per CPU, 1 = single-threaded (lowest latency on small
+    /// Worker threads: 0 = one per CPU the process may use (affinity, cgroup quota;
+    /// single-threaded when that is one), 1 = single-threaded (lowest latency on small
     /// machines, one core for everything).
     #[arg(long, env = "BRIDGEHEAD_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
