@@ -388,3 +388,51 @@ async fn garbage_after_the_handshake_is_an_error() {
         );
     }
 }
+
+/// A TLS 1.2 client (older HTTP clients; the server offers 1.2 and 1.3) gets through the
+/// handshake and moves data both ways.
+#[tokio::test]
+async fn tls12_clients_work_too() {
+    let rig = rig().await;
+    let dir = rig._dir.path();
+    let config = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS12])
+        .unwrap()
+        .with_root_certificates(load_roots(&dir.join("ca.crt")).unwrap())
+        .with_client_auth_cert(
+            load_certs(&dir.join("client.crt")).unwrap(),
+            load_key(&dir.join("client.key")).unwrap(),
+        )
+        .unwrap();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let addr = rig.listener.local_addr().unwrap();
+    let (server, client) = tokio::join!(
+        async {
+            let (tcp, _) = rig.listener.accept().await.unwrap();
+            rig.acceptor.accept(tcp).await.unwrap()
+        },
+        async {
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            connector
+                .connect(ServerName::try_from("localhost").unwrap(), tcp)
+                .await
+                .unwrap()
+        }
+    );
+    assert_eq!(
+        client.get_ref().1.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_2)
+    );
+    let up = pattern(100_000, 7);
+    let down = pattern(50_000, 8);
+    let (server_rd, server_wr) = tokio::io::split(server);
+    let (client_rd, client_wr) = tokio::io::split(client);
+    let (got_up, got_down, (), ()) = tokio::join!(
+        read_all_in(server_rd, 1000),
+        read_all_in(client_rd, 1000),
+        write_and_close(client_wr, &up),
+        write_and_close(server_wr, &down),
+    );
+    assert!(got_up.unwrap() == up, "client to server");
+    assert!(got_down.unwrap() == down, "server to client");
+}
