@@ -99,11 +99,20 @@ impl Mux {
         ping.reset();
 
         let reader = async {
+            // One timer for the session, not one per message: when it fires, the deadline is
+            // recomputed from the last message heard and the timer set again if that is later.
+            let silence = tokio::time::sleep(keepalive.timeout);
+            tokio::pin!(silence);
             loop {
                 let message = tokio::select! {
                     message = source.next() => message,
-                    () = tokio::time::sleep_until(last_heard + keepalive.timeout) => {
-                        return Err(MuxError::KeepaliveTimeout(keepalive.timeout));
+                    () = &mut silence => {
+                        let deadline = last_heard + keepalive.timeout;
+                        if Instant::now() >= deadline {
+                            return Err(MuxError::KeepaliveTimeout(keepalive.timeout));
+                        }
+                        silence.as_mut().reset(deadline);
+                        continue;
                     }
                 };
                 last_heard = Instant::now();

@@ -247,6 +247,42 @@ async fn keepalive_detects_a_silent_peer() {
     );
 }
 
+/// A peer that keeps talking outlives many keepalive timeouts; once it falls silent, the
+/// session ends one timeout after the last message, not earlier and not much later.
+#[tokio::test(start_paused = true)]
+async fn keepalive_counts_from_the_last_message() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let ws = WebSocketStream::from_raw_socket(a, Role::Server, None).await;
+    let mut peer = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
+    let keepalive = Keepalive {
+        interval: Duration::from_secs(3600),
+        timeout: Duration::from_secs(10),
+    };
+    let server = Mux::server();
+    let session = tokio::spawn(async move {
+        let started = tokio::time::Instant::now();
+        let result = server.run(ws, keepalive, CancellationToken::new()).await;
+        (result, started.elapsed())
+    });
+    // Five timeouts' worth of talking, a message every 4 s.
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        peer.send(Message::Pong(Default::default())).await.unwrap();
+    }
+    let (result, lived) = session.await.unwrap();
+    assert!(
+        matches!(result, Err(bridgehead_mux::MuxError::KeepaliveTimeout(_))),
+        "{result:?}"
+    );
+    // Last message at 48 s: dead at 58 s.
+    assert!(
+        lived >= Duration::from_secs(58) && lived < Duration::from_secs(59),
+        "{lived:?}"
+    );
+}
+
 /// The agent writes its last bytes and FIN and closes its session right away: the server
 /// still reads every byte and a clean EOF.
 #[tokio::test]
