@@ -22,8 +22,17 @@ struct Rig {
 }
 
 fn client_config(dir: &Path, cert: Option<(&str, &str)>) -> Arc<ClientConfig> {
+    client_config_for(dir, cert, rustls::DEFAULT_VERSIONS)
+}
+
+/// [`client_config`] offering only `versions`.
+fn client_config_for(
+    dir: &Path,
+    cert: Option<(&str, &str)>,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> Arc<ClientConfig> {
     let builder = ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .unwrap()
         .with_root_certificates(load_roots(&dir.join("ca.crt")).unwrap());
     let config = match cert {
@@ -61,8 +70,16 @@ async fn rig() -> Rig {
 impl Rig {
     /// A handshake through loopback: the server's stream and the client's.
     async fn pair(&self) -> (TlsStream, client::TlsStream<TcpStream>) {
+        self.pair_with(self.client.clone()).await
+    }
+
+    /// [`Rig::pair`] with another client configuration.
+    async fn pair_with(
+        &self,
+        config: Arc<ClientConfig>,
+    ) -> (TlsStream, client::TlsStream<TcpStream>) {
         let addr = self.listener.local_addr().unwrap();
-        let connector = tokio_rustls::TlsConnector::from(self.client.clone());
+        let connector = tokio_rustls::TlsConnector::from(config);
         let (server, client) = tokio::join!(
             async {
                 let (tcp, _) = self.listener.accept().await.unwrap();
@@ -99,6 +116,26 @@ async fn read_all_in(mut rd: impl AsyncRead + Unpin, chunk: usize) -> std::io::R
     }
 }
 
+/// Sends `up` from the client and `down` from the server at the same time, each side then
+/// closing, and returns what each side read (in reads of at most `chunk` bytes).
+async fn exchange(
+    server: TlsStream,
+    client: client::TlsStream<TcpStream>,
+    up: &[u8],
+    down: &[u8],
+    chunk: usize,
+) -> (Vec<u8>, Vec<u8>) {
+    let (server_rd, server_wr) = tokio::io::split(server);
+    let (client_rd, client_wr) = tokio::io::split(client);
+    let (got_up, got_down, (), ()) = tokio::join!(
+        read_all_in(server_rd, chunk),
+        read_all_in(client_rd, chunk),
+        write_and_close(client_wr, up),
+        write_and_close(server_wr, down),
+    );
+    (got_up.unwrap(), got_down.unwrap())
+}
+
 async fn write_and_close(mut wr: impl AsyncWrite + Unpin, data: &[u8]) {
     wr.write_all(data).await.unwrap();
     wr.shutdown().await.unwrap();
@@ -118,20 +155,13 @@ async fn bytes_arrive_whole_in_any_read_size_both_ways() {
         let (server, client) = rig.pair().await;
         let up = pattern(size, 1);
         let down = pattern(size, 2);
-        let (server_rd, server_wr) = tokio::io::split(server);
-        let (client_rd, client_wr) = tokio::io::split(client);
-        let (got_up, got_down, (), ()) = tokio::join!(
-            read_all_in(server_rd, chunk),
-            read_all_in(client_rd, chunk),
-            write_and_close(client_wr, &up),
-            write_and_close(server_wr, &down),
-        );
+        let (got_up, got_down) = exchange(server, client, &up, &down, chunk).await;
         assert!(
-            got_up.unwrap() == up,
+            got_up == up,
             "client to server, {size} bytes in reads of {chunk}"
         );
         assert!(
-            got_down.unwrap() == down,
+            got_down == down,
             "server to client, {size} bytes in reads of {chunk}"
         );
     }
@@ -394,45 +424,19 @@ async fn garbage_after_the_handshake_is_an_error() {
 #[tokio::test]
 async fn tls12_clients_work_too() {
     let rig = rig().await;
-    let dir = rig._dir.path();
-    let config = ClientConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS12])
-        .unwrap()
-        .with_root_certificates(load_roots(&dir.join("ca.crt")).unwrap())
-        .with_client_auth_cert(
-            load_certs(&dir.join("client.crt")).unwrap(),
-            load_key(&dir.join("client.key")).unwrap(),
-        )
-        .unwrap();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let addr = rig.listener.local_addr().unwrap();
-    let (server, client) = tokio::join!(
-        async {
-            let (tcp, _) = rig.listener.accept().await.unwrap();
-            rig.acceptor.accept(tcp).await.unwrap()
-        },
-        async {
-            let tcp = TcpStream::connect(addr).await.unwrap();
-            connector
-                .connect(ServerName::try_from("localhost").unwrap(), tcp)
-                .await
-                .unwrap()
-        }
+    let tls12 = client_config_for(
+        rig._dir.path(),
+        Some(("client.crt", "client.key")),
+        &[&rustls::version::TLS12],
     );
+    let (server, client) = rig.pair_with(tls12).await;
     assert_eq!(
         client.get_ref().1.protocol_version(),
         Some(rustls::ProtocolVersion::TLSv1_2)
     );
     let up = pattern(100_000, 7);
     let down = pattern(50_000, 8);
-    let (server_rd, server_wr) = tokio::io::split(server);
-    let (client_rd, client_wr) = tokio::io::split(client);
-    let (got_up, got_down, (), ()) = tokio::join!(
-        read_all_in(server_rd, 1000),
-        read_all_in(client_rd, 1000),
-        write_and_close(client_wr, &up),
-        write_and_close(server_wr, &down),
-    );
-    assert!(got_up.unwrap() == up, "client to server");
-    assert!(got_down.unwrap() == down, "server to client");
+    let (got_up, got_down) = exchange(server, client, &up, &down, 1000).await;
+    assert!(got_up == up, "client to server");
+    assert!(got_down == down, "server to client");
 }
