@@ -53,8 +53,8 @@ impl TlsAcceptor {
             io,
             conn,
             incoming: Incoming::default(),
-            plaintext: Plaintext::default(),
-            outgoing: Outgoing::default(),
+            plaintext: Pending::default(),
+            outgoing: Pending::default(),
             read_eof: false,
             io_eof: false,
             write_closed: false,
@@ -74,8 +74,8 @@ pub struct TlsStream {
     io: TcpStream,
     conn: UnbufferedServerConnection,
     incoming: Incoming,
-    plaintext: Plaintext,
-    outgoing: Outgoing,
+    plaintext: Pending,
+    outgoing: Pending,
     /// The peer's `close_notify` was processed: reads return EOF once `plaintext` is empty.
     read_eof: bool,
     /// The socket returned EOF.
@@ -156,40 +156,37 @@ impl Incoming {
     }
 }
 
-/// Decrypted bytes the reader has not taken yet (a record larger than its buffer).
+/// Bytes waiting to be taken, `buf[pos..]`: decrypted bytes the reader has not taken yet (a
+/// record larger than its buffer), or encrypted bytes the socket has not taken yet. The
+/// buffer is released as soon as everything was taken.
 #[derive(Default)]
-struct Plaintext {
+struct Pending {
     buf: Vec<u8>,
     pos: usize,
 }
 
-impl Plaintext {
+impl Pending {
     fn len(&self) -> usize {
         self.buf.len() - self.pos
     }
 
-    /// Copies what fits into `out`; the buffer is released once it is empty.
-    fn take_into(&mut self, out: &mut ReadBuf<'_>) {
-        let n = self.len().min(out.remaining());
-        out.put_slice(&self.buf[self.pos..self.pos + n]);
+    fn bytes(&self) -> &[u8] {
+        &self.buf[self.pos..]
+    }
+
+    fn consumed(&mut self, n: usize) {
         self.pos += n;
         if self.pos == self.buf.len() {
             self.buf = Vec::new();
             self.pos = 0;
         }
     }
-}
 
-/// Encrypted bytes not yet taken by the socket: `buf[pos..]`.
-#[derive(Default)]
-struct Outgoing {
-    buf: Vec<u8>,
-    pos: usize,
-}
-
-impl Outgoing {
-    fn len(&self) -> usize {
-        self.buf.len() - self.pos
+    /// Copies what fits into `out`.
+    fn take_into(&mut self, out: &mut ReadBuf<'_>) {
+        let n = self.len().min(out.remaining());
+        out.put_slice(&self.bytes()[..n]);
+        self.consumed(n);
     }
 
     /// Appends what `encode` writes into a slice of the size it asks for.
@@ -216,14 +213,6 @@ impl Outgoing {
                     }
                 },
             }
-        }
-    }
-
-    fn consumed(&mut self, n: usize) {
-        self.pos += n;
-        if self.pos == self.buf.len() {
-            self.buf = Vec::new();
-            self.pos = 0;
         }
     }
 }
@@ -362,9 +351,7 @@ impl TlsStream {
     /// Sends everything in `outgoing`.
     fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while self.outgoing.len() > 0 {
-            let n = ready!(
-                Pin::new(&mut self.io).poll_write(cx, &self.outgoing.buf[self.outgoing.pos..])
-            )?;
+            let n = ready!(Pin::new(&mut self.io).poll_write(cx, self.outgoing.bytes()))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
@@ -376,7 +363,7 @@ impl TlsStream {
     /// Sends what the socket takes now, without waiting (and without registering a waker).
     fn send_some(&mut self) -> io::Result<()> {
         while self.outgoing.len() > 0 {
-            match self.io.try_write(&self.outgoing.buf[self.outgoing.pos..]) {
+            match self.io.try_write(self.outgoing.bytes()) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => self.outgoing.consumed(n),
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(()),
@@ -430,7 +417,7 @@ impl TlsStream {
     /// non-empty slice) into `outgoing`; returns how many plaintext bytes it took.
     fn encrypt(&mut self, slices: &[io::IoSlice<'_>]) -> io::Result<usize> {
         let mut taken = 0;
-        let mut write = |traffic: &mut WriteTraffic<'_>, outgoing: &mut Outgoing| {
+        let mut write = |traffic: &mut WriteTraffic<'_>, outgoing: &mut Pending| {
             for slice in slices {
                 let chunk = &slice[..slice.len().min(WRITE_SIZE - taken)];
                 if chunk.is_empty() {
@@ -510,7 +497,7 @@ impl TlsStream {
 
 type WriteTraffic<'c> = rustls::unbuffered::WriteTraffic<'c, ServerConnectionData>;
 /// What runs in the writable state: encrypts into `outgoing`.
-type WriteFn<'f> = dyn FnMut(&mut WriteTraffic<'_>, &mut Outgoing) -> io::Result<()> + 'f;
+type WriteFn<'f> = dyn FnMut(&mut WriteTraffic<'_>, &mut Pending) -> io::Result<()> + 'f;
 
 impl AsyncRead for TlsStream {
     fn poll_read(
@@ -587,7 +574,7 @@ impl AsyncWrite for TlsStream {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if !this.write_closed {
-            let mut close = |traffic: &mut WriteTraffic<'_>, outgoing: &mut Outgoing| {
+            let mut close = |traffic: &mut WriteTraffic<'_>, outgoing: &mut Pending| {
                 outgoing
                     .append(64, |buf| traffic.queue_close_notify(buf), encrypt_too_small)
                     .map_err(encrypt_error)
