@@ -459,10 +459,7 @@ fn check_setups(run: &setup::SetupRun, want: usize) -> anyhow::Result<()> {
             "opened {} of {want} tunnels, {} errors{}",
             run.opened,
             run.errors,
-            run.first_error
-                .as_ref()
-                .map(|e| format!(", first: {e}"))
-                .unwrap_or_default()
+            run.first_error_note()
         );
     }
     Ok(())

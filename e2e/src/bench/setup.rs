@@ -43,6 +43,14 @@ pub struct SetupRun {
 }
 
 impl SetupRun {
+    /// `, first: <error>` when a setup failed, for a progress or error line.
+    pub fn first_error_note(&self) -> String {
+        self.first_error
+            .as_ref()
+            .map(|e| format!(", first: {e}"))
+            .unwrap_or_default()
+    }
+
     /// Server + agent CPU milliseconds per tunnel opened, when measured.
     pub fn cpu_ms_per_tunnel(&self) -> Option<f64> {
         self.cpu_seconds
@@ -216,10 +224,7 @@ fn record(report: &mut Report, route: &Route, concurrency: usize, run: &SetupRun
         micros(run.latency.max),
         run.opened,
         run.errors,
-        run.first_error
-            .as_ref()
-            .map(|e| format!(", first: {e}"))
-            .unwrap_or_default()
+        run.first_error_note()
     );
     let _ = report.record(
         "setup",
