@@ -41,7 +41,7 @@ use serde_json::json;
 use procfs::Noise;
 use profile::Profiler;
 use report::Report;
-use rig::Rig;
+use rig::{ExtraArgs, Rig};
 use target::Target;
 
 /// Command line of the `bench` binary.
@@ -83,9 +83,27 @@ pub struct Options {
     /// --out-dir.
     #[arg(long)]
     pub replot: Option<PathBuf>,
+    /// An extra flag for every server the bench starts (repeatable), e.g.
+    /// `--server-arg=--worker-threads=1`.
+    #[arg(long = "server-arg", value_name = "FLAG", allow_hyphen_values = true)]
+    pub server_args: Vec<String>,
+    /// An extra flag for every agent the bench starts (repeatable), e.g.
+    /// `--agent-arg=--worker-threads=1`.
+    #[arg(long = "agent-arg", value_name = "FLAG", allow_hyphen_values = true)]
+    pub agent_args: Vec<String>,
     /// Internal: serve the bench target in this process (the memory measurement's child).
     #[arg(long, hide = true)]
     pub serve_target: bool,
+}
+
+impl Options {
+    /// `--server-arg` and `--agent-arg`.
+    fn extra_args(&self) -> ExtraArgs {
+        ExtraArgs {
+            server: self.server_args.clone(),
+            agent: self.agent_args.clone(),
+        }
+    }
 }
 
 /// A measurement `--only` can select.
@@ -191,6 +209,7 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         Budget::full()
     };
     let selected = |m: Measurement| options.only.is_empty() || options.only.contains(&m);
+    let extra = options.extra_args();
 
     let most_idle = budget.idle.last().copied().unwrap_or(0);
     let want_fds = most_idle as u64 + memory::FD_SLACK;
@@ -210,6 +229,8 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
             "kernel": machine.kernel,
             "loadavg_start": machine.load,
             "nofile": nofile,
+            "server_args": extra.server,
+            "agent_args": extra.agent,
         }),
     )?;
     let profiler = options.perf.clone().map(Profiler::new).transpose()?;
@@ -225,7 +246,10 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         Measurement::Stall,
     ];
     if path_measurements.into_iter().any(selected) {
-        let rig = Rig::start(selected(Measurement::Setup) || selected(Measurement::Rtt))?;
+        let rig = Rig::start(
+            selected(Measurement::Setup) || selected(Measurement::Rtt),
+            &extra,
+        )?;
         eprintln!(
             "server pid {}, agent pid {} (frontend {})",
             rig.server.process.pid(),
@@ -283,7 +307,7 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
             .collect();
         // Fresh processes, so the baseline is not inflated by the runs before; the target in
         // its own process, so its descriptors do not count against the bench's limit.
-        let rig = Rig::start(false)?;
+        let rig = Rig::start(false, &extra)?;
         let (target_process, idle_target) = Target::spawn_process()?;
         let hold = Duration::from_secs(options.idle_hold);
         let mut pids = rig.pids();
@@ -317,6 +341,7 @@ fn run_callgrind(options: &Options, dir: &std::path::Path) -> anyhow::Result<boo
         .json
         .clone()
         .unwrap_or_else(|| dir.join("results.jsonl"));
+    let extra = options.extra_args();
     let counts = if options.quick {
         callgrind::Counts::quick()
     } else {
@@ -332,7 +357,14 @@ fn run_callgrind(options: &Options, dir: &std::path::Path) -> anyhow::Result<boo
         .enable_all()
         .build()?;
     let target = runtime.block_on(Target::start())?;
-    callgrind::run(&callgrind, &runtime, target.addr, &counts, &mut report)?;
+    callgrind::run(
+        &callgrind,
+        &runtime,
+        target.addr,
+        &counts,
+        &extra,
+        &mut report,
+    )?;
     println!(
         "## Bridgehead instruction counts (callgrind){}\n\nmachine: {} x {}, kernel {}\n",
         if options.quick { " (--quick)" } else { "" },

@@ -27,7 +27,7 @@ use serde_json::json;
 use tokio::runtime::Runtime;
 
 use super::report::Report;
-use super::rig::Rig;
+use super::rig::{ExtraArgs, Rig};
 use super::throughput::{self, Direction};
 use super::{latency, procfs, setup};
 use crate::Wrapper;
@@ -266,6 +266,7 @@ pub fn run(
     runtime: &Runtime,
     target: SocketAddr,
     counts: &Counts,
+    extra: &ExtraArgs,
     report: &mut Report,
 ) -> anyhow::Result<()> {
     eprintln!(
@@ -273,7 +274,7 @@ pub fn run(
         callgrind.dir.display()
     );
     let started = Instant::now();
-    let mut rig = Rig::start_under(true, |name| Some(callgrind.wrapper(name)))?;
+    let mut rig = Rig::start_under(true, extra, |name| Some(callgrind.wrapper(name)))?;
     eprintln!("  rig up after {:.1} s", started.elapsed().as_secs_f64());
     let mut totals = [0u64; 2];
     for workload in Workload::ALL {

@@ -9,6 +9,14 @@ use crate::{Agent, AgentOptions, Pki, Server, ServerOptions, Wrapper};
 
 use super::route::Route;
 
+/// Extra flags for every server and every agent the bench starts (`--server-arg`,
+/// `--agent-arg`): to compare settings, say `--agent-arg=--worker-threads=1`.
+#[derive(Debug, Clone, Default)]
+pub struct ExtraArgs {
+    pub server: Vec<String>,
+    pub agent: Vec<String>,
+}
+
 /// The mTLS pair, and the Unix-socket pair when asked for.
 #[derive(Debug)]
 pub struct Rig {
@@ -29,24 +37,27 @@ struct UdsPair {
 
 impl Rig {
     /// Starts the pair(s) and waits until each agent is registered.
-    pub fn start(with_uds: bool) -> anyhow::Result<Rig> {
-        Rig::start_under(with_uds, |_| None)
+    pub fn start(with_uds: bool, extra: &ExtraArgs) -> anyhow::Result<Rig> {
+        Rig::start_under(with_uds, extra, |_| None)
     }
 
     /// [`Rig::start`], each process run under the wrapper `wrap` gives for its name
     /// (`server`, `agent`, `uds-server`, `uds-agent`), such as valgrind.
     pub fn start_under(
         with_uds: bool,
+        extra: &ExtraArgs,
         wrap: impl Fn(&str) -> Option<Wrapper>,
     ) -> anyhow::Result<Rig> {
         let pki = Pki::new()?;
         let server_options = ServerOptions {
             wrapper: wrap("server"),
+            args: extra.server.clone(),
             ..Default::default()
         };
         let server = Server::start(&pki, server_options)?;
         let agent_options = AgentOptions {
             wrapper: wrap("agent"),
+            args: extra.agent.clone(),
             ..Default::default()
         };
         let agent = Agent::start(&pki, &server, agent_options)?;
@@ -60,11 +71,13 @@ impl Rig {
                 ServerOptions {
                     uds: Some(path.clone()),
                     wrapper: wrap("uds-server"),
+                    args: extra.server.clone(),
                     ..Default::default()
                 },
             )?;
             let agent_options = AgentOptions {
                 wrapper: wrap("uds-agent"),
+                args: extra.agent.clone(),
                 ..Default::default()
             };
             let uds_agent = Agent::start(&pki, &uds_server, agent_options)?;
