@@ -6,8 +6,8 @@
 //! Run: `cargo bench -p bridgehead-server --bench handshake -- --warm-up-time 1 --measurement-time 5`
 //!
 //! The ECDSA P-256 PKI is `bridgehead-certs`'; the RSA-2048 one is made with the `openssl`
-//! command line (kubeadm's certificates are RSA-2048). Four cases: server certificate ×
-//! client certificate.
+//! command line (kubeadm's certificates are RSA-2048). Four cases, server certificate ×
+//! client certificate, and a fifth without rustls' session tickets.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -169,16 +169,41 @@ fn bench(c: &mut Criterion) {
     for (server_name, server) in [("ECDSA P-256", &pkis.ecdsa), ("RSA-2048", &pkis.rsa)] {
         for (client_name, client) in [("ECDSA P-256", &pkis.ecdsa), ("RSA-2048", &pkis.rsa)] {
             let (server_config, client_config) = configs(server, client);
-            group.bench_function(format!("server {server_name}, client {client_name}"), |b| {
-                b.iter_custom(|iterations| {
-                    (0..iterations)
-                        .map(|_| handshake(&server_config, &client_config))
-                        .sum()
-                })
-            });
+            bench_case(
+                &mut group,
+                format!("server {server_name}, client {client_name}"),
+                &server_config,
+                &client_config,
+            );
         }
     }
+    // What rustls' default of two TLS 1.3 session tickets per handshake costs (clients that
+    // do not resume, as kube-apiserver, never use them).
+    let (server_config, client_config) = configs(&pkis.ecdsa, &pkis.ecdsa);
+    let mut no_tickets = (*server_config).clone();
+    no_tickets.send_tls13_tickets = 0;
+    bench_case(
+        &mut group,
+        "server ECDSA P-256, client ECDSA P-256, no session tickets".to_owned(),
+        &Arc::new(no_tickets),
+        &client_config,
+    );
     group.finish();
+}
+
+fn bench_case(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: String,
+    server_config: &Arc<ServerConfig>,
+    client_config: &Arc<ClientConfig>,
+) {
+    group.bench_function(name, |b| {
+        b.iter_custom(|iterations| {
+            (0..iterations)
+                .map(|_| handshake(server_config, client_config))
+                .sum()
+        })
+    });
 }
 
 criterion_group!(benches, bench);
