@@ -60,6 +60,26 @@ fn set<const N: usize>(agents: [AgentKey; N]) -> BTreeSet<AgentKey> {
     agents.into_iter().collect()
 }
 
+/// Each target routes by the given strategy to the one agent given, or not at all.
+fn assert_hits(table: &RouteTable, cases: &[(&str, Option<(Strategy, AgentKey)>)]) {
+    for (target, want) in cases {
+        assert_eq!(
+            hit(table, target),
+            want.map(|(s, a)| (s, set([a]))),
+            "{target}"
+        );
+    }
+}
+
+/// [`assert_hits`] with one strategy for every case.
+fn assert_hits_by(table: &RouteTable, strategy: Strategy, cases: &[(&str, Option<AgentKey>)]) {
+    let cases: Vec<_> = cases
+        .iter()
+        .map(|(target, want)| (*target, want.map(|a| (strategy, a))))
+        .collect();
+    assert_hits(table, &cases);
+}
+
 // ---------------------------------------------------------------- strategy parsing
 
 #[test]
@@ -203,13 +223,7 @@ fn dest_host_ips_compare_as_addresses() {
         ("::10.0.0.5", None),
         ("10.0.0.9", None),
     ];
-    for (target, want) in cases {
-        assert_eq!(
-            hit(&t, target),
-            want.map(|a| (DestHost, set([a]))),
-            "{target}"
-        );
-    }
+    assert_hits_by(&t, DestHost, cases);
 }
 
 #[test]
@@ -284,13 +298,7 @@ fn dest_cidr_longest_prefix_wins() {
         ("node1", None),
         ("10.1.2.3.example", None),
     ];
-    for (target, want) in cases {
-        assert_eq!(
-            hit(&t, target),
-            want.map(|a| (DestCidr, set([a]))),
-            "{target}"
-        );
-    }
+    assert_hits_by(&t, DestCidr, cases);
 }
 
 #[test]
@@ -380,13 +388,7 @@ fn strategies_tried_in_order() {
         ("node2", Some((DefaultRoute, 3))),
         ("10.0.1.1", Some((DefaultRoute, 3))),
     ];
-    for (target, want) in cases {
-        assert_eq!(
-            hit(&t, target),
-            want.map(|(s, a)| (s, set([a]))),
-            "{target}"
-        );
-    }
+    assert_hits(&t, cases);
     // The order is the list's, not a fixed precedence.
     let t = table(&[DestCidr, DestHost], agents);
     assert_eq!(hit(&t, "10.0.0.1"), Some((DestCidr, set([2]))));
