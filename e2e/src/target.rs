@@ -77,14 +77,8 @@ pub fn source_then_sink(
 ) -> std::io::Result<(SocketAddr, mpsc::Receiver<Vec<u8>>)> {
     let (tx, rx) = mpsc::sync_channel(16);
     let local = serve(addr, move |mut stream| {
-        let block: Vec<u8> = (0..PATTERN_BLOCK).map(pattern_byte).collect();
-        let mut left = total;
-        while left > 0 {
-            let n = left.min(block.len());
-            if stream.write_all(&block[..n]).is_err() {
-                return;
-            }
-            left -= n;
+        if write_pattern(&mut stream, total).is_err() {
+            return;
         }
         let _ = stream.shutdown(std::net::Shutdown::Write);
         let mut got = Vec::new();
@@ -144,18 +138,23 @@ pub fn black_hole(probe: Duration) -> std::io::Result<BlackHole> {
     ))
 }
 
+/// Writes the first `total` bytes of the pattern ([`pattern_byte`]).
+fn write_pattern(stream: &mut impl Write, total: usize) -> std::io::Result<()> {
+    let block: Vec<u8> = (0..PATTERN_BLOCK).map(pattern_byte).collect();
+    let mut left = total;
+    while left > 0 {
+        let n = left.min(block.len());
+        stream.write_all(&block[..n])?;
+        left -= n;
+    }
+    Ok(())
+}
+
 /// Writes `total` bytes of a repeating pattern, then closes.
 pub fn source(addr: &str, total: usize) -> std::io::Result<SocketAddr> {
     serve(addr, move |mut stream| {
-        let block: Vec<u8> = (0..PATTERN_BLOCK).map(pattern_byte).collect();
-        let mut left = total;
-        while left > 0 {
-            let n = left.min(block.len());
-            if stream.write_all(&block[..n]).is_err() {
-                return;
-            }
-            left -= n;
-        }
+        // A client that leaves early ends the write; nothing to do then.
+        let _ = write_pattern(&mut stream, total);
     })
 }
 

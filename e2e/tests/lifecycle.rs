@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use bridgehead_e2e::client::{
     echo_round_trip, kube_connect, tls_config, tls_connect, tls_connect_with, tls_shutdown_write,
-    tls_stream, Conn, IO_TIMEOUT,
+    tls_stream, Conn, TlsStream, IO_TIMEOUT,
 };
-use bridgehead_e2e::process::{start_pair, wait_until};
+use bridgehead_e2e::process::{start_pair, wait_until, Process};
 use bridgehead_e2e::{target, Pki, Server, ServerOptions};
 
 /// How long the processes get to settle (close sockets, update gauges) after the clients left.
@@ -20,6 +20,21 @@ fn open(conn: &mut dyn Conn, target: &str) {
     let reply = kube_connect(conn, target).unwrap();
     assert_eq!(reply.status, 200, "{}", reply.head);
     assert!(reply.extra.is_empty(), "bytes after the head");
+}
+
+/// A tunnel to the counter target that got "before" ahead of a SIGTERM to `process`: it still
+/// carries data, `process` waits for it, and exits 0 once the client ended it.
+fn finish_after_sigterm(mut tls: TlsStream, process: &mut Process, what: &str) {
+    tls.write_all(b" and after SIGTERM").unwrap();
+    tls.flush().unwrap();
+    assert!(!process.exited(), "the {what} did not wait for the tunnel");
+    tls_shutdown_write(&mut tls).unwrap();
+    let mut answer = String::new();
+    tls.read_to_string(&mut answer).unwrap();
+    assert_eq!(answer, "got 24");
+    drop(tls);
+    let status = process.wait_exit(IO_TIMEOUT).unwrap();
+    assert_eq!(status.code(), Some(0), "{}", process.stderr());
 }
 
 #[test]
@@ -180,19 +195,7 @@ fn sigterm_lets_the_servers_open_tunnel_finish_then_exits_0() {
     wait_until(IO_TIMEOUT, || TcpStream::connect(frontend).is_err())
         .expect("the frontend still accepts connections after SIGTERM");
     // ...but the open tunnel still carries data, and the server waits for it.
-    tls.write_all(b" and after SIGTERM").unwrap();
-    tls.flush().unwrap();
-    assert!(
-        !server.process.exited(),
-        "the server did not wait for the tunnel"
-    );
-    tls_shutdown_write(&mut tls).unwrap();
-    let mut answer = String::new();
-    tls.read_to_string(&mut answer).unwrap();
-    assert_eq!(answer, "got 24");
-    drop(tls);
-    let status = server.process.wait_exit(IO_TIMEOUT).unwrap();
-    assert_eq!(status.code(), Some(0), "{}", server.process.stderr());
+    finish_after_sigterm(tls, &mut server.process, "server");
     assert!(
         server
             .process
@@ -228,18 +231,6 @@ fn sigterm_drains_the_agent_then_exits_0() {
     assert_eq!(reply.status, 503, "{}", reply.head);
 
     // The open tunnel keeps working until the client ends it.
-    tls.write_all(b" and after SIGTERM").unwrap();
-    tls.flush().unwrap();
-    assert!(
-        !agent.process.exited(),
-        "the agent did not wait for the tunnel"
-    );
-    tls_shutdown_write(&mut tls).unwrap();
-    let mut answer = String::new();
-    tls.read_to_string(&mut answer).unwrap();
-    assert_eq!(answer, "got 24");
-    drop(tls);
-    let status = agent.process.wait_exit(IO_TIMEOUT).unwrap();
-    assert_eq!(status.code(), Some(0), "{}", agent.process.stderr());
+    finish_after_sigterm(tls, &mut agent.process, "agent");
     wait_until(IO_TIMEOUT, || server.agents().is_ok_and(|a| a.is_empty())).unwrap();
 }
