@@ -1,5 +1,10 @@
-//! Clients: one that speaks exactly as kube-apiserver's egress dialer does, curl, and a
-//! minimal HTTP GET for health endpoints.
+//! Clients: one that speaks exactly as kube-apiserver's egress dialer does — blocking here,
+//! async in [`tunnel`], the bytes in [`kube`] and the TLS settings in [`tls`] shared by both —
+//! curl, and a minimal HTTP GET for health endpoints.
+
+pub mod kube;
+pub mod tls;
+pub mod tunnel;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -17,7 +22,7 @@ use crate::Pki;
 /// Every blocking client read or write gives up after this long, so no test can hang.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// A byte stream to the frontend: mTLS over TCP, or a Unix socket.
+/// A blocking byte stream to the frontend: mTLS over TCP, or a Unix socket.
 pub trait Conn: Read + Write + Send {}
 impl<T: Read + Write + Send> Conn for T {}
 
@@ -34,19 +39,13 @@ pub struct ConnectReply {
 }
 
 /// TLS client config with `pki`'s CA and, unless `cert` is `None`, a client certificate
-/// (`("client.crt", "client.key")`). ALPN as Go's proxy dialer: none.
+/// (`("client.crt", "client.key")`); kube-apiserver's settings ([`tls::config`]).
 pub fn tls_config(pki: &Pki, cert: Option<(&str, &str)>) -> anyhow::Result<Arc<ClientConfig>> {
-    bridgehead_runtime::tls::install_crypto_provider();
-    let roots = bridgehead_runtime::tls::load_roots(&pki.path("ca.crt"))?;
-    let builder = ClientConfig::builder().with_root_certificates(roots);
-    let config = match cert {
-        Some((crt, key)) => builder.with_client_auth_cert(
-            bridgehead_runtime::tls::load_certs(&pki.path(crt))?,
-            bridgehead_runtime::tls::load_key(&pki.path(key))?,
-        )?,
-        None => builder.with_no_client_auth(),
+    let (crt, key) = match cert {
+        Some((crt, key)) => (Some(pki.path(crt)), Some(pki.path(key))),
+        None => (None, None),
     };
-    Ok(Arc::new(config))
+    tls::config(&pki.path("ca.crt"), crt.as_deref().zip(key.as_deref()))
 }
 
 /// Opens an mTLS connection to the frontend as kube-apiserver does (fresh connection, no
@@ -97,25 +96,6 @@ pub fn tls_shutdown_write(stream: &mut TlsStream) -> std::io::Result<()> {
     stream.sock.shutdown(std::net::Shutdown::Write)
 }
 
-/// TLS client config trusting the CA in `ca` and presenting `cert` (certificate and key
-/// files), for certificates that come from another [`Pki`] than the server's.
-pub fn tls_config_files(
-    ca: &Path,
-    cert: Option<(&Path, &Path)>,
-) -> anyhow::Result<Arc<ClientConfig>> {
-    bridgehead_runtime::tls::install_crypto_provider();
-    let roots = bridgehead_runtime::tls::load_roots(ca)?;
-    let builder = ClientConfig::builder().with_root_certificates(roots);
-    let config = match cert {
-        Some((crt, key)) => builder.with_client_auth_cert(
-            bridgehead_runtime::tls::load_certs(crt)?,
-            bridgehead_runtime::tls::load_key(key)?,
-        )?,
-        None => builder.with_no_client_auth(),
-    };
-    Ok(Arc::new(config))
-}
-
 /// Opens the Unix-socket frontend.
 pub fn uds_connect(path: &Path) -> anyhow::Result<Box<dyn Conn>> {
     Ok(Box::new(uds_stream(path)?))
@@ -133,9 +113,7 @@ pub fn uds_stream(path: &Path) -> anyhow::Result<std::os::unix::net::UnixStream>
 /// 127.0.0.1\r\n\r\n` — and reads the response head the way Go's `http.ReadResponse` over a
 /// `bufio.Reader` does: whatever the reads return past the head is reported in `extra`.
 pub fn kube_connect(conn: &mut dyn Conn, target: &str) -> anyhow::Result<ConnectReply> {
-    write!(conn, "CONNECT {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")?;
-    conn.flush()?;
-    read_head(conn)
+    raw_request(conn, kube::connect_head(target).as_bytes())
 }
 
 /// Sends `request` verbatim and reads the response head.
@@ -149,8 +127,8 @@ fn read_head(conn: &mut dyn Conn) -> anyhow::Result<ConnectReply> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     let end = loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break end + 4;
+        if let Some(end) = kube::head_len(&buf) {
+            break end;
         }
         let n = conn
             .read(&mut chunk)
@@ -164,11 +142,7 @@ fn read_head(conn: &mut dyn Conn) -> anyhow::Result<ConnectReply> {
         buf.extend_from_slice(&chunk[..n]);
     };
     let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .with_context(|| format!("bad status line in {head:?}"))?;
+    let status = kube::status(&head)?;
     Ok(ConnectReply {
         status,
         head,
@@ -187,17 +161,8 @@ pub struct ErrorReply {
 impl ErrorReply {
     /// The value of header `name` (case-insensitive), if present.
     pub fn header(&self, name: &str) -> Option<&str> {
-        header_value(&self.head, name)
+        kube::header(&self.head, name)
     }
-}
-
-fn header_value<'a>(head: &'a str, name: &str) -> Option<&'a str> {
-    head.lines().skip(1).find_map(|line| {
-        let (key, value) = line.split_once(':')?;
-        key.trim()
-            .eq_ignore_ascii_case(name)
-            .then_some(value.trim())
-    })
 }
 
 /// Sends `request` and reads the whole answer, body included (by `content-length`, else to
@@ -205,7 +170,7 @@ fn header_value<'a>(head: &'a str, name: &str) -> Option<&'a str> {
 pub fn request_reply(conn: &mut dyn Conn, request: &[u8]) -> anyhow::Result<ErrorReply> {
     let reply = raw_request(conn, request)?;
     let mut body = reply.extra;
-    match header_value(&reply.head, "content-length") {
+    match kube::header(&reply.head, "content-length") {
         Some(length) => {
             let length: usize = length.parse().context("bad content-length")?;
             if body.len() < length {
@@ -263,12 +228,7 @@ pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
     let (head, body) = response
         .split_once("\r\n\r\n")
         .context("no response head")?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .context("bad status line")?;
-    Ok((status, body.to_owned()))
+    Ok((kube::status(head)?, body.to_owned()))
 }
 
 /// Writes `message` and reads it back from an echo target; panics on any difference.

@@ -10,10 +10,10 @@
 //!
 //! The binaries must be built first (`cargo build --bins`); the README's test command does it.
 
-pub mod bench;
 pub mod client;
 pub mod netns;
 pub mod process;
+pub mod procfs;
 pub mod target;
 
 pub use process::{Agent, AgentOptions, Pki, Server, ServerOptions, Wrapper};

@@ -177,7 +177,7 @@ impl Process {
 
     /// Open file descriptors of the process.
     pub fn fd_count(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.pid())).map_or(0, |dir| dir.count())
+        crate::procfs::fd_count(self.pid())
     }
 
     /// Sends a signal (e.g. `libc::SIGTERM` = 15) with kill(1).

@@ -1,4 +1,7 @@
-//! Targets the tunnels reach: they run on threads of the test process, on loopback.
+//! Targets the tunnels reach: they run on threads of the test process, on loopback; [`bulk`]
+//! is the async load target for many connections at once.
+
+pub mod bulk;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use bridgehead_e2e::client::{
-    kube_connect, request_reply, tls_config, tls_config_files, tls_connect, tls_connect_with,
-    ErrorReply, IO_TIMEOUT,
+    kube_connect, request_reply, tls, tls_config, tls_connect, tls_connect_with, ErrorReply,
+    IO_TIMEOUT,
 };
 use bridgehead_e2e::netns::TestNet;
 use bridgehead_e2e::process::start_pair;
@@ -180,7 +180,7 @@ fn client_certificate_from_another_ca_is_refused() {
     let other = Pki::new().unwrap();
     let (server, _agent) = start_pair(&pki, ServerOptions::default()).unwrap();
     let echo = target::echo("127.0.0.1:0").unwrap();
-    let config = tls_config_files(
+    let config = tls::config(
         &pki.path("ca.crt"),
         Some((&other.path("client.crt"), &other.path("client.key"))),
     )

@@ -182,7 +182,7 @@ async fn an_agent_certificate_from_another_ca_is_refused() {
     std::fs::copy(pki.path("ca.crt"), foreign.path().join("ca.crt")).unwrap();
     std::fs::write(foreign.path().join("agent.crt"), &other.pki.agent.cert_pem).unwrap();
     std::fs::write(foreign.path().join("agent.key"), &other.pki.agent.key_pem).unwrap();
-    let config = bridgehead_e2e::client::tls_config_files(
+    let config = bridgehead_e2e::client::tls::config(
         &foreign.path().join("ca.crt"),
         Some((
             &foreign.path().join("agent.crt"),

@@ -4,17 +4,8 @@
 use std::process::Command;
 
 use bridgehead_e2e::process::{binary, Process};
+use bridgehead_e2e::procfs::nofile_of;
 use bridgehead_e2e::Pki;
-
-fn soft_and_hard(pid: u32) -> (String, String) {
-    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
-    let line = limits
-        .lines()
-        .find(|line| line.starts_with("Max open files"))
-        .unwrap();
-    let fields: Vec<&str> = line.split_whitespace().collect();
-    (fields[3].to_owned(), fields[4].to_owned())
-}
 
 #[test]
 fn server_raises_a_low_open_files_limit_to_the_hard_limit() {
@@ -52,7 +43,7 @@ fn server_raises_a_low_open_files_limit_to_the_hard_limit() {
         .arg("--cluster-ca-cert")
         .arg(pki.path("ca.crt"));
     let (server, _) = Process::spawn(command, &["health"]).unwrap();
-    let (soft, hard) = soft_and_hard(server.pid());
+    let (soft, hard) = nofile_of(server.pid()).unwrap();
     assert_eq!(soft, hard, "soft limit not raised");
     assert_ne!(soft, "256");
 }

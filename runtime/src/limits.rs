@@ -7,16 +7,37 @@ use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
 /// usual soft limit of 1024 would cap a process near a thousand tunnels. Returns the soft
 /// limit in force afterwards (`None`: unlimited).
 pub fn raise_nofile() -> Option<u64> {
+    raise_nofile_to(None)
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to `want`, and the hard limit with it where the process may
+/// (CAP_SYS_RESOURCE); to the hard limit when `want` is `None` or cannot be had. Never lowers
+/// it. Children started afterwards inherit it. Returns the soft limit in force afterwards
+/// (`None`: unlimited).
+pub fn raise_nofile_to(want: Option<u64>) -> Option<u64> {
     let now = getrlimit(Resource::Nofile);
-    if now.current == now.maximum {
+    let soft = now.current.unwrap_or(u64::MAX);
+    let hard = now.maximum.unwrap_or(u64::MAX);
+    let want = want.unwrap_or(hard);
+    if soft >= want {
         return now.current;
     }
+    if want > hard {
+        let both = Rlimit {
+            current: Some(want),
+            maximum: Some(want),
+        };
+        if setrlimit(Resource::Nofile, both).is_ok() {
+            return Some(want);
+        }
+    }
+    let target = want.min(hard);
     let raised = Rlimit {
-        current: now.maximum,
+        current: Some(target),
         maximum: now.maximum,
     };
     match setrlimit(Resource::Nofile, raised) {
-        Ok(()) => now.maximum,
+        Ok(()) => Some(target),
         Err(error) => {
             tracing::warn!(%error, "could not raise the open-files limit");
             now.current

@@ -11,11 +11,11 @@ use serde_json::json;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::procfs;
-use super::report::{Check, Outcome, Report};
-use super::rig::Rig;
-use super::route::{Conn, Route};
-use super::target;
+use crate::report::{Check, Outcome, Report};
+use crate::rig::Rig;
+use crate::route::{Conn, Route};
+use bridgehead_e2e::procfs;
+use bridgehead_e2e::target::bulk as target;
 
 /// Workers opening the idle tunnels.
 const OPENERS: usize = 16;

@@ -1,35 +1,41 @@
-//! The benchmark tool behind `cargo run --release -p bridgehead-e2e --bin bench`: the real
+//! The benchmark tool behind `cargo run --release -p bridgehead-bench`: the real
 //! release binaries on loopback (mTLS frontend, agent WebSocket over TLS), measured side by
 //! side with direct loopback TCP in the same run, against the targets of the performance
 //! issue.
 //!
+//! - [`budget`]: sizes and time bounds (full run, `--quick`); [`machine`]: what was measured on.
 //! - [`route`]: how the client reaches a target (direct, mTLS frontend, Unix socket).
-//! - [`target`]: the in-process target (upload sink, download source, echo).
+//! - the target: the harness's load target (`bridgehead_e2e::target::bulk`).
 //! - [`rig`]: the server/agent processes under test.
 //! - Measurements: [`throughput`] (and CPU per GiB), [`setup`], [`latency`] (round trips),
-//!   [`memory`] (idle tunnels), [`stall`] (stalled neighbour).
+//!   [`memory`] (idle tunnels), [`stall`] (stalled neighbour); [`summary`] percentiles.
 //! - [`report`] (tables, JSON lines, PASS/MISS), [`plot`] (SVG), [`profile`] (`perf record`)
 //!   with [`flamegraph`] (SVG flame graphs of the recordings).
 //! - [`callgrind`]: instruction counts of fixed workloads, the measure that does not depend on
 //!   machine load (`--callgrind DIR`, instead of the timed measurements).
 //!
+//! The processes, PKI, CONNECT client and targets are the e2e harness's (`bridgehead-e2e`); this
+//! crate adds only the measuring, so the test build compiles no plotting or profiling code.
+//!
 //! Every load loop is bounded in count and in time. The client's own CPU is not counted;
 //! on a small machine it competes with the server and agent, as it does with the target in
 //! the direct runs.
 
+pub mod budget;
 pub mod callgrind;
 pub mod flamegraph;
 pub mod latency;
+pub mod machine;
 pub mod memory;
+pub mod noise;
 pub mod plot;
-pub mod procfs;
 pub mod profile;
 pub mod report;
 pub mod rig;
 pub mod route;
 pub mod setup;
 pub mod stall;
-pub mod target;
+pub mod summary;
 pub mod throughput;
 
 use std::path::PathBuf;
@@ -38,11 +44,13 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde_json::json;
 
-use procfs::Noise;
+use bridgehead_e2e::target::bulk::Target;
+pub use budget::Budget;
+use machine::Machine;
+use noise::Noise;
 use profile::Profiler;
 use report::Report;
 use rig::{ExtraArgs, Rig};
-use target::Target;
 
 /// Command line of the `bench` binary.
 #[derive(Debug, Clone, clap::Parser)]
@@ -121,52 +129,6 @@ pub enum Measurement {
     Stall,
 }
 
-/// Sizes and time bounds of every measurement.
-#[derive(Debug, Clone)]
-pub struct Budget {
-    /// Bytes of one bulk run (split between its tunnels).
-    pub bulk_bytes: u64,
-    /// Time bound of one bulk run.
-    pub bulk_time: Duration,
-    pub setup_count: usize,
-    pub setup_time: Duration,
-    pub rtt_count: usize,
-    pub rtt_time: Duration,
-    /// Idle tunnel counts, ascending.
-    pub idle: Vec<usize>,
-    pub stall_rounds: usize,
-}
-
-impl Budget {
-    /// The full run.
-    pub fn full() -> Budget {
-        Budget {
-            bulk_bytes: 1 << 30,
-            bulk_time: Duration::from_secs(5),
-            setup_count: 10_000,
-            setup_time: Duration::from_secs(5),
-            rtt_count: 20_000,
-            rtt_time: Duration::from_secs(3),
-            idle: vec![1_000, 10_000],
-            stall_rounds: 3,
-        }
-    }
-
-    /// The CI smoke run.
-    pub fn quick() -> Budget {
-        Budget {
-            bulk_bytes: 64 << 20,
-            bulk_time: Duration::from_millis(700),
-            setup_count: 300,
-            setup_time: Duration::from_millis(700),
-            rtt_count: 2_000,
-            rtt_time: Duration::from_millis(500),
-            idle: vec![100, 500],
-            stall_rounds: 1,
-        }
-    }
-}
-
 /// Runs the selected measurements, prints the tables and writes the JSON lines and plots.
 /// Returns whether every target was met.
 pub fn run(options: &Options) -> anyhow::Result<bool> {
@@ -181,7 +143,7 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         return Ok(true);
     }
     for name in ["bridgehead-server", "bridgehead-agent"] {
-        let path = crate::process::bin_dir().join(name);
+        let path = bridgehead_e2e::process::bin_dir().join(name);
         if !path.exists() {
             bail!(
                 "{} not found: run `cargo build --release --bins` first",
@@ -213,7 +175,8 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
 
     let most_idle = budget.idle.last().copied().unwrap_or(0);
     let want_fds = most_idle as u64 + memory::FD_SLACK;
-    let nofile = procfs::raise_nofile(want_fds.max(65_536))?;
+    let nofile =
+        bridgehead_runtime::limits::raise_nofile_to(Some(want_fds.max(65_536))).unwrap_or(u64::MAX);
     let machine = Machine::read();
     eprintln!(
         "machine: {} x {}, kernel {}, load {}; RLIMIT_NOFILE {nofile}",
@@ -308,7 +271,7 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         // Fresh processes, so the baseline is not inflated by the runs before; the target in
         // its own process, so its descriptors do not count against the bench's limit.
         let rig = Rig::start(false, &extra)?;
-        let (target_process, idle_target) = Target::spawn_process()?;
+        let (target_process, idle_target) = spawn_target()?;
         let hold = Duration::from_secs(options.idle_hold);
         let mut pids = rig.pids();
         pids.push(target_process.pid());
@@ -377,6 +340,16 @@ fn run_callgrind(options: &Options, dir: &std::path::Path) -> anyhow::Result<boo
     Ok(true)
 }
 
+/// Starts this binary with `--serve-target` ([`Target::serve_standalone`]) in a child process,
+/// killed on drop.
+fn spawn_target() -> anyhow::Result<(bridgehead_e2e::process::Process, std::net::SocketAddr)> {
+    // /proc/self/exe still runs when a rebuild replaced the binary during the run.
+    let mut command = std::process::Command::new("/proc/self/exe");
+    command.arg("--serve-target");
+    let (process, addrs) = bridgehead_e2e::process::Process::spawn(command, &["bench target"])?;
+    Ok((process, addrs[0].parse()?))
+}
+
 /// Adds how much CPU other work took during a measurement to the report.
 fn record_noise(report: &mut Report, measurement: &str, noise: &Noise) {
     let (wall, foreign, stolen) = noise.finish();
@@ -410,43 +383,7 @@ fn record_noise(report: &mut Report, measurement: &str, noise: &Noise) {
 
 /// `target/bench` next to the binaries' `target/release`.
 fn default_out_dir() -> PathBuf {
-    let bin = crate::process::bin_dir();
+    let bin = bridgehead_e2e::process::bin_dir();
     bin.parent()
         .map_or_else(|| PathBuf::from("target/bench"), |t| t.join("bench"))
-}
-
-/// What the results depend on.
-#[derive(Debug, Clone)]
-struct Machine {
-    nproc: usize,
-    cpu: String,
-    kernel: String,
-    load: String,
-}
-
-impl Machine {
-    fn read() -> Machine {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let cpu = cpuinfo
-            .lines()
-            .find_map(|line| line.strip_prefix("model name"))
-            .and_then(|rest| rest.split_once(':'))
-            .map_or("unknown CPU".to_owned(), |(_, model)| {
-                model.trim().to_owned()
-            });
-        let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-        Machine {
-            nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            cpu,
-            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .unwrap_or_default()
-                .trim()
-                .to_owned(),
-            load: loadavg
-                .split_whitespace()
-                .take(3)
-                .collect::<Vec<_>>()
-                .join(" "),
-        }
-    }
 }

@@ -1,6 +1,6 @@
 //! Optional `perf record` of the server and the agent while a measurement runs
 //! (`--perf DIR`): one `DIR/<label>-<process>.data` per process, for `perf report -i`, its
-//! flame graph (`.svg`, see [`super::flamegraph`]), and a `perf stat` count of syscalls and
+//! flame graph (`.svg`, see [`crate::flamegraph`]), and a `perf stat` count of syscalls and
 //! context switches beside it (`.stat`, CSV).
 
 use std::path::PathBuf;
@@ -131,7 +131,7 @@ impl Recording {
         }
         for (title, data) in &self.records {
             let svg = data.with_extension("svg");
-            match super::flamegraph::render(data, &svg, title) {
+            match crate::flamegraph::render(data, &svg, title) {
                 Ok(()) => eprintln!("  (flame graph {})", svg.display()),
                 Err(error) => eprintln!("  flame graph of {}: {error:#}", data.display()),
             }
@@ -171,7 +171,7 @@ impl Drop for Recording {
 /// Adds the `perf stat` counts of a profiled run to the report, divided by `per` (MiB moved,
 /// or tunnels opened), as `unit`.
 pub fn report_counts(
-    report: &mut super::report::Report,
+    report: &mut crate::report::Report,
     run: &str,
     counts: &[Counts],
     per: f64,

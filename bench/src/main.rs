@@ -1,13 +1,13 @@
-//! `bench`: Bridgehead's benchmark against direct loopback TCP. See
-//! [`bridgehead_e2e::bench`]; build the release binaries first:
+//! `bench`: Bridgehead's benchmark against direct loopback TCP. See [`bridgehead_bench`];
+//! build the release binaries first:
 //!
 //! ```text
-//! cargo build --release --bins && cargo run --release -p bridgehead-e2e --bin bench
+//! cargo build --release --bins && cargo run --release -p bridgehead-bench
 //! ```
 
 use std::process::ExitCode;
 
-use bridgehead_e2e::bench::{self, Options};
+use bridgehead_bench::{self as bench, Options};
 use clap::Parser;
 
 fn main() -> ExitCode {

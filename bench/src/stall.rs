@@ -6,12 +6,12 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::report::{rate, Check, Outcome, Report};
-use super::rig::Rig;
-use super::route::Route;
-use super::target::{self, Target};
-use super::throughput::{bulk, Bulk, Direction};
-use super::Budget;
+use crate::report::{rate, Check, Outcome, Report};
+use crate::rig::Rig;
+use crate::route::Route;
+use crate::throughput::{bulk, Bulk, Direction};
+use crate::Budget;
+use bridgehead_e2e::target::bulk::{self as target, Target};
 
 /// The stalled neighbour may cost at most this share of the throughput.
 const MAX_COST: f64 = 0.10;

@@ -5,7 +5,7 @@ use std::path::Path;
 use anyhow::anyhow;
 use plotters::prelude::*;
 
-use super::report::{SetupPoint, ThroughputPoint};
+use crate::report::{SetupPoint, ThroughputPoint};
 
 const SIZE: (u32, u32) = (900, 540);
 

@@ -26,11 +26,13 @@ use anyhow::{bail, Context};
 use serde_json::json;
 use tokio::runtime::Runtime;
 
-use super::report::Report;
-use super::rig::{ExtraArgs, Rig};
-use super::throughput::{self, Direction};
-use super::{latency, procfs, setup};
-use crate::Wrapper;
+use crate::report::Report;
+use crate::rig::{ExtraArgs, Rig};
+use crate::throughput::{self, Direction};
+use bridgehead_e2e::procfs;
+
+use crate::{latency, setup};
+use bridgehead_e2e::Wrapper;
 
 /// glibc's `memcpy` and `memset` switch to `rep movsb`/`rep stosb` above 2 KiB, which valgrind
 /// counts once per byte (a 16 KiB copy would weigh 16,384 instructions, some 20 times its

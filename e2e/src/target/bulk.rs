@@ -1,5 +1,5 @@
-//! The bench's target, on loopback in the bench process, and the client side of its little
-//! protocol. The client's first byte picks what a connection does:
+//! The load target: an async server for many connections at once (the benchmark's, on
+//! loopback in the bench process), and the client side of its little protocol. The client's first byte picks what a connection does:
 //!
 //! - `U` (upload): the target reads until EOF, then answers the byte count (u64 BE) and closes.
 //! - `D` + bytes (u64 BE) + milliseconds (u64 BE) (download): the target writes until either
@@ -19,7 +19,7 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::route::Conn;
+use crate::client::tunnel::AsyncConn as Conn;
 
 const UPLOAD: u8 = b'U';
 const DOWNLOAD: u8 = b'D';
@@ -73,9 +73,9 @@ impl Target {
         })
     }
 
-    /// Runs a target until killed, announcing `bench target listening on ADDR` on stdout. The
-    /// memory measurement runs its target in such a child process, so that the target ends of
-    /// 10,000 idle tunnels do not count against the bench's own descriptor limit.
+    /// Runs a target until killed, announcing `bench target listening on ADDR` on stdout: for
+    /// a target in a process of its own, whose descriptors then do not count against the
+    /// client's limit (the benchmark's memory measurement holds 10,000 idle tunnels).
     pub fn serve_standalone() -> anyhow::Result<()> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -88,15 +88,6 @@ impl Target {
             std::future::pending::<()>().await;
             anyhow::Ok(())
         })
-    }
-
-    /// Starts [`Target::serve_standalone`] in a child process (killed on drop).
-    pub fn spawn_process() -> anyhow::Result<(crate::process::Process, SocketAddr)> {
-        // /proc/self/exe still runs when a rebuild replaced the binary during the run.
-        let mut command = std::process::Command::new("/proc/self/exe");
-        command.arg("--serve-target");
-        let (process, addrs) = crate::process::Process::spawn(command, &["bench target"])?;
-        Ok((process, addrs[0].parse()?))
     }
 
     /// Bytes written by download connections so far.

@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::{Agent, AgentOptions, Pki, Server, ServerOptions, Wrapper};
+use bridgehead_e2e::{Agent, AgentOptions, Pki, Server, ServerOptions, Wrapper};
 
-use super::route::Route;
+use crate::route::Route;
 
 /// Extra flags for every server and every agent the bench starts (`--server-arg`,
 /// `--agent-arg`): to compare settings, say `--agent-arg=--worker-threads=1`.
@@ -85,7 +85,7 @@ impl Rig {
             Some(UdsPair {
                 server: uds_server,
                 agent: uds_agent,
-                route: Route::Uds { path },
+                route: Route::uds(path),
                 _dir: dir,
             })
         } else {

@@ -7,11 +7,13 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::report::{micros, Check, Outcome, Report};
-use super::rig::Rig;
-use super::route::{Conn, Route};
-use super::target;
-use super::Budget;
+use crate::report::{micros, Check, Outcome, Report};
+use crate::rig::Rig;
+use crate::route::{Conn, Route};
+use crate::summary::Summary;
+use crate::Budget;
+use bridgehead_e2e::client::tunnel::Frontend;
+use bridgehead_e2e::target::bulk as target;
 
 /// Size of each request and of its response.
 const MESSAGE: usize = 64;
@@ -21,36 +23,6 @@ const WARMUP: usize = 200;
 const GRACE: Duration = Duration::from_secs(10);
 /// The round trip through Bridgehead may add this much to the direct p50.
 const RTT_BUDGET: Duration = Duration::from_micros(50);
-
-/// Percentiles of a set of durations.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Summary {
-    pub n: usize,
-    pub p50: Duration,
-    pub p99: Duration,
-    pub mean: Duration,
-    pub max: Duration,
-}
-
-impl Summary {
-    /// Summarises `samples` (sorted in place); all zero when empty.
-    pub fn of(samples: &mut [Duration]) -> Summary {
-        if samples.is_empty() {
-            return Summary::default();
-        }
-        samples.sort_unstable();
-        let n = samples.len();
-        let rank = |q: f64| samples[((q * n as f64).ceil() as usize).clamp(1, n) - 1];
-        let total: Duration = samples.iter().sum();
-        Summary {
-            n,
-            p50: rank(0.50),
-            p99: rank(0.99),
-            mean: total / n as u32,
-            max: samples[n - 1],
-        }
-    }
-}
 
 /// Times up to `count` exchanges of [`MESSAGE`] bytes (at most `limit`) on one connection.
 pub async fn round_trips(
@@ -149,7 +121,7 @@ pub async fn run(rig: &Rig, target: SocketAddr, budget: &Budget, report: &mut Re
         );
         match (&route, direct) {
             (Route::Direct, _) => direct = Some(summary),
-            (Route::Mtls { .. }, Some(direct)) => {
+            (Route::Bridgehead(Frontend::Mtls { .. }), Some(direct)) => {
                 let added = summary.p50.saturating_sub(direct.p50);
                 let _ = report.check(Check {
                     what: "round trip p50 (mTLS tunnel)".to_owned(),

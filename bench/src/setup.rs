@@ -12,13 +12,14 @@ use tokio::io::AsyncWriteExt;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::latency::Summary;
-use super::procfs;
-use super::profile::{self, Profiler};
-use super::report::{micros, ratio, Check, Outcome, Report, SetupPoint};
-use super::rig::Rig;
-use super::route::Route;
-use super::Budget;
+use crate::profile::{self, Profiler};
+use crate::report::{micros, ratio, Check, Outcome, Report, SetupPoint};
+use crate::rig::Rig;
+use crate::route::Route;
+use crate::summary::Summary;
+use crate::Budget;
+use bridgehead_e2e::client::tunnel::Frontend;
+use bridgehead_e2e::procfs;
 
 /// Concurrency levels measured.
 pub const CONCURRENCY: [usize; 2] = [1, 16];
@@ -150,7 +151,10 @@ pub async fn run(
         let mut direct_rate = None;
         for route in rig.routes() {
             let recording = match profiler {
-                Some(profiler) if concurrency == 1 && matches!(route, Route::Mtls { .. }) => {
+                Some(profiler)
+                    if concurrency == 1
+                        && matches!(route, Route::Bridgehead(Frontend::Mtls { .. })) =>
+                {
                     let processes = [("server", pids[0]), ("agent", pids[1])];
                     tokio::task::block_in_place(|| profiler.start("setup-mtls", &processes)).ok()
                 }
@@ -165,7 +169,7 @@ pub async fn run(
                 budget.setup_time,
             )
             .await;
-            if matches!(route, Route::Mtls { .. }) {
+            if matches!(route, Route::Bridgehead(Frontend::Mtls { .. })) {
                 let cpu_after = procfs::total_cpu(&pids).ok();
                 run.cpu_seconds = cpu_before.zip(cpu_after).map(|(b, a)| a - b);
             }
@@ -183,8 +187,8 @@ pub async fn run(
                 direct_rate = Some(run.rate());
             }
             let floor = match route {
-                Route::Mtls { .. } => MTLS_RATE,
-                Route::Uds { .. } => UDS_RATE,
+                Route::Bridgehead(Frontend::Mtls { .. }) => MTLS_RATE,
+                Route::Bridgehead(Frontend::Uds { .. }) => UDS_RATE,
                 Route::Direct => continue,
             };
             if concurrency != 1 {

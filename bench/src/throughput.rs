@@ -9,13 +9,13 @@ use serde_json::json;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::procfs;
-use super::profile::{self, Profiler};
-use super::report::{rate, ratio, Check, Outcome, Report, ThroughputPoint};
-use super::rig::Rig;
-use super::route::{Conn, Route};
-use super::target;
-use super::Budget;
+use crate::profile::{self, Profiler};
+use crate::report::{rate, ratio, Check, Outcome, Report, ThroughputPoint};
+use crate::rig::Rig;
+use crate::route::{Conn, Route};
+use crate::Budget;
+use bridgehead_e2e::procfs;
+use bridgehead_e2e::target::bulk as target;
 
 /// Tunnel counts of the throughput sweep.
 pub const TUNNELS: [usize; 4] = [1, 4, 16, 64];

@@ -1,0 +1,49 @@
+//! Sizes and time bounds of every measurement: the full run and the CI smoke run.
+
+use std::time::Duration;
+
+/// Sizes and time bounds of every measurement.
+#[derive(Debug, Clone)]
+pub struct Budget {
+    /// Bytes of one bulk run (split between its tunnels).
+    pub bulk_bytes: u64,
+    /// Time bound of one bulk run.
+    pub bulk_time: Duration,
+    pub setup_count: usize,
+    pub setup_time: Duration,
+    pub rtt_count: usize,
+    pub rtt_time: Duration,
+    /// Idle tunnel counts, ascending.
+    pub idle: Vec<usize>,
+    pub stall_rounds: usize,
+}
+
+impl Budget {
+    /// The full run.
+    pub fn full() -> Budget {
+        Budget {
+            bulk_bytes: 1 << 30,
+            bulk_time: Duration::from_secs(5),
+            setup_count: 10_000,
+            setup_time: Duration::from_secs(5),
+            rtt_count: 20_000,
+            rtt_time: Duration::from_secs(3),
+            idle: vec![1_000, 10_000],
+            stall_rounds: 3,
+        }
+    }
+
+    /// The CI smoke run.
+    pub fn quick() -> Budget {
+        Budget {
+            bulk_bytes: 64 << 20,
+            bulk_time: Duration::from_millis(700),
+            setup_count: 300,
+            setup_time: Duration::from_millis(700),
+            rtt_count: 2_000,
+            rtt_time: Duration::from_millis(500),
+            idle: vec![100, 500],
+            stall_rounds: 1,
+        }
+    }
+}

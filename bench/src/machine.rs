@@ -1,0 +1,37 @@
+//! The machine a run measured on: CPU, kernel, load, written beside every result.
+
+/// What the results depend on.
+#[derive(Debug, Clone)]
+pub struct Machine {
+    pub nproc: usize,
+    pub cpu: String,
+    pub kernel: String,
+    pub load: String,
+}
+
+impl Machine {
+    pub fn read() -> Machine {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|line| line.strip_prefix("model name"))
+            .and_then(|rest| rest.split_once(':'))
+            .map_or("unknown CPU".to_owned(), |(_, model)| {
+                model.trim().to_owned()
+            });
+        let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        Machine {
+            nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu,
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+            load: loadavg
+                .split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" "),
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! How much CPU other work on the machine took while a measurement ran.
+
+use anyhow::Context;
+
+use bridgehead_e2e::procfs::total_cpu;
+
+/// CPU seconds the whole machine spent busy (user, nice, system, irq, softirq) and stolen by
+/// the hypervisor, from the `cpu` line of `/proc/stat`.
+pub fn machine_cpu() -> anyhow::Result<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat.lines().next().context("empty /proc/stat")?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|n| n.parse().unwrap_or(0))
+        .collect();
+    let tick = |i: usize| ticks.get(i).copied().unwrap_or(0);
+    let hz = rustix::param::clock_ticks_per_second() as f64;
+    // user nice system idle iowait irq softirq steal
+    let busy = tick(0) + tick(1) + tick(2) + tick(5) + tick(6);
+    Ok((busy as f64 / hz, tick(7) as f64 / hz))
+}
+
+/// How much CPU other work on the machine took while a measurement ran: the machine's busy
+/// time minus that of the bench and the processes under test.
+#[derive(Debug, Clone)]
+pub struct Noise {
+    pids: Vec<u32>,
+    started: std::time::Instant,
+    machine: (f64, f64),
+    own: f64,
+}
+
+impl Noise {
+    /// Starts watching; `pids` are the processes under test (the bench itself is added).
+    pub fn start(pids: &[u32]) -> Noise {
+        let mut pids = pids.to_vec();
+        pids.push(std::process::id());
+        Noise {
+            own: total_cpu(&pids).unwrap_or(0.0),
+            machine: machine_cpu().unwrap_or((0.0, 0.0)),
+            started: std::time::Instant::now(),
+            pids,
+        }
+    }
+
+    /// `(wall seconds, foreign CPU seconds, stolen CPU seconds)` since [`Noise::start`].
+    pub fn finish(&self) -> (f64, f64, f64) {
+        let wall = self.started.elapsed().as_secs_f64();
+        let own = total_cpu(&self.pids).unwrap_or(self.own) - self.own;
+        let (busy, steal) = machine_cpu().unwrap_or(self.machine);
+        let foreign = (busy - self.machine.0 - own).max(0.0);
+        (wall, foreign, steal - self.machine.1)
+    }
+}

@@ -1,0 +1,129 @@
+//! The async client: tunnels opened through a frontend exactly as kube-apiserver opens them (a
+//! fresh connection and full TLS handshake per tunnel, [`super::kube::connect_head`], status
+//! 200 and no byte after the head), for load that many tunnels at once make.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use rustls::pki_types::ServerName;
+use rustls::ClientConfig;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+use tokio_rustls::TlsConnector;
+
+use super::kube;
+
+/// Largest CONNECT response head read.
+const MAX_HEAD: usize = 4096;
+
+/// An async byte stream, however it is reached.
+pub trait AsyncIo: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> AsyncIo for T {}
+
+/// An open tunnel (or a direct connection) for async code.
+pub type AsyncConn = Box<dyn AsyncIo>;
+
+/// A frontend to open tunnels through.
+#[derive(Clone)]
+pub enum Frontend {
+    /// The mTLS frontend at `addr`.
+    Mtls {
+        addr: SocketAddr,
+        connector: TlsConnector,
+    },
+    /// The plain Unix-socket frontend at `path`.
+    Uds { path: PathBuf },
+}
+
+impl fmt::Debug for Frontend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Frontend::Mtls { addr, .. } => write!(f, "Mtls({addr})"),
+            Frontend::Uds { path } => write!(f, "Uds({})", path.display()),
+        }
+    }
+}
+
+impl Frontend {
+    /// The mTLS frontend at `addr`, with a client configuration such as
+    /// [`super::tls::config`] makes.
+    pub fn mtls(addr: SocketAddr, config: Arc<ClientConfig>) -> Frontend {
+        Frontend::Mtls {
+            addr,
+            connector: TlsConnector::from(config),
+        }
+    }
+
+    /// A connection to the frontend, TLS handshake done, nothing sent yet.
+    pub async fn connect(&self) -> anyhow::Result<AsyncConn> {
+        match self {
+            Frontend::Mtls { addr, connector } => {
+                let tcp = TcpStream::connect(addr)
+                    .await
+                    .context("connecting to the frontend")?;
+                tcp.set_nodelay(true)?;
+                let name = ServerName::IpAddress(addr.ip().into());
+                let tls = connector
+                    .connect(name, tcp)
+                    .await
+                    .context("TLS handshake with the frontend")?;
+                Ok(Box::new(tls))
+            }
+            Frontend::Uds { path } => {
+                let socket = UnixStream::connect(path)
+                    .await
+                    .with_context(|| format!("connecting to {}", path.display()))?;
+                Ok(Box::new(socket))
+            }
+        }
+    }
+
+    /// A tunnel to `target`: [`Frontend::connect`], then [`connect`].
+    pub async fn open(&self, target: &str) -> anyhow::Result<AsyncConn> {
+        let conn = self.connect().await?;
+        connect(conn, target).await
+    }
+}
+
+/// Asks for a tunnel to `target` on `conn` as kube-apiserver does and checks the answer as it
+/// does: status 200 and no byte after the head.
+pub async fn connect(mut conn: AsyncConn, target: &str) -> anyhow::Result<AsyncConn> {
+    conn.write_all(kube::connect_head(target).as_bytes())
+        .await?;
+    conn.flush().await?;
+    let mut buf = Vec::with_capacity(256);
+    let mut chunk = [0u8; 512];
+    let end = loop {
+        if let Some(end) = kube::head_len(&buf) {
+            break end;
+        }
+        if buf.len() > MAX_HEAD {
+            bail!("CONNECT response head longer than {MAX_HEAD} bytes");
+        }
+        let n = conn
+            .read(&mut chunk)
+            .await
+            .context("reading the CONNECT response")?;
+        if n == 0 {
+            bail!(
+                "frontend closed before the response head ended: {:?}",
+                String::from_utf8_lossy(&buf)
+            );
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..end]);
+    if kube::status(&head)? != 200 {
+        bail!(
+            "CONNECT refused: {}",
+            String::from_utf8_lossy(&buf).trim_end()
+        );
+    }
+    if end != buf.len() {
+        bail!("{} bytes after the 200 head", buf.len() - end);
+    }
+    Ok(conn)
+}
