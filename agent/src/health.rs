@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bridgehead_mux::pump::Moved;
+use bridgehead_mux::splice::Moved;
 use bridgehead_proto::ErrorCode;
 use bridgehead_runtime::health::{metrics_reply, Reply};
 use http::StatusCode;

@@ -2,13 +2,12 @@
 //! and drain on shutdown.
 
 use std::convert::Infallible;
-use std::fmt;
 use std::future::Future;
-use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
-use bridgehead_mux::pump::{self, Moved};
+use bridgehead_mux::splice::{self, AbortOnClose, Moved};
 use bridgehead_mux::{DialRequest, Mux, MuxStream};
+use bridgehead_proto::host::HostPort;
 use bytes::Bytes;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -83,7 +82,7 @@ async fn accept_loop(mux: &Mux, tracker: &TaskTracker, health: &Health) {
         let span = debug_span!(
             "stream",
             stream = request.id(),
-            target = %Target(&request.host, request.port),
+            target = %HostPort(&request.host, request.port),
         );
         tracker.spawn(tunnel(request, health.clone()).instrument(span));
     }
@@ -139,7 +138,7 @@ fn tunnel(request: DialRequest, health: Health) -> impl Future<Output = ()> {
         };
         let _open = metrics.stream_opened();
         let mut moved = Moved::default();
-        let result = pump::splice(&mut socket, &stream, Bytes::new(), &mut moved).await;
+        let result = splice::splice(&mut socket, &stream, Bytes::new(), &mut moved).await;
         metrics.moved(moved);
         match result {
             Ok(()) => debug!(
@@ -149,7 +148,7 @@ fn tunnel(request: DialRequest, health: Health) -> impl Future<Output = ()> {
             ),
             Err(error) => {
                 // The client's end failed: let the target see a reset, not a clean close.
-                let _ = socket.set_zero_linger();
+                socket.abort_on_close();
                 debug!(
                     %error,
                     from_target = moved.up,
@@ -195,19 +194,6 @@ async fn connect(request: DialRequest, metrics: &Metrics) -> Option<(TcpStream, 
         Err(end) => {
             debug!(reason = %end, "the server gave up before the dial finished");
             None
-        }
-    }
-}
-
-/// `host:port`, with brackets around an IPv6 literal.
-struct Target<'a>(&'a str, u16);
-
-impl fmt::Display for Target<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0.parse::<Ipv6Addr>().is_ok() {
-            write!(f, "[{}]:{}", self.0, self.1)
-        } else {
-            write!(f, "{}:{}", self.0, self.1)
         }
     }
 }

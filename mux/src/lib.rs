@@ -3,7 +3,7 @@
 //! A [`Mux`] is a cheap handle to one session. [`Mux::run`] drives the WebSocket with one
 //! reader and one writer (plus keepalive) until it ends; meanwhile the server side calls
 //! [`Mux::open`] to get a [`MuxStream`] per tunnel and the agent side takes [`DialRequest`]s
-//! from [`Mux::accept`]. [`pump::splice`] copies bytes between a stream and a socket, with
+//! from [`Mux::accept`]. [`splice::splice`] copies bytes between a stream and a socket, with
 //! half-close and per-stream flow control.
 //!
 //! The session state sits behind one `std::sync::Mutex` per WebSocket, held for the few
@@ -15,8 +15,8 @@
 //! Not here: TLS, HTTP, routing, metrics. Those belong to the server and the agent.
 
 mod driver;
-pub mod pump;
 mod shared;
+pub mod splice;
 mod stream;
 
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use bridgehead_mux::{pump, DialRequest, Keepalive, Mux, OpenFailure};
+use bridgehead_mux::{splice, DialRequest, Keepalive, Mux, OpenFailure};
 use bridgehead_proto::ErrorCode;
 use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -204,8 +204,8 @@ async fn splice_over_real_sockets_half_close() {
             .await
             .unwrap();
         let stream = dial.accept().unwrap();
-        let mut moved = pump::Moved::default();
-        pump::splice(sock, &stream, Bytes::new(), &mut moved)
+        let mut moved = splice::Moved::default();
+        splice::splice(sock, &stream, Bytes::new(), &mut moved)
             .await
             .unwrap();
     });
@@ -219,8 +219,8 @@ async fn splice_over_real_sockets_half_close() {
             .open("127.0.0.1", target_addr.port(), Duration::from_secs(5))
             .await
             .unwrap();
-        let mut moved = pump::Moved::default();
-        pump::splice(sock, &stream, Bytes::from_static(b"early"), &mut moved)
+        let mut moved = splice::Moved::default();
+        splice::splice(sock, &stream, Bytes::from_static(b"early"), &mut moved)
             .await
             .unwrap();
     });

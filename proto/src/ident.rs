@@ -29,10 +29,6 @@ pub const KEY_DEFAULT_ROUTE: &str = "default-route";
 
 /// Longest `id=` value, in bytes.
 pub const MAX_ID_LEN: usize = 253;
-/// Longest `host=` value, in bytes, not counting an optional trailing dot.
-pub const MAX_HOST_LEN: usize = 253;
-/// Longest label of a `host=` value, in bytes.
-pub const MAX_LABEL_LEN: usize = 63;
 
 /// What one agent announced about itself, in announcement order, keys repeatable.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -146,7 +142,7 @@ impl AgentIdentifiers {
                 self.id = Some(value);
             }
             KEY_HOST => {
-                validate_host(&value).map_err(invalid)?;
+                crate::host::check_host(&value).map_err(|error| invalid(error.message()))?;
                 self.hosts.push(value);
             }
             KEY_IPV4 => self.ipv4.push(parse_ipv4(&value).map_err(invalid)?),
@@ -295,39 +291,6 @@ fn validate_id(value: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// `host`: an IP literal, or a DNS/node name: labels of 1 to 63 bytes of `[A-Za-z0-9_-]` not
-/// starting or ending with `-`, at most 253 bytes, optionally one trailing dot.
-fn validate_host(value: &str) -> Result<(), &'static str> {
-    if value.parse::<IpAddr>().is_ok() {
-        return Ok(());
-    }
-    let name = value.strip_suffix('.').unwrap_or(value);
-    if name.is_empty() {
-        return Err("host name (empty)");
-    }
-    if name.len() > MAX_HOST_LEN {
-        return Err("host name (longer than 253 bytes)");
-    }
-    for label in name.split('.') {
-        if label.is_empty() {
-            return Err("host name (empty label)");
-        }
-        if label.len() > MAX_LABEL_LEN {
-            return Err("host name (label longer than 63 bytes)");
-        }
-        if !label
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        {
-            return Err("host name (letters, digits, '-', '_' and dots only)");
-        }
-        if label.starts_with('-') || label.ends_with('-') {
-            return Err("host name (a label starts or ends with '-')");
-        }
-    }
-    Ok(())
-}
-
 fn parse_ipv4(value: &str) -> Result<Ipv4Addr, &'static str> {
     value.parse::<Ipv4Addr>().map_err(|_| {
         if parse_ipv6(value).is_ok() {
@@ -339,17 +302,15 @@ fn parse_ipv4(value: &str) -> Result<Ipv4Addr, &'static str> {
 }
 
 fn parse_ipv6(value: &str) -> Result<Ipv6Addr, &'static str> {
-    let bare = value
-        .strip_prefix('[')
-        .and_then(|v| v.strip_suffix(']'))
-        .unwrap_or(value);
-    bare.parse::<Ipv6Addr>().map_err(|_| {
-        if value.parse::<Ipv4Addr>().is_ok() {
-            "ipv6 address (this is an IPv4 address: use ipv4=)"
-        } else {
-            "ipv6 address"
-        }
-    })
+    crate::host::strip_brackets(value)
+        .parse::<Ipv6Addr>()
+        .map_err(|_| {
+            if value.parse::<Ipv4Addr>().is_ok() {
+                "ipv6 address (this is an IPv4 address: use ipv4=)"
+            } else {
+                "ipv6 address"
+            }
+        })
 }
 
 fn parse_cidr(value: &str) -> Result<IpNet, &'static str> {

@@ -2,6 +2,7 @@
 //!
 //! - [`frame`]: the frames carried in WebSocket binary messages, their encoding and decoding.
 //! - [`ErrorCode`]: why a dial failed or a stream was reset.
+//! - [`host`]: host names and `host:port` (one DNS-name check, IPv6 brackets).
 //! - [`ident`]: agent identifiers, the query string an agent announces itself with.
 //! - [`session`]: the per-session stream state machine with credit-based flow control; the
 //!   async crates feed it received frames and local events and carry out what it returns.
@@ -11,6 +12,7 @@
 
 pub mod error_code;
 pub mod frame;
+pub mod host;
 pub mod ident;
 pub mod session;
 

@@ -1,6 +1,6 @@
 //! What one frontend TLS handshake costs the server, by certificate key type: the full mTLS
 //! handshake kube-apiserver makes for every tunnel (no resumption), in memory, with the
-//! server's real configuration (`tls::server_config`). Only the server's share of the work is
+//! server's real configuration (`tls_config::server_config`). Only the server's share of the work is
 //! timed (its `read_tls`/`process_new_packets`/`write_tls` calls).
 //!
 //! Run: `cargo bench -p bridgehead-server --bench handshake -- --warm-up-time 1 --measurement-time 5`
@@ -108,7 +108,7 @@ fn pkis() -> Pkis {
 /// The server presents `server`'s certificate and trusts `client`'s CA; the client the
 /// other way round.
 fn configs(server: &Path, client: &Path) -> (Arc<ServerConfig>, Arc<ClientConfig>) {
-    let server_config = bridgehead_server::tls::server_config(
+    let server_config = bridgehead_server::tls_config::server_config(
         &server.join("server.crt"),
         &server.join("server.key"),
         &client.join("ca.crt"),

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
 
-use crate::Context;
+use crate::context::Context;
 
 /// Path of the upgrade request.
 pub const CONNECT_PATH: &str = "/connect";
@@ -93,7 +93,7 @@ async fn session(
     let name = identifiers.id.clone().unwrap_or_else(|| peer.to_string());
     tracing::Span::current().record("agent", tracing::field::display(&name));
     let mux = Mux::new(SessionConfig {
-        max_streams: ctx.max_tunnels_per_agent,
+        max_streams: ctx.registry.max_tunnels_per_agent(),
         ..SessionConfig::new(Role::Server)
     });
     let key = ctx

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use bridgehead_runtime::health::{metrics_reply, Reply};
 use http::StatusCode;
 
-use crate::Context;
+use crate::context::Context;
 
 /// Answers one GET on the health port.
 pub fn route(ctx: &Arc<Context>, path: &str) -> Reply {

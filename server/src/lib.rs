@@ -1,59 +1,47 @@
 //! bridgehead-server: HTTP CONNECT tunnels into a private network, through connected agents.
 //!
-//! Components, one module each: [`config`] (flags into a validated [`Config`]), [`frontend`]
-//! (the CONNECT listener, mTLS TCP or Unix socket), [`agent_endpoint`] (agents'
-//! WebSocket sessions), [`registry`] (connected agents and the route table over them),
-//! [`router`] (the strategy list, pure), [`tunnel`] (target parsing, routing and dialing, and
-//! the one mapping of failures to HTTP statuses), [`health`] and [`metrics`].
+//! This file is the composition root: [`Listeners`] binds, [`run`] wires the components and
+//! shuts them down. Components, one module each, in the order a CONNECT meets them:
+//! [`frontend`] (the CONNECT listener, mTLS TCP or Unix socket, and the per-connection
+//! pipeline), [`admission`] (the bound on dials in flight), [`registry`] (connected agents and
+//! the route table over them) over [`router`] (the strategy list and the parsed [`Target`],
+//! pure), [`dial`] (asking the routed agents), [`refusal`] (every way a CONNECT is turned down,
+//! with its status and metric label). Beside them: [`agent_endpoint`] (agents' WebSocket
+//! sessions), [`context`] (what connection tasks share), [`config`] (flags into a validated
+//! [`Config`]), [`tls_config`], [`health`] and [`metrics`].
 //!
 //! [`run`] takes listeners that are already bound, so tests bind port 0 and hand them in.
 //! Left out: multi-server agent spreading (`--server-count` is accepted and logged), and
 //! token authentication of agents (certificates only).
+//!
+//! [`Target`]: router::Target
 
+pub mod admission;
 pub mod agent_endpoint;
 pub mod config;
+pub mod context;
+pub mod dial;
 pub mod frontend;
 pub mod health;
 pub mod metrics;
+pub mod refusal;
 pub mod registry;
 pub mod router;
-pub mod tls;
-pub mod tunnel;
+pub mod tls_config;
 
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use bridgehead_mux::Keepalive;
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 pub use config::{Cli, Config, FrontendConfig};
 
-use metrics::Metrics;
-use registry::Registry;
-
-/// What every connection task shares.
-#[derive(Debug)]
-pub struct Context {
-    pub registry: Registry,
-    pub metrics: Metrics,
-    pub server_id: String,
-    pub dial_timeout: Duration,
-    pub handshake_timeout: Duration,
-    pub keepalive: Keepalive,
-    pub pending_dials: Arc<Semaphore>,
-    pub max_pending_dials: usize,
-    pub max_tunnels_per_agent: usize,
-    /// Every spliced tunnel, so shutdown can wait for them.
-    pub tunnels: TaskTracker,
-    /// How long a target's first bytes wait for the client's first byte.
-    pub target_bytes_hold: Duration,
-}
+use context::Context;
 
 /// The frontend's bound listener.
 #[derive(Debug)]
@@ -105,25 +93,15 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     bridgehead_runtime::tls::install_crypto_provider();
-    let cluster_tls = tls::acceptor(
-        &config.cluster_cert,
-        &config.cluster_key,
-        &config.cluster_ca,
-    )
-    .context("agent endpoint TLS")?;
-    let ctx = Arc::new(Context {
-        registry: Registry::new(config.strategies.clone(), config.max_tunnels_per_agent),
-        metrics: Metrics::new(),
-        server_id: config.server_id.clone(),
-        dial_timeout: config.dial_timeout,
-        handshake_timeout: config.handshake_timeout,
-        keepalive: config.keepalive,
-        pending_dials: Arc::new(Semaphore::new(config.max_pending_dials)),
-        max_pending_dials: config.max_pending_dials,
-        max_tunnels_per_agent: config.max_tunnels_per_agent,
-        tunnels: TaskTracker::new(),
-        target_bytes_hold: config.target_bytes_hold,
-    });
+    let cluster_tls = tokio_rustls::TlsAcceptor::from(
+        tls_config::server_config(
+            &config.cluster_cert,
+            &config.cluster_key,
+            &config.cluster_ca,
+        )
+        .context("agent endpoint TLS")?,
+    );
+    let ctx = Arc::new(Context::new(&config));
     let connections = TaskTracker::new();
     let sessions = TaskTracker::new();
     let session_token = CancellationToken::new();
@@ -150,13 +128,11 @@ pub async fn run(
             else {
                 anyhow::bail!("a TCP frontend listener needs a TCP frontend configuration");
             };
-            let acceptor = frontend::TlsAcceptor::new(
-                tls::server_config(cert, key, client_ca).context("frontend TLS")?,
-            );
+            let tls = tls_config::server_config(cert, key, client_ca).context("frontend TLS")?;
             announce("frontend", &listener.local_addr()?.to_string());
             background.spawn(frontend::serve_tcp(
                 listener,
-                acceptor,
+                tls,
                 ctx.clone(),
                 shutdown.clone(),
                 connections.clone(),

@@ -169,12 +169,10 @@ impl Registry {
         self.lock().table.ready()
     }
 
-    pub fn len(&self) -> usize {
-        self.lock().agents.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// `--max-tunnels-per-agent`: routing skips an agent that carries this many, and each
+    /// agent session refuses more streams.
+    pub fn max_tunnels_per_agent(&self) -> usize {
+        self.max_tunnels_per_agent
     }
 
     /// Every live session, e.g. to drain them at shutdown.

@@ -32,7 +32,7 @@ use cidr_index::{CidrIndex, Prefix};
 use host_index::HostIndex;
 
 pub use strategy::{parse_strategies, Strategy, StrategyError, VALID_STRATEGIES};
-pub use target::{HostKey, TargetHost};
+pub use target::{BadTarget, HostKey, Target, TargetHost, TargetProblem};
 
 /// The registry's handle for one connected agent session.
 pub type AgentKey = u64;

@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use bridgehead_mux::{Keepalive, Mux};
 use bridgehead_proto::ident::AgentIdentifiers;
+use bridgehead_server::dial;
+use bridgehead_server::refusal::Refusal;
 use bridgehead_server::registry::Registry;
 use bridgehead_server::router::Strategy;
-use bridgehead_server::tunnel::{self, Target, TunnelError};
+use bridgehead_server::router::Target;
 use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
@@ -31,7 +33,7 @@ fn peer() -> SocketAddr {
 }
 
 fn target() -> Target {
-    tunnel::parse_target("10.0.0.5:10250").unwrap()
+    Target::parse("10.0.0.5:10250").unwrap()
 }
 
 #[tokio::test]
@@ -62,7 +64,9 @@ async fn a_session_lost_before_the_answer_moves_the_dial_to_the_next_agent() {
         .await
         .unwrap();
 
-    let (stream, agent) = tunnel::open(&registry, &target(), Duration::from_secs(5))
+    let target = target();
+    let candidates = registry.route(&target.host).unwrap();
+    let (stream, agent) = dial::dial(candidates, &target, Duration::from_secs(5))
         .await
         .unwrap();
     assert_eq!(agent, "healthy");
@@ -80,10 +84,12 @@ async fn every_candidate_lost_is_a_502_naming_the_agent() {
         let _dial = agent.accept().await;
         agent.close("agent crashed");
     });
-    let error = tunnel::open(&registry, &target(), Duration::from_secs(5))
+    let target = target();
+    let candidates = registry.route(&target.host).unwrap();
+    let error = dial::dial(candidates, &target, Duration::from_secs(5))
         .await
         .unwrap_err();
-    assert!(matches!(error, TunnelError::AgentLost { .. }), "{error}");
+    assert!(matches!(error, Refusal::AgentLost { .. }), "{error}");
     assert_eq!(error.status(), http::StatusCode::BAD_GATEWAY);
     assert!(error.to_string().contains("only"), "{error}");
     shutdown.cancel();

@@ -7,16 +7,17 @@ use std::sync::Arc;
 
 use bridgehead_certs::Pki;
 use bridgehead_runtime::tls::{load_certs, load_key, load_roots, provider};
-use bridgehead_server::frontend::{TlsAcceptor, TlsStream};
+use bridgehead_server::frontend::TlsStream;
 use rustls::pki_types::ServerName;
 use rustls::ClientConfig;
+use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::client;
 
 struct Rig {
     _dir: tempfile::TempDir,
-    acceptor: TlsAcceptor,
+    server: Arc<ServerConfig>,
     client: Arc<ClientConfig>,
     listener: TcpListener,
 }
@@ -53,14 +54,14 @@ async fn rig() -> Rig {
         .unwrap()
         .write_dir(dir.path(), false)
         .unwrap();
-    let config = bridgehead_server::tls::server_config(
+    let config = bridgehead_server::tls_config::server_config(
         &dir.path().join("server.crt"),
         &dir.path().join("server.key"),
         &dir.path().join("ca.crt"),
     )
     .unwrap();
     Rig {
-        acceptor: TlsAcceptor::new(config),
+        server: config,
         client: client_config(dir.path(), Some(("client.crt", "client.key"))),
         listener: TcpListener::bind("127.0.0.1:0").await.unwrap(),
         _dir: dir,
@@ -83,7 +84,7 @@ impl Rig {
         let (server, client) = tokio::join!(
             async {
                 let (tcp, _) = self.listener.accept().await.unwrap();
-                self.acceptor.accept(tcp).await.unwrap()
+                TlsStream::accept(self.server.clone(), tcp).await.unwrap()
             },
             async {
                 let tcp = TcpStream::connect(addr).await.unwrap();
@@ -288,7 +289,7 @@ async fn refused_handshakes_fail_with_an_alert_to_the_client() {
         let (server, client) = tokio::join!(
             async {
                 let (tcp, _) = rig.listener.accept().await.unwrap();
-                rig.acceptor.accept(tcp).await
+                TlsStream::accept(rig.server.clone(), tcp).await
             },
             async {
                 let tcp = TcpStream::connect(addr).await.unwrap();
@@ -312,7 +313,7 @@ async fn refused_handshakes_fail_with_an_alert_to_the_client() {
     let (server, ()) = tokio::join!(
         async {
             let (tcp, _) = rig.listener.accept().await.unwrap();
-            rig.acceptor.accept(tcp).await
+            TlsStream::accept(rig.server.clone(), tcp).await
         },
         async {
             let mut tcp = TcpStream::connect(addr).await.unwrap();

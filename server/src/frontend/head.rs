@@ -4,7 +4,8 @@
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::tunnel::{self, Target};
+use crate::refusal::Refusal;
+use crate::router::Target;
 
 /// Largest CONNECT head (request line and headers) accepted.
 pub(super) const MAX_HEAD_BYTES: usize = 16 * 1024;
@@ -17,8 +18,8 @@ pub(super) enum Head {
     Connect(Target, Bytes),
     /// The client closed or failed before sending a whole head.
     Closed,
-    /// A request to refuse: status and reason to answer with.
-    Refuse(u16, String),
+    /// A request to refuse.
+    Refused(Refusal),
 }
 
 /// Reads until the end of the head (`\r\n\r\n`), at most [`MAX_HEAD_BYTES`], and checks the
@@ -37,10 +38,7 @@ pub(super) async fn read<S: AsyncRead + Unpin>(socket: &mut S) -> Head {
         }
         searched = buf.len();
         if buf.len() > MAX_HEAD_BYTES {
-            return Head::Refuse(
-                431,
-                format!("request head larger than {MAX_HEAD_BYTES} bytes"),
-            );
+            return Head::Refused(Refusal::HeadTooLarge(MAX_HEAD_BYTES));
         }
         buf.reserve(1024);
     }
@@ -48,29 +46,24 @@ pub(super) async fn read<S: AsyncRead + Unpin>(socket: &mut S) -> Head {
 
 fn check(buf: BytesMut, end: usize) -> Head {
     if end > MAX_HEAD_BYTES {
-        return Head::Refuse(
-            431,
-            format!("request head larger than {MAX_HEAD_BYTES} bytes"),
-        );
+        return Head::Refused(Refusal::HeadTooLarge(MAX_HEAD_BYTES));
     }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut headers);
     match request.parse(&buf[..end]) {
         Ok(httparse::Status::Complete(_)) => {}
-        Ok(httparse::Status::Partial) => {
-            return Head::Refuse(400, "incomplete request head".to_owned())
-        }
+        Ok(httparse::Status::Partial) => return Head::Refused(Refusal::Incomplete),
         Err(httparse::Error::TooManyHeaders) => {
-            return Head::Refuse(431, format!("more than {MAX_HEADERS} header fields"))
+            return Head::Refused(Refusal::TooManyHeaders(MAX_HEADERS))
         }
-        Err(error) => return Head::Refuse(400, format!("malformed request: {error}")),
+        Err(error) => return Head::Refused(Refusal::Malformed(error)),
     }
     if request.method != Some("CONNECT") {
-        return Head::Refuse(405, "only CONNECT is served here".to_owned());
+        return Head::Refused(Refusal::NotConnect);
     }
-    match tunnel::parse_target(request.path.unwrap_or("")) {
+    match Target::parse(request.path.unwrap_or("")) {
         Ok(target) => Head::Connect(target, buf.freeze().slice(end..)),
-        Err(error) => Head::Refuse(400, error.to_string()),
+        Err(error) => Head::Refused(error.into()),
     }
 }
 
@@ -80,7 +73,11 @@ pub(super) const ESTABLISHED: &[u8] = b"HTTP/1.1 200 OK\r\n\r\n";
 
 /// The bytes of a refusal: status line, `text/plain` reason, and `Connection: close` (405
 /// also names the one method served).
-pub(super) fn refusal(status: u16, reason: &str) -> Vec<u8> {
+pub(super) fn refusal(refusal: &Refusal) -> Vec<u8> {
+    answer(refusal.status().as_u16(), &refusal.to_string())
+}
+
+fn answer(status: u16, reason: &str) -> Vec<u8> {
     let text = http::StatusCode::from_u16(status)
         .ok()
         .and_then(|status| status.canonical_reason())
@@ -114,11 +111,11 @@ mod tests {
         );
         assert!(matches!(
             head_of(b"CONNECT [fd00::1]:80 HTTP/1.0\r\n\r\n").await,
-            Head::Connect(t, early) if t.host == "fd00::1" && early.is_empty()
+            Head::Connect(t, early) if t.dial_host() == "fd00::1" && early.is_empty()
         ));
         assert!(matches!(
             head_of(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await,
-            Head::Refuse(405, _)
+            Head::Refused(r) if r.status() == 405
         ));
         for bad in [
             &b"CONNECT fd00::1:80 HTTP/1.1\r\n\r\n"[..],
@@ -127,7 +124,7 @@ mod tests {
             b"CONNECT 10.0.0.5 HTTP/1.1\r\n\r\n",
         ] {
             assert!(
-                matches!(head_of(bad).await, Head::Refuse(400, _)),
+                matches!(head_of(bad).await, Head::Refused(r) if r.status() == 400),
                 "{:?}",
                 String::from_utf8_lossy(bad)
             );
@@ -142,14 +139,14 @@ mod tests {
             b"\r\n\r\n",
         ]
         .concat();
-        assert!(matches!(head_of(&huge).await, Head::Refuse(431, _)));
-        let text = String::from_utf8(refusal(400, "bad target")).unwrap();
+        assert!(matches!(head_of(&huge).await, Head::Refused(r) if r.status() == 431));
+        let text = String::from_utf8(answer(400, "bad target")).unwrap();
         assert!(
             text.starts_with("HTTP/1.1 400 Bad Request\r\n")
                 && text.ends_with("\r\n\r\nbad target\n"),
             "{text}"
         );
-        let text = String::from_utf8(refusal(405, "no")).unwrap();
+        let text = String::from_utf8(answer(405, "no")).unwrap();
         assert!(
             text.starts_with("HTTP/1.1 405 Method Not Allowed\r\n")
                 && text.contains("\r\nallow: CONNECT\r\n"),

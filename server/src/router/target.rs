@@ -1,5 +1,6 @@
-//! What the router matches on: the host of a CONNECT target ([`TargetHost`]) and an agent's
-//! host identifiers ([`HostKey`]), both in canonical form.
+//! What the router matches on: a CONNECT target ([`Target`], parsed and checked once by the
+//! frontend), its host ([`TargetHost`]) and an agent's host identifiers ([`HostKey`]), the last
+//! two in canonical form.
 //!
 //! IP literals become addresses, so `fd00:0:0:0:0:0:0:a` and `fd00::a` are one key and an
 //! IPv4-mapped IPv6 address (`::ffff:10.0.0.5`) is its IPv4 address. Anything else is a DNS name,
@@ -8,6 +9,91 @@
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use bridgehead_proto::host::{self, HostPort, NameError};
+
+/// A CONNECT request target, checked: an IPv4 literal, a bracketed IPv6 literal or a DNS name,
+/// and a port from 1 to 65535.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// What the router matches on.
+    pub host: TargetHost,
+    /// The port.
+    pub port: u16,
+    /// The host as the client wrote it, without brackets: what the agent dials (a name keeps
+    /// its spelling, trailing dot included, for the agent's resolver).
+    dial_host: String,
+}
+
+/// A request target that is not `host:port`, `[ipv6]:port` or `name:port`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed CONNECT target {authority:?}: {problem}")]
+pub struct BadTarget {
+    /// The target as the client sent it.
+    pub authority: String,
+    /// What is wrong with it.
+    pub problem: TargetProblem,
+}
+
+/// What is wrong with a [`BadTarget`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TargetProblem {
+    #[error("expected host:port, [ipv6]:port or name:port")]
+    Shape,
+    #[error("the port must be a number from 1 to 65535")]
+    Port,
+    #[error("{0}")]
+    Name(NameError),
+}
+
+impl Target {
+    /// Parses the request target of `CONNECT host:port`.
+    pub fn parse(authority: &str) -> Result<Target, BadTarget> {
+        let bad = |problem| BadTarget {
+            authority: authority.to_owned(),
+            problem,
+        };
+        let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+            let (v6, port) = rest.split_once("]:").ok_or(bad(TargetProblem::Shape))?;
+            v6.parse::<Ipv6Addr>()
+                .map_err(|_| bad(TargetProblem::Shape))?;
+            (v6, port)
+        } else {
+            let (host, port) = authority
+                .rsplit_once(':')
+                .ok_or(bad(TargetProblem::Shape))?;
+            if host.contains(':') {
+                return Err(bad(TargetProblem::Shape));
+            }
+            host::check_host(host).map_err(|error| bad(TargetProblem::Name(error)))?;
+            (host, port)
+        };
+        if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad(TargetProblem::Port));
+        }
+        let port = match port.parse::<u16>() {
+            Ok(port) if port != 0 => port,
+            _ => return Err(bad(TargetProblem::Port)),
+        };
+        Ok(Target {
+            host: TargetHost::parse(host),
+            port,
+            dial_host: host.to_owned(),
+        })
+    }
+
+    /// The host the agent dials: an IP literal (IPv6 without brackets) or a name to resolve.
+    pub fn dial_host(&self) -> &str {
+        &self.dial_host
+    }
+}
+
+impl fmt::Display for Target {
+    /// As the client wrote it: `host:port`, `[ipv6]:port`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        HostPort(&self.dial_host, self.port).fmt(f)
+    }
+}
 
 /// The host part of a CONNECT target, normalised for matching.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -26,11 +112,7 @@ impl TargetHost {
     /// Never fails: whatever is not an IP literal is a name. Rejecting malformed targets is the
     /// frontend's job; a name that no agent announced simply matches nothing.
     pub fn parse(host: &str) -> TargetHost {
-        let unbracketed = host
-            .strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .unwrap_or(host);
-        match unbracketed.parse::<IpAddr>() {
+        match host::strip_brackets(host).parse::<IpAddr>() {
             Ok(ip) => TargetHost::Ip(canonical_ip(ip)),
             Err(_) => TargetHost::Name(canonical_name(host)),
         }
@@ -167,6 +249,46 @@ mod tests {
         );
         assert_eq!(HostKey::from_host("NODE1."), HostKey::Name("node1".into()));
         assert_ne!(HostKey::from_host("fd00--a"), HostKey::from_host("fd00::a"));
+    }
+
+    #[test]
+    fn targets() {
+        let ok = |s: &str, host: &str, port| {
+            let target = Target::parse(s).unwrap();
+            assert_eq!((target.dial_host(), target.port), (host, port), "{s}");
+            assert_eq!(target.host, TargetHost::parse(host), "{s}");
+        };
+        ok("10.0.0.5:10250", "10.0.0.5", 10250);
+        ok("[fd00::5]:10250", "fd00::5", 10250);
+        ok("[::1]:80", "::1", 80);
+        ok("node-1.example.com:443", "node-1.example.com", 443);
+        ok("Node1.:1", "Node1.", 1);
+        ok("localhost:65535", "localhost", 65535);
+        for bad in [
+            "",
+            "10.0.0.5",
+            "10.0.0.5:",
+            ":80",
+            "10.0.0.5:0",
+            "10.0.0.5:65536",
+            "fd00::5:80",
+            "[fd00::5]",
+            "[fd00::5]80",
+            "[nothex]:80",
+            "a b:80",
+            "host:+80",
+            "-bad:80",
+            "a..b:80",
+            "host:80/path",
+            "http://x:80",
+        ] {
+            assert!(Target::parse(bad).is_err(), "{bad:?} should be rejected");
+        }
+        assert_eq!(
+            Target::parse("[fd00::5]:1").unwrap().to_string(),
+            "[fd00::5]:1"
+        );
+        assert_eq!(Target::parse("Node1.:1").unwrap().to_string(), "Node1.:1");
     }
 
     #[test]

@@ -34,21 +34,11 @@ const WRITE_SIZE: usize = 64 * 1024;
 const RECORD_OVERHEAD: usize = 5 + 1 + 16;
 const MAX_FRAGMENT: usize = 16 * 1024;
 
-/// Accepts TLS clients with one server configuration.
-#[derive(Debug, Clone)]
-pub struct TlsAcceptor {
-    config: Arc<ServerConfig>,
-}
-
-impl TlsAcceptor {
-    pub fn new(config: Arc<ServerConfig>) -> TlsAcceptor {
-        TlsAcceptor { config }
-    }
-
-    /// Runs the handshake on `io`. A failed handshake sends the peer rustls' alert before the
-    /// error is returned.
-    pub async fn accept(&self, io: TcpStream) -> io::Result<TlsStream> {
-        let conn = UnbufferedServerConnection::new(self.config.clone()).map_err(tls_error)?;
+impl TlsStream {
+    /// Runs the server's side of the handshake on `io` with `config`. A failed handshake sends
+    /// the peer rustls' alert before the error is returned.
+    pub async fn accept(config: Arc<ServerConfig>, io: TcpStream) -> io::Result<TlsStream> {
+        let conn = UnbufferedServerConnection::new(config).map_err(tls_error)?;
         let mut stream = TlsStream {
             io,
             conn,
@@ -498,6 +488,12 @@ impl TlsStream {
 type WriteTraffic<'c> = rustls::unbuffered::WriteTraffic<'c, ServerConnectionData>;
 /// What runs in the writable state: encrypts into `outgoing`.
 type WriteFn<'f> = dyn FnMut(&mut WriteTraffic<'_>, &mut Pending) -> io::Result<()> + 'f;
+
+impl bridgehead_mux::splice::AbortOnClose for TlsStream {
+    fn abort_on_close(&self) {
+        bridgehead_mux::splice::AbortOnClose::abort_on_close(&self.io);
+    }
+}
 
 impl AsyncRead for TlsStream {
     fn poll_read(

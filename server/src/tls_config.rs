@@ -1,5 +1,6 @@
-//! The two TLS endpoints: the CONNECT frontend and the agent endpoint, both requiring a client
-//! certificate from their own CA and speaking only `http/1.1` over ALPN.
+//! The server configuration of both TLS endpoints, the CONNECT frontend and the agent
+//! endpoint: each requires a client certificate from its own CA and speaks only `http/1.1`
+//! over ALPN.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,16 +9,10 @@ use anyhow::Context;
 use bridgehead_runtime::tls::{load_certs, load_key, load_roots, provider};
 use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;
-use tokio_rustls::TlsAcceptor;
 
-/// A TLS acceptor presenting `cert`/`key` and requiring a client certificate that chains to
-/// `client_ca`. The CA's name is advertised in the CertificateRequest, which Go clients
-/// (kube-apiserver) need before they send their certificate.
-pub fn acceptor(cert: &Path, key: &Path, client_ca: &Path) -> anyhow::Result<TlsAcceptor> {
-    Ok(TlsAcceptor::from(server_config(cert, key, client_ca)?))
-}
-
-/// The server configuration of [`acceptor`].
+/// Presents `cert`/`key` and requires a client certificate that chains to `client_ca`. The
+/// CA's name is advertised in the CertificateRequest, which Go clients (kube-apiserver) need
+/// before they send their certificate.
 pub fn server_config(
     cert: &Path,
     key: &Path,

@@ -12,7 +12,7 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
-use super::{splice, splice_holding, Hold, Moved, Splice, IDLE_READ};
+use super::{splice, Moved, Splice, IDLE_READ};
 use crate::{Keepalive, Mux, MuxStream};
 
 /// A server stream and its agent end, over a live session.
@@ -105,27 +105,6 @@ async fn a_quiet_downlink_holds_no_chunks() {
     assert_eq!(&got, b"burst burst burst burst ");
     assert!(splice.down.head.is_empty(), "{:?}", splice.down);
     assert_eq!(splice.down.rest.capacity(), 0, "{:?}", splice.down);
-    shutdown.cancel();
-}
-
-/// The hold's timer lives only until the client speaks.
-#[tokio::test]
-async fn the_hold_timer_goes_when_the_client_speaks() {
-    let (stream, peer, shutdown) = stream_pair().await;
-    let (mut client, mut socket) = tokio::io::duplex(1024);
-    let mut moved = Moved::default();
-    let hold = Some(Duration::from_secs(60));
-    let mut splice = splice_holding(&mut socket, &stream, Bytes::new(), hold, &mut moved);
-    poll_once(&mut splice).await;
-    assert!(matches!(splice.hold, Hold::Waiting(_)), "{:?}", splice.hold);
-    peer.write(Bytes::from_static(b"greeting")).await.unwrap();
-    client.write_all(b"hello").await.unwrap();
-    poll_once(&mut splice).await;
-    assert!(matches!(splice.hold, Hold::Off), "{:?}", splice.hold);
-    let mut greeting = [0; 8];
-    read_through(&mut splice, &mut client, &mut greeting).await;
-    assert_eq!(&greeting, b"greeting");
-    assert_eq!(peer.read().await.unwrap().as_deref(), Some(&b"hello"[..]));
     shutdown.cancel();
 }
 

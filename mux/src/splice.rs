@@ -12,13 +12,12 @@ use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
-use std::time::Duration;
 
 use bridgehead_proto::frame::MAX_DATA_PAYLOAD;
 use bridgehead_proto::ErrorCode;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::Sleep;
+use tokio::net::{TcpStream, UnixStream};
 use tokio_util::io::poll_read_buf;
 
 use crate::{MuxStream, StreamEnd};
@@ -52,9 +51,9 @@ pub enum SpliceError {
 
 /// Copies bytes both ways between `socket` and `stream` until both directions ended. A socket
 /// EOF becomes FIN on the stream and the peer's FIN shuts the socket's write side, so each
-/// direction ends on its own. `initial` holds bytes the client sent ahead (after its CONNECT
-/// head); they go first. On error the stream is reset. `moved` holds the byte counts when it
-/// returns.
+/// direction ends on its own. `initial` holds bytes already read from the socket (a CONNECT
+/// client's behind its request head, say); they go first. On error the stream is reset (and the caller should end the socket
+/// with [`AbortOnClose::abort_on_close`]). `moved` holds the byte counts when it returns.
 pub fn splice<'a, S>(
     socket: S,
     stream: &'a MuxStream,
@@ -64,27 +63,6 @@ pub fn splice<'a, S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    splice_holding(socket, stream, initial, None, moved)
-}
-
-/// [`splice`], except that with `hold` the stream's first bytes wait until the socket's side
-/// has sent something or `hold` has passed. A CONNECT client that checks that nothing follows
-/// the `200` in the same read (kube-apiserver does) then never sees a target's greeting glued
-/// to it, while a client that waits for a speak-first target gets the greeting after `hold`.
-pub fn splice_holding<'a, S>(
-    socket: S,
-    stream: &'a MuxStream,
-    initial: Bytes,
-    hold: Option<Duration>,
-    moved: &'a mut Moved,
-) -> Splice<'a, S>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    let hold = match hold {
-        Some(hold) if initial.is_empty() => Hold::Armed(hold),
-        _ => Hold::Off,
-    };
     moved.up += initial.len() as u64;
     // An empty `initial` may still pin the HTTP layer's read buffer: let it go now.
     let pending = if initial.is_empty() {
@@ -96,7 +74,6 @@ where
         socket,
         stream,
         moved,
-        hold,
         up: Uplink {
             pending,
             big: BytesMut::new(),
@@ -113,14 +90,36 @@ where
     }
 }
 
-/// The future [`splice`] and [`splice_holding`] return.
+/// A socket that can be made to end with a TCP RST instead of a FIN, so that the peer sees a
+/// failed tunnel as a failure and not as a clean end of data.
+pub trait AbortOnClose {
+    /// Makes the socket's close a reset (`SO_LINGER` zero). Sockets without resets (Unix
+    /// sockets) do nothing: their close is the only end there is.
+    fn abort_on_close(&self);
+}
+
+impl AbortOnClose for TcpStream {
+    fn abort_on_close(&self) {
+        let _ = self.set_zero_linger();
+    }
+}
+
+impl AbortOnClose for UnixStream {
+    fn abort_on_close(&self) {}
+}
+
+impl<T: AbortOnClose + ?Sized> AbortOnClose for Box<T> {
+    fn abort_on_close(&self) {
+        (**self).abort_on_close();
+    }
+}
+
+/// The future [`splice`] returns.
 #[must_use = "futures do nothing unless polled"]
 pub struct Splice<'a, S> {
     socket: S,
     stream: &'a MuxStream,
     moved: &'a mut Moved,
-    /// Keeps the stream's bytes from the socket until the socket's side spoke.
-    hold: Hold,
     up: Uplink,
     down: Downlink,
 }
@@ -159,23 +158,11 @@ struct Downlink {
     done: bool,
 }
 
-/// The wait of [`splice_holding`]'s `hold`. The timer exists only during the wait.
-#[derive(Debug)]
-enum Hold {
-    /// Nothing held (any more).
-    Off,
-    /// Not started: the splice was not polled yet.
-    Armed(Duration),
-    /// Waiting for the socket's side to speak, or for the timer.
-    Waiting(Pin<Box<Sleep>>),
-}
-
 impl<S> fmt::Debug for Splice<'_, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Splice")
             .field("stream", &self.stream)
             .field("moved", &self.moved)
-            .field("hold", &self.hold)
             .field("up", &self.up)
             .field("down", &self.down)
             .finish_non_exhaustive()
@@ -190,7 +177,8 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        // The uplink goes first: when it reads, a held downlink may start in the same poll.
+        // The uplink goes first: a socket whose writes wait for its reads (the frontend's
+        // hold) may then write in the same poll.
         let result = match this.poll_up(cx).and_then(|()| this.poll_down(cx)) {
             Ok(()) if this.up.done && this.down.done => Ok(()),
             Ok(()) => return Poll::Pending,
@@ -228,8 +216,6 @@ where
             let Poll::Ready(chunk) = self.up.poll_read(&mut self.socket, cx, credit)? else {
                 return Ok(());
             };
-            // The socket's side has spoken (or finished): held bytes may flow.
-            self.hold = Hold::Off;
             if chunk.is_empty() {
                 self.stream.finish()?;
                 self.up.done = true;
@@ -244,9 +230,6 @@ where
     /// Moves stream chunks into the socket until the stream or the socket has nothing more for
     /// now, or the downlink is done.
     fn poll_down(&mut self, cx: &mut Context<'_>) -> Result<(), SpliceError> {
-        if self.hold.poll(cx).is_pending() {
-            return Ok(());
-        }
         while !self.down.done {
             if self.down.poll_write(&mut self.socket, cx)?.is_pending() {
                 return Ok(());
@@ -377,22 +360,6 @@ impl Downlink {
             } else {
                 self.rest.remove(0)
             };
-        }
-    }
-}
-
-impl Hold {
-    /// Ready once nothing is held.
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        loop {
-            match self {
-                Hold::Off => return Poll::Ready(()),
-                Hold::Armed(hold) => *self = Hold::Waiting(Box::pin(tokio::time::sleep(*hold))),
-                Hold::Waiting(sleep) => {
-                    ready!(sleep.as_mut().poll(cx));
-                    *self = Hold::Off;
-                }
-            }
         }
     }
 }

@@ -1,0 +1,46 @@
+//! What every connection task of the server shares.
+
+use std::time::Duration;
+
+use bridgehead_mux::Keepalive;
+use tokio_util::task::TaskTracker;
+
+use crate::admission::Admission;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::registry::Registry;
+
+/// The server's shared state: the agents, the metrics, the dial admission, and the settings
+/// connection tasks read. Each limit has one owner: the registry the tunnels per agent,
+/// admission the pending dials.
+#[derive(Debug)]
+pub struct Context {
+    pub registry: Registry,
+    pub metrics: Metrics,
+    pub admission: Admission,
+    pub server_id: String,
+    pub dial_timeout: Duration,
+    pub handshake_timeout: Duration,
+    pub keepalive: Keepalive,
+    /// Every spliced tunnel, so shutdown can wait for them.
+    pub tunnels: TaskTracker,
+    /// How long a target's first bytes wait for the client's first byte.
+    pub target_bytes_hold: Duration,
+}
+
+impl Context {
+    pub fn new(config: &Config) -> Context {
+        let metrics = Metrics::new();
+        Context {
+            registry: Registry::new(config.strategies.clone(), config.max_tunnels_per_agent),
+            admission: Admission::new(config.max_pending_dials, metrics.dials_pending.clone()),
+            metrics,
+            server_id: config.server_id.clone(),
+            dial_timeout: config.dial_timeout,
+            handshake_timeout: config.handshake_timeout,
+            keepalive: config.keepalive,
+            tunnels: TaskTracker::new(),
+            target_bytes_hold: config.target_bytes_hold,
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! One client connection, top to bottom: read the CONNECT head, admit the dial, route it,
+//! dial, answer, splice. Every refusal on the way is a [`Refusal`], answered with its status
+//! and reason and counted under its label here, in one place.
+
+use std::sync::Arc;
+
+use bridgehead_mux::splice::{self, AbortOnClose, Moved};
+use bridgehead_mux::MuxStream;
+use bridgehead_proto::ErrorCode;
+use bytes::Bytes;
+use tokio::io::AsyncWriteExt;
+use tokio::time::Instant;
+use tracing::{debug, info};
+
+use super::head::{self, Head};
+use super::hold::Held;
+use super::ClientSocket;
+use crate::context::Context;
+use crate::dial;
+use crate::metrics::{DialResult, Direction};
+use crate::refusal::Refusal;
+
+/// How far a connection got before it ended without a tunnel.
+#[derive(Debug)]
+enum Failure {
+    /// Turned down: answered with a status and a reason.
+    Refused(Refusal),
+    /// The client left, or never finished its head: nobody to answer.
+    Gone(&'static str),
+}
+
+impl From<Refusal> for Failure {
+    fn from(refusal: Refusal) -> Failure {
+        Failure::Refused(refusal)
+    }
+}
+
+/// A dialed tunnel, not answered yet.
+#[derive(Debug)]
+struct Opened {
+    stream: MuxStream,
+    /// Bytes the client sent behind its head: the tunnel's first.
+    early: Bytes,
+}
+
+/// Serves one client connection.
+///
+/// The socket comes boxed: an async fn keeps a by-value parameter twice in its state (as
+/// argument and as local), and this task lives as long as the tunnel — a TLS stream is
+/// 1.2 KiB.
+pub(super) async fn serve<S: ClientSocket>(mut socket: Box<S>, ctx: Arc<Context>) {
+    let opened = match open(&mut *socket, &ctx).await {
+        Ok(opened) => opened,
+        Err(Failure::Gone(why)) => return debug!("{why}"),
+        Err(Failure::Refused(refusal)) => return refuse(&mut *socket, &ctx, refusal).await,
+    };
+    ctx.metrics.dial(DialResult::Ok);
+    debug!(stream = opened.stream.id(), "tunnel open");
+    if let Err(error) = socket.write_all(head::ESTABLISHED).await {
+        opened
+            .stream
+            .reset(ErrorCode::ConnectionReset, "client left before the 200");
+        return debug!(%error, "client left before the 200");
+    }
+    tunnel(socket, opened, &ctx).await;
+}
+
+/// Head, admission, route, dial: a stream to the target, or why not.
+async fn open<S: ClientSocket>(socket: &mut S, ctx: &Context) -> Result<Opened, Failure> {
+    let (target, early) =
+        match tokio::time::timeout(ctx.handshake_timeout, head::read(socket)).await {
+            Ok(Head::Connect(target, early)) => (target, early),
+            Ok(Head::Refused(refusal)) => return Err(refusal.into()),
+            Ok(Head::Closed) => return Err(Failure::Gone("client left before sending a request")),
+            Err(_) => return Err(Failure::Gone("client did not send a request head in time")),
+        };
+    let span = tracing::Span::current();
+    span.record("target", tracing::field::display(&target));
+    let _slot = ctx.admission.admit()?;
+    let candidates = ctx.registry.route(&target.host).map_err(Refusal::from)?;
+    let started = Instant::now();
+    let (stream, agent) = dial::dial(candidates, &target, ctx.dial_timeout).await?;
+    ctx.metrics
+        .dial_duration
+        .observe(started.elapsed().as_secs_f64());
+    span.record("agent", tracing::field::display(&agent));
+    Ok(Opened { stream, early })
+}
+
+/// Answers `refusal` with its status and reason, counts it, and closes the connection.
+async fn refuse<S: ClientSocket>(socket: &mut S, ctx: &Context, refusal: Refusal) {
+    ctx.metrics.dial(refusal.result());
+    let status = refusal.status();
+    if status.is_server_error() {
+        info!(%status, error = %refusal, "CONNECT failed");
+    } else {
+        debug!(%status, error = %refusal, "CONNECT refused");
+    }
+    let _ = socket.write_all(&head::refusal(&refusal)).await;
+    let _ = socket.shutdown().await;
+}
+
+/// Splices the answered tunnel until both directions end; a failed tunnel ends the client's
+/// connection with a reset.
+async fn tunnel<S: ClientSocket>(mut socket: Box<S>, opened: Opened, ctx: &Context) {
+    let Opened { stream, early } = opened;
+    let _tunnel = ctx.tunnels.token();
+    ctx.metrics.tunnels_open.inc();
+    let mut moved = Moved::default();
+    // A target that speaks first waits for the client's first byte, or the hold time (unless
+    // the client already sent bytes behind its head).
+    let hold = Some(ctx.target_bytes_hold).filter(|_| early.is_empty());
+    let result = {
+        let held = Held::new(&mut *socket, hold);
+        splice::splice(held, &stream, early, &mut moved).await
+    };
+    ctx.metrics.tunnels_open.dec();
+    ctx.metrics.bytes(Direction::ToTarget, moved.up);
+    ctx.metrics.bytes(Direction::FromTarget, moved.down);
+    match result {
+        Ok(()) => debug!(up = moved.up, down = moved.down, "tunnel closed"),
+        Err(error) => {
+            socket.abort_on_close();
+            debug!(%error, up = moved.up, down = moved.down, "tunnel failed");
+        }
+    }
+}

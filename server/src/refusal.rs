@@ -1,0 +1,118 @@
+//! Every way the server turns a CONNECT down, as one type: each [`Refusal`] carries its HTTP
+//! status, its one-line reason (its `Display`) and its metric label, so the frontend answers
+//! and counts every refusal the same way.
+
+use std::time::Duration;
+
+use bridgehead_proto::ErrorCode;
+use http::StatusCode;
+
+use crate::metrics::DialResult;
+use crate::registry::RouteError;
+use crate::router::{BadTarget, Target};
+
+/// Why a CONNECT gets no tunnel.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("request head larger than {0} bytes")]
+    HeadTooLarge(usize),
+    #[error("more than {0} header fields")]
+    TooManyHeaders(usize),
+    #[error("malformed request: {0}")]
+    Malformed(httparse::Error),
+    #[error("incomplete request head")]
+    Incomplete,
+    #[error("only CONNECT is served here")]
+    NotConnect,
+    #[error(transparent)]
+    BadTarget(#[from] BadTarget),
+    #[error(transparent)]
+    NoAgent(#[from] RouteError),
+    #[error("overloaded: {0} dials already pending")]
+    Overloaded(usize),
+    #[error("agent {agent} could not dial {target}: {code}: {message}")]
+    Dial {
+        agent: String,
+        target: Target,
+        code: ErrorCode,
+        message: String,
+    },
+    #[error("agent {agent} did not connect to {target} within {timeout:?}")]
+    TimedOut {
+        agent: String,
+        target: Target,
+        timeout: Duration,
+    },
+    #[error("agent {agent} was lost before answering the dial to {target}: {reason}")]
+    AgentLost {
+        agent: String,
+        target: Target,
+        reason: String,
+    },
+}
+
+impl Refusal {
+    /// The HTTP status the client gets.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Refusal::HeadTooLarge(_) | Refusal::TooManyHeaders(_) => {
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+            }
+            Refusal::Malformed(_) | Refusal::Incomplete | Refusal::BadTarget(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            Refusal::NotConnect => StatusCode::METHOD_NOT_ALLOWED,
+            Refusal::NoAgent(_) | Refusal::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::Dial { code, .. } => match code {
+                ErrorCode::TimedOut => StatusCode::GATEWAY_TIMEOUT,
+                ErrorCode::Draining | ErrorCode::TooManyStreams => StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::Refused
+                | ErrorCode::Unreachable
+                | ErrorCode::NameNotResolved
+                | ErrorCode::NotPermitted
+                | ErrorCode::Other
+                | ErrorCode::Cancelled
+                | ErrorCode::FlowControl
+                | ErrorCode::StreamState
+                | ErrorCode::ConnectionReset
+                | ErrorCode::Shutdown
+                | ErrorCode::Internal
+                | ErrorCode::Unknown(_) => StatusCode::BAD_GATEWAY,
+            },
+            Refusal::TimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Refusal::AgentLost { .. } => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// The `result` label of the CONNECT counter.
+    pub fn result(&self) -> DialResult {
+        match self {
+            Refusal::HeadTooLarge(_)
+            | Refusal::TooManyHeaders(_)
+            | Refusal::Malformed(_)
+            | Refusal::Incomplete
+            | Refusal::NotConnect
+            | Refusal::BadTarget(_) => DialResult::BadRequest,
+            Refusal::NoAgent(_) => DialResult::NoAgent,
+            Refusal::Overloaded(_) => DialResult::Overloaded,
+            Refusal::Dial { code, .. } => match code {
+                ErrorCode::Refused => DialResult::Refused,
+                ErrorCode::Unreachable => DialResult::Unreachable,
+                ErrorCode::NameNotResolved => DialResult::NameNotResolved,
+                ErrorCode::NotPermitted => DialResult::NotPermitted,
+                ErrorCode::TimedOut => DialResult::TimedOut,
+                ErrorCode::Draining | ErrorCode::TooManyStreams => DialResult::Overloaded,
+                ErrorCode::Other
+                | ErrorCode::Cancelled
+                | ErrorCode::FlowControl
+                | ErrorCode::StreamState
+                | ErrorCode::ConnectionReset
+                | ErrorCode::Shutdown
+                | ErrorCode::Internal
+                | ErrorCode::Unknown(_) => DialResult::Other,
+            },
+            Refusal::TimedOut { .. } => DialResult::TimedOut,
+            Refusal::AgentLost { .. } => DialResult::AgentLost,
+        }
+    }
+}
