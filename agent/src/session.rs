@@ -6,7 +6,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use bridgehead_mux::splice::{self, AbortOnClose, Moved};
-use bridgehead_mux::{DialRequest, Mux, MuxStream};
+use bridgehead_mux::{DialRequest, Mux, MuxStream, SessionEnd};
 use bridgehead_proto::host::HostPort;
 use bytes::Bytes;
 use tokio::net::TcpStream;
@@ -29,7 +29,7 @@ pub(crate) async fn run(
     config: &Config,
     health: &Health,
     shutdown: &CancellationToken,
-) -> String {
+) -> SessionEnd {
     let Connected { ws, peer: _ } = connected;
     let mux = Mux::agent();
     let tracker = TaskTracker::new();
@@ -57,7 +57,7 @@ pub(crate) async fn run(
     };
     let reason = match result {
         Ok(()) => mux.closed().await,
-        Err(error) => error.to_string(),
+        Err(end) => end,
     };
 
     // Every stream failed with the session; let their tasks see it and finish.

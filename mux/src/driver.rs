@@ -1,19 +1,23 @@
-//! Drives one session's WebSocket: a reader, a writer and the keepalive.
+//! Drives one session's WebSocket: a reader, a writer, the keepalive and the session's one
+//! timer for dial deadlines.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use bridgehead_proto::Frame;
+use bridgehead_proto::session::SessionError;
+use bridgehead_proto::{DecodeError, Frame};
 use bytes::BytesMut;
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
-use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use crate::session_state::SessionState;
 use crate::Mux;
 
 /// Largest WebSocket message either end accepts; the writer batches frames up to a quarter
@@ -38,8 +42,11 @@ const BATCH_BYTES: usize = 256 * 1024;
 /// nothing measurable. Callgrind, 20 KiB → 4 KiB: round trip 67.9 k → 62.8 k instructions,
 /// Unix-socket setup 136.8 k → 128.9 k, bulk within 0.5 % (docs/benchmarks.md).
 const READ_BUFFER: usize = 4 * 1024;
-/// How long a closing session may take to flush frames queued before the close.
+/// How long a closing session may take to flush frames queued before the close, and to send
+/// its close frame.
 const CLOSE_FLUSH: Duration = Duration::from_secs(1);
+/// Longest reason sent in a WebSocket close frame.
+const MAX_CLOSE_REASON: usize = 100;
 
 /// How often to ping and how long silence may last before the session is declared dead.
 #[derive(Debug, Clone, Copy)]
@@ -59,40 +66,84 @@ impl Default for Keepalive {
     }
 }
 
-/// Why a session ended.
-#[derive(Debug, thiserror::Error)]
-pub enum MuxError {
-    /// The peer broke the protocol.
+/// How the peer broke the protocol.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Violation {
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    #[error("a text message")]
+    TextMessage,
+}
+
+/// Why a session ended. Every stream of the session fails with it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SessionEnd {
+    /// The peer broke the protocol (WebSocket close code 1002).
     #[error("protocol error: {0}")]
-    Protocol(String),
+    Protocol(Violation),
     /// Nothing heard from the peer for the keepalive timeout.
     #[error("peer silent for {0:?}")]
     KeepaliveTimeout(Duration),
-    /// The WebSocket failed.
+    /// Reading from the WebSocket failed.
     #[error("websocket: {0}")]
-    WebSocket(#[from] tokio_tungstenite::tungstenite::Error),
+    WebSocket(Arc<WsError>),
+    /// Writing to the WebSocket failed: the transport's fault, not the peer's protocol.
+    #[error("writing: {0}")]
+    Write(Arc<WsError>),
     /// The peer closed the WebSocket.
     #[error("closed by peer")]
     ClosedByPeer,
     /// This end shut the session down.
     #[error("shut down")]
     Shutdown,
+    /// This end closed the session ([`Mux::close`]).
+    #[error("{0}")]
+    Closed(String),
+}
+
+impl From<Violation> for SessionEnd {
+    fn from(violation: Violation) -> SessionEnd {
+        SessionEnd::Protocol(violation)
+    }
+}
+
+impl SessionEnd {
+    /// The close frame this end sends, if the WebSocket can still carry one.
+    fn close_code(&self) -> Option<CloseCode> {
+        match self {
+            SessionEnd::Protocol(_) => Some(CloseCode::Protocol),
+            SessionEnd::Shutdown | SessionEnd::Closed(_) => Some(CloseCode::Away),
+            SessionEnd::KeepaliveTimeout(_) => Some(CloseCode::Normal),
+            SessionEnd::ClosedByPeer | SessionEnd::WebSocket(_) | SessionEnd::Write(_) => None,
+        }
+    }
+
+    /// Whether this is how a session is expected to end (not an error).
+    fn is_orderly(&self) -> bool {
+        matches!(
+            self,
+            SessionEnd::ClosedByPeer | SessionEnd::Shutdown | SessionEnd::Closed(_)
+        )
+    }
 }
 
 impl Mux {
     /// Drives the session over `ws` until it ends (peer gone, protocol error, keepalive
-    /// timeout, [`Mux::close`] or `shutdown`). Every stream fails when it returns.
+    /// timeout, [`Mux::close`] or `shutdown`). Every stream fails when it returns. An orderly
+    /// end (the peer closed, [`Mux::close`], `shutdown`) is `Ok`; [`Mux::closed`] tells which.
     pub async fn run<S>(
         &self,
         ws: WebSocketStream<S>,
         keepalive: Keepalive,
         shutdown: CancellationToken,
-    ) -> Result<(), MuxError>
+    ) -> Result<(), SessionEnd>
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
         let (mut sink, mut source) = ws.split();
-        let shared = &self.shared;
+        let shared = &*self.shared;
         let mut last_heard = Instant::now();
         let mut ping = tokio::time::interval(keepalive.interval);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -109,7 +160,7 @@ impl Mux {
                     () = &mut silence => {
                         let deadline = last_heard + keepalive.timeout;
                         if Instant::now() >= deadline {
-                            return Err(MuxError::KeepaliveTimeout(keepalive.timeout));
+                            return SessionEnd::KeepaliveTimeout(keepalive.timeout);
                         }
                         silence.as_mut().reset(deadline);
                         continue;
@@ -117,24 +168,21 @@ impl Mux {
                 };
                 last_heard = Instant::now();
                 match message {
-                    None => return Err(MuxError::ClosedByPeer),
-                    Some(Err(error)) => return Err(error.into()),
+                    None => return SessionEnd::ClosedByPeer,
+                    Some(Err(error)) => return SessionEnd::WebSocket(Arc::new(error)),
                     Some(Ok(Message::Binary(bytes))) => {
-                        shared.with(|state| {
+                        let handled = shared.with(|state| {
                             for frame in Frame::decode_all(bytes) {
-                                let frame = frame.map_err(|e| MuxError::Protocol(e.to_string()))?;
-                                state
-                                    .session
-                                    .handle_frame(frame)
-                                    .map_err(|e| MuxError::Protocol(e.to_string()))?;
+                                state.session.handle_frame(frame?)?;
                             }
-                            Ok::<(), MuxError>(())
-                        })?;
+                            Ok::<(), Violation>(())
+                        });
+                        if let Err(violation) = handled {
+                            return violation.into();
+                        }
                     }
-                    Some(Ok(Message::Close(_))) => return Err(MuxError::ClosedByPeer),
-                    Some(Ok(Message::Text(_))) => {
-                        return Err(MuxError::Protocol("text message".to_owned()))
-                    }
+                    Some(Ok(Message::Close(_))) => return SessionEnd::ClosedByPeer,
+                    Some(Ok(Message::Text(_))) => return Violation::TextMessage.into(),
                     // Pings are answered by tungstenite; pongs only prove liveness.
                     Some(Ok(_)) => {}
                 }
@@ -145,67 +193,75 @@ impl Mux {
             let mut buf = BytesMut::new();
             loop {
                 let notified = shared.transmit.notified();
-                if let Some(reason) = shared.closed_reason() {
+                if let Some(end) = shared.closed_reason() {
                     // A last DATA and FIN queued before the close still go out, briefly.
                     let flush = send_queued(&mut sink, shared, &mut buf);
                     let _ = tokio::time::timeout(CLOSE_FLUSH, flush).await;
-                    return Err::<(), _>((reason, true));
+                    return end;
                 }
-                send_queued(&mut sink, shared, &mut buf)
-                    .await
-                    .map_err(|error| (error, false))?;
+                if let Err(error) = send_queued(&mut sink, shared, &mut buf).await {
+                    return SessionEnd::Write(Arc::new(error));
+                }
                 tokio::select! {
                     // Queued frames go out before a ping or a shutdown.
                     biased;
                     () = notified => {}
                     _ = ping.tick() => {
                         if let Err(error) = sink.send(Message::Ping(Default::default())).await {
-                            return Err((error.to_string(), false));
+                            return SessionEnd::Write(Arc::new(error));
                         }
                     }
                     () = shutdown.cancelled() => {
                         // Frames queued before the shutdown (a last DATA and FIN) still go out.
                         let flush = send_queued(&mut sink, shared, &mut buf);
                         let _ = tokio::time::timeout(CLOSE_FLUSH, flush).await;
-                        return Err(("shutting down".to_owned(), true));
+                        return SessionEnd::Shutdown;
                     }
                 }
             }
         };
 
-        let result = tokio::select! {
-            result = reader => result,
-            result = writer => match result {
-                Ok(()) => Ok(()),
-                Err((_, true)) => Err(MuxError::Shutdown),
-                Err((reason, false)) => Err(MuxError::Protocol(format!("writing: {reason}"))),
-            },
+        let end = tokio::select! {
+            end = reader => end,
+            end = writer => end,
+            never = deadlines(shared) => match never {},
         };
-        let reason = match &result {
-            Ok(()) => "session ended".to_owned(),
-            Err(error) => error.to_string(),
-        };
-        debug!(%reason, "session ending");
-        shared.close(&reason);
-        let code = match &result {
-            Err(MuxError::Protocol(_)) => CloseCode::Protocol,
-            Err(MuxError::Shutdown) => CloseCode::Away,
-            _ => CloseCode::Normal,
-        };
-        if !matches!(result, Err(MuxError::ClosedByPeer | MuxError::WebSocket(_))) {
+        debug!(reason = %end, "session ending");
+        shared.close(end.clone());
+        if let Some(code) = end.close_code() {
+            let reason: String = end.to_string().chars().take(MAX_CLOSE_REASON).collect();
             let close = CloseFrame {
                 code,
-                reason: reason.chars().take(100).collect::<String>().into(),
+                reason: reason.into(),
             };
-            let _ = tokio::time::timeout(
-                Duration::from_secs(1),
-                sink.send(Message::Close(Some(close))),
-            )
-            .await;
+            let _ = tokio::time::timeout(CLOSE_FLUSH, sink.send(Message::Close(Some(close)))).await;
         }
-        match result {
-            Err(MuxError::Shutdown) | Err(MuxError::ClosedByPeer) => Ok(()),
-            other => other,
+        if end.is_orderly() {
+            Ok(())
+        } else {
+            Err(end)
+        }
+    }
+}
+
+/// The session's one timer: sleeps until the protocol's next dial deadline
+/// ([`bridgehead_proto::session::Session::next_deadline`]), lets the protocol fail what
+/// expired, and waits again. Independent of the writer, so a dial to a peer that stopped
+/// reading still times out on time.
+async fn deadlines(shared: &SessionState) -> std::convert::Infallible {
+    loop {
+        let changed = shared.deadlines.notified();
+        match shared.with(|state| state.session.next_deadline()) {
+            Some(deadline) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(shared.instant_of(deadline)) => {
+                        let now = shared.now_ms();
+                        shared.with(|state| state.session.handle_timeout(now));
+                    }
+                    () = changed => {}
+                }
+            }
+            None => changed.await,
         }
     }
 }
@@ -213,9 +269,9 @@ impl Mux {
 /// Encodes every queued frame into messages of up to [`BATCH_BYTES`], writes and flushes them.
 async fn send_queued<S>(
     sink: &mut futures_util::stream::SplitSink<WebSocketStream<S>, Message>,
-    shared: &crate::shared::Shared,
+    shared: &SessionState,
     buf: &mut BytesMut,
-) -> Result<(), String>
+) -> Result<(), WsError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -226,14 +282,11 @@ where
         if frames == 0 {
             break;
         }
-        let message = Message::Binary(buf.split().freeze());
-        sink.feed(message)
-            .await
-            .map_err(|error| error.to_string())?;
+        sink.feed(Message::Binary(buf.split().freeze())).await?;
         sent = true;
     }
     if sent {
-        sink.flush().await.map_err(|error| error.to_string())?;
+        sink.flush().await?;
     }
     Ok(())
 }

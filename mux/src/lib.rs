@@ -15,7 +15,7 @@
 //! Not here: TLS, HTTP, routing, metrics. Those belong to the server and the agent.
 
 mod driver;
-mod shared;
+mod session_state;
 pub mod splice;
 mod stream;
 
@@ -25,19 +25,19 @@ use std::time::Duration;
 use bridgehead_proto::session::{OpenError, Role, SessionConfig};
 use bridgehead_proto::ErrorCode;
 
-pub use driver::{websocket_config, Keepalive, MuxError, MAX_MESSAGE};
+pub use driver::{websocket_config, Keepalive, SessionEnd, Violation, MAX_MESSAGE};
 pub use stream::{DialRequest, MuxStream, StreamEnd};
 
-use shared::Shared;
+use session_state::SessionState;
 
 /// Handle to one multiplexed session. Clones share the session.
 #[derive(Debug, Clone)]
 pub struct Mux {
-    shared: Arc<Shared>,
+    shared: Arc<SessionState>,
 }
 
 /// Why [`Mux::open`] produced no stream.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum OpenFailure {
     /// The agent answered DIAL_ERR (or reset the dialing stream).
     #[error("agent could not dial: {code}: {message}")]
@@ -50,14 +50,14 @@ pub enum OpenFailure {
     Refused(OpenError),
     /// The session ended before the agent answered.
     #[error("agent session ended: {0}")]
-    SessionClosed(String),
+    SessionClosed(SessionEnd),
 }
 
 impl Mux {
     /// A session for `config.role`; call [`Mux::run`] with its WebSocket to drive it.
     pub fn new(config: SessionConfig) -> Mux {
         Mux {
-            shared: Arc::new(Shared::new(config)),
+            shared: Arc::new(SessionState::new(config)),
         }
     }
 
@@ -81,13 +81,8 @@ impl Mux {
         self.shared.peer_draining()
     }
 
-    /// Whether the session has ended.
-    pub fn is_closed(&self) -> bool {
-        self.shared.closed_reason().is_some()
-    }
-
     /// Resolves when the session has ended, with the reason.
-    pub async fn closed(&self) -> String {
+    pub async fn closed(&self) -> SessionEnd {
         self.shared.closed().await
     }
 
@@ -103,7 +98,7 @@ impl Mux {
 
     /// Ends the session now: every stream fails, the driver closes the WebSocket.
     pub fn close(&self, reason: &str) {
-        self.shared.close(reason);
+        self.shared.close(SessionEnd::Closed(reason.to_owned()));
     }
 
     /// Server: asks the agent to dial `host:port` and waits for its answer, at most `timeout`.

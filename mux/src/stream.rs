@@ -10,7 +10,7 @@ use bridgehead_proto::session::{OpenError, ReadOutcome, StreamError};
 use bridgehead_proto::{ErrorCode, StreamId};
 use bytes::{Buf, Bytes};
 
-use crate::shared::{Dial, Ending, Shared, Slot, State, Waiter};
+use crate::session_state::{Dial, Ending, Locked, SessionState, Slot, Waiter};
 use crate::OpenFailure;
 
 /// How a stream ended abnormally, as seen by a read or write.
@@ -28,7 +28,7 @@ pub struct StreamEnd {
 /// One tunnel over the session. Dropping it without [`MuxStream::finish`]ing both ways resets
 /// the stream, so nothing outlives its owner.
 pub struct MuxStream {
-    shared: Arc<Shared>,
+    shared: Arc<SessionState>,
     id: StreamId,
 }
 
@@ -39,7 +39,7 @@ impl fmt::Debug for MuxStream {
 }
 
 impl MuxStream {
-    fn new(shared: Arc<Shared>, id: StreamId) -> MuxStream {
+    fn new(shared: Arc<SessionState>, id: StreamId) -> MuxStream {
         MuxStream { shared, id }
     }
 
@@ -131,7 +131,7 @@ impl MuxStream {
     }
 
     /// The send credit, or how the stream ended.
-    fn credit(&self, state: &State) -> Result<usize, StreamEnd> {
+    fn credit(&self, state: &Locked) -> Result<usize, StreamEnd> {
         if let Some(end) = self.reset_of(state) {
             return Err(end);
         }
@@ -160,7 +160,7 @@ impl MuxStream {
             .with(|state| state.session.reset(self.id, code, reason));
     }
 
-    fn reset_of(&self, state: &State) -> Option<StreamEnd> {
+    fn reset_of(&self, state: &Locked) -> Option<StreamEnd> {
         match state.slots.get(&self.id)?.ending.as_deref()? {
             Ending::Reset {
                 code,
@@ -197,9 +197,10 @@ impl Drop for MuxStream {
     }
 }
 
-/// Server side of [`crate::Mux::open`].
+/// Server side of [`crate::Mux::open`]. The deadline is the session's: its timer fails the
+/// dial when it passes (and the agent hears RESET `cancelled`).
 pub(crate) async fn open(
-    shared: &Arc<Shared>,
+    shared: &Arc<SessionState>,
     host: &str,
     port: u16,
     timeout: Duration,
@@ -207,8 +208,8 @@ pub(crate) async fn open(
     let timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
     let now = shared.now_ms();
     let id = shared.with(|state| {
-        if let Some(reason) = &state.closed {
-            return Err(OpenFailure::SessionClosed(reason.clone()));
+        if let Some(end) = &state.closed {
+            return Err(OpenFailure::SessionClosed(end.clone()));
         }
         let id = state
             .session
@@ -217,21 +218,31 @@ pub(crate) async fn open(
         state.slots.insert(id, Slot::default());
         Ok(id)
     })?;
+    shared.deadlines.notify_one();
     // From here the handle owns the slot: dropping it (client gone) resets the stream.
     let stream = MuxStream::new(shared.clone(), id);
-    let answer = poll_fn(|cx| {
+    poll_fn(|cx| {
         shared.with(|state| {
             let slot = state.slots.get(&id);
-            match (slot.map_or(Dial::Waiting, |slot| slot.dial), &state.closed) {
+            let answer = slot.map_or(Dial::Waiting, |slot| slot.dial);
+            match (answer, &state.closed) {
                 (Dial::Opened, _) => Poll::Ready(Ok(())),
-                (Dial::Failed, _) => match slot.and_then(|slot| slot.ending.as_deref()) {
-                    Some(Ending::Reset { code, reason, .. }) => {
-                        Poll::Ready(Err((*code, reason.clone())))
-                    }
-                    _ => Poll::Ready(Err((ErrorCode::Other, "dial failed".to_owned()))),
-                },
-                (Dial::Waiting, Some(reason)) => {
-                    Poll::Ready(Err((ErrorCode::ConnectionReset, reason.clone())))
+                (Dial::Expired, _) => Poll::Ready(Err(OpenFailure::TimedOut(timeout))),
+                (Dial::Failed, closed) => {
+                    let (code, message) = match slot.and_then(|slot| slot.ending.as_deref()) {
+                        Some(Ending::Reset { code, reason, .. }) => (*code, reason.clone()),
+                        _ => (ErrorCode::Other, "dial failed".to_owned()),
+                    };
+                    Poll::Ready(Err(match closed {
+                        // The session ended before the agent answered.
+                        Some(end) if code == ErrorCode::ConnectionReset => {
+                            OpenFailure::SessionClosed(end.clone())
+                        }
+                        _ => OpenFailure::Dial { code, message },
+                    }))
+                }
+                (Dial::Waiting, Some(end)) => {
+                    Poll::Ready(Err(OpenFailure::SessionClosed(end.clone())))
                 }
                 (Dial::Waiting, None) => {
                     state.park(id, Waiter::Reader, cx);
@@ -239,29 +250,13 @@ pub(crate) async fn open(
                 }
             }
         })
-    });
-    match tokio::time::timeout(timeout, answer).await {
-        Ok(Ok(())) => Ok(stream),
-        Ok(Err((code, message))) => {
-            if shared.closed_reason().is_some() && code == ErrorCode::ConnectionReset {
-                return Err(OpenFailure::SessionClosed(message));
-            }
-            Err(OpenFailure::Dial { code, message })
-        }
-        Err(_) => {
-            let now = shared.now_ms();
-            shared.with(|state| state.session.handle_timeout(now));
-            // The session's own clock decides; if it still waits (ms rounding), cancel it.
-            if shared.with(|state| state.session.contains(id)) {
-                stream.reset(ErrorCode::Cancelled, "dial deadline passed");
-            }
-            Err(OpenFailure::TimedOut(timeout))
-        }
-    }
+    })
+    .await?;
+    Ok(stream)
 }
 
 /// Agent side of [`crate::Mux::accept`].
-pub(crate) async fn accept(shared: &Arc<Shared>) -> Option<DialRequest> {
+pub(crate) async fn accept(shared: &Arc<SessionState>) -> Option<DialRequest> {
     loop {
         let notified = shared.dials.notified();
         let next = shared.with(|state| {

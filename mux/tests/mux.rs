@@ -242,7 +242,7 @@ async fn keepalive_detects_a_silent_peer() {
         .run(ws, Keepalive::default(), CancellationToken::new())
         .await;
     assert!(
-        matches!(result, Err(bridgehead_mux::MuxError::KeepaliveTimeout(_))),
+        matches!(result, Err(bridgehead_mux::SessionEnd::KeepaliveTimeout(_))),
         "{result:?}"
     );
 }
@@ -273,7 +273,7 @@ async fn keepalive_counts_from_the_last_message() {
     }
     let (result, lived) = session.await.unwrap();
     assert!(
-        matches!(result, Err(bridgehead_mux::MuxError::KeepaliveTimeout(_))),
+        matches!(result, Err(bridgehead_mux::SessionEnd::KeepaliveTimeout(_))),
         "{result:?}"
     );
     // Last message at 48 s: dead at 58 s.

@@ -76,11 +76,13 @@ pub enum Event {
     },
     /// Server: the agent's dial succeeded; the stream is open.
     Opened { stream: StreamId },
-    /// Server: the dial failed (agent's answer, or the deadline passed). The stream is gone.
+    /// Server: the dial failed (agent's answer, or the deadline passed: `expired`). The
+    /// stream is gone.
     DialFailed {
         stream: StreamId,
         code: ErrorCode,
         message: String,
+        expired: bool,
     },
     /// Data or the peer's EOF is ready for [`Session::read`].
     Readable { stream: StreamId },
@@ -147,11 +149,6 @@ impl Session {
         }
     }
 
-    /// This end's role.
-    pub fn role(&self) -> Role {
-        self.config.role
-    }
-
     /// Streams that exist (dialing, open or half-closed).
     pub fn stream_count(&self) -> usize {
         self.streams.len()
@@ -165,11 +162,6 @@ impl Session {
     /// Whether the peer announced DRAIN.
     pub fn peer_draining(&self) -> bool {
         self.peer_draining
-    }
-
-    /// Whether this end announced DRAIN.
-    pub fn draining(&self) -> bool {
-        self.draining
     }
 
     /// Server: asks the agent to dial `host:port`, failing the dial if no answer came by
@@ -347,6 +339,7 @@ impl Session {
                     stream,
                     code: ErrorCode::TimedOut,
                     message: "the agent did not answer the dial in time".to_owned(),
+                    expired: true,
                 });
             }
         }
@@ -387,6 +380,7 @@ impl Session {
                         stream,
                         code: ErrorCode::ConnectionReset,
                         message: reason.to_owned(),
+                        expired: false,
                     });
                     continue;
                 }

@@ -73,6 +73,7 @@ impl Session {
                         stream,
                         code: ErrorCode::FlowControl,
                         message: reason.to_owned(),
+                        expired: false,
                     });
                     return Ok(());
                 }
@@ -99,6 +100,7 @@ impl Session {
                     stream,
                     code,
                     message,
+                    expired: false,
                 });
             }
             Frame::Data { stream, payload } => {
@@ -172,6 +174,7 @@ impl Session {
                             stream,
                             code,
                             message: reason,
+                            expired: false,
                         });
                         return Ok(());
                     }

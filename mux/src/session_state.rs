@@ -3,11 +3,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use std::task::{Context, Waker};
-use std::time::Instant;
+use std::time::Duration;
 
 use bridgehead_proto::session::{Event, Session, SessionConfig};
 use bridgehead_proto::{ErrorCode, StreamId};
 use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::SessionEnd;
 
 /// How a stream ended, as its tasks learn it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,8 +49,11 @@ pub(crate) enum Dial {
     #[default]
     Waiting,
     Opened,
-    /// The code and message are the stream's [`Ending::Reset`].
+    /// The agent's answer, or the session's end; the code and message are the stream's
+    /// [`Ending::Reset`].
     Failed,
+    /// The dial's deadline passed first.
+    Expired,
 }
 
 /// A dial the server asked for, waiting for the agent's accept loop.
@@ -60,29 +66,32 @@ pub(crate) struct PendingDial {
 }
 
 #[derive(Debug)]
-pub(crate) struct State {
+pub(crate) struct Locked {
     pub(crate) session: Session,
     pub(crate) slots: HashMap<StreamId, Slot>,
     pub(crate) dials: VecDeque<PendingDial>,
-    pub(crate) closed: Option<String>,
+    pub(crate) closed: Option<SessionEnd>,
 }
 
 #[derive(Debug)]
-pub(crate) struct Shared {
-    state: Mutex<State>,
+pub(crate) struct SessionState {
+    state: Mutex<Locked>,
     /// Wakes the writer: frames are queued, or the session closed.
     pub(crate) transmit: Notify,
     /// Wakes the agent's accept loop.
     pub(crate) dials: Notify,
     /// Wakes whoever waits for the end of the session or for the peer's DRAIN.
     pub(crate) lifecycle: Notify,
+    /// Wakes the session's timer: a dial with a deadline was opened.
+    pub(crate) deadlines: Notify,
+    /// Zero of the session's clock (tokio's, so tests can pause it).
     epoch: Instant,
 }
 
-impl Shared {
-    pub(crate) fn new(config: SessionConfig) -> Shared {
-        Shared {
-            state: Mutex::new(State {
+impl SessionState {
+    pub(crate) fn new(config: SessionConfig) -> SessionState {
+        SessionState {
+            state: Mutex::new(Locked {
                 session: Session::new(config),
                 slots: HashMap::new(),
                 dials: VecDeque::new(),
@@ -91,6 +100,7 @@ impl Shared {
             transmit: Notify::new(),
             dials: Notify::new(),
             lifecycle: Notify::new(),
+            deadlines: Notify::new(),
             epoch: Instant::now(),
         }
     }
@@ -100,16 +110,22 @@ impl Shared {
         self.epoch.elapsed().as_millis() as u64
     }
 
+    /// The instant `ms` on the session's clock names (at or after which [`Self::now_ms`] is
+    /// `ms` or more).
+    pub(crate) fn instant_of(&self, ms: u64) -> Instant {
+        self.epoch + Duration::from_millis(ms)
+    }
+
     /// Runs `f` on the state, then delivers the events it caused and wakes the writer if it
     /// queued frames. The lock is never held across an await.
-    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Locked) -> R) -> R {
         let mut state = self.lock();
         let result = f(&mut state);
         self.dispatch(&mut state);
         result
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, Locked> {
         // A panic while holding the lock cannot leave the state half-updated in a way that
         // matters more than losing the session; keep serving.
         self.state
@@ -117,7 +133,7 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn dispatch(&self, state: &mut State) {
+    fn dispatch(&self, state: &mut Locked) {
         let mut lifecycle = false;
         while let Some(event) = state.session.poll_event() {
             match event {
@@ -141,8 +157,9 @@ impl Shared {
                     stream,
                     code,
                     message,
+                    expired,
                 } => {
-                    state.answer(stream, Dial::Failed);
+                    state.answer(stream, if expired { Dial::Expired } else { Dial::Failed });
                     state.end(
                         stream,
                         Ending::Reset {
@@ -187,11 +204,11 @@ impl Shared {
         self.lock().session.peer_draining()
     }
 
-    pub(crate) fn closed_reason(&self) -> Option<String> {
+    pub(crate) fn closed_reason(&self) -> Option<SessionEnd> {
         self.lock().closed.clone()
     }
 
-    pub(crate) async fn closed(&self) -> String {
+    pub(crate) async fn closed(&self) -> SessionEnd {
         loop {
             let notified = self.lifecycle.notified();
             if let Some(reason) = self.closed_reason() {
@@ -215,12 +232,13 @@ impl Shared {
         self.with(|state| state.session.drain());
     }
 
-    /// Ends the session: every stream fails, waiters wake, the driver stops.
-    pub(crate) fn close(&self, reason: &str) {
+    /// Ends the session: every stream fails, waiters wake, the driver stops. The first end
+    /// recorded is the one that stays.
+    pub(crate) fn close(&self, end: SessionEnd) {
         self.with(|state| {
             if state.closed.is_none() {
-                state.closed = Some(reason.to_owned());
-                state.session.abort(reason);
+                state.session.abort(&end.to_string());
+                state.closed = Some(end);
             }
         });
         // Dials that were never accepted fail with the session.
@@ -253,7 +271,7 @@ impl Slot {
     }
 }
 
-impl State {
+impl Locked {
     /// Leaves `cx`'s waker for `waiter` of `stream`. Call it under the same lock as the check
     /// that found nothing to do, so the event it waits for cannot come in between. The waker
     /// stays until that event or the stream's end.
