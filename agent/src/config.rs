@@ -1,17 +1,20 @@
 //! The command line ([`Cli`]) and the validated [`Config`] the agent runs with.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use bridgehead_mux::Keepalive;
+use bridgehead_proto::host::{strip_brackets, HostPort};
 use bridgehead_proto::ident::AgentIdentifiers;
 use bridgehead_runtime::duration;
 use bridgehead_runtime::logging::LogFormat;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 use rustls_pki_types::ServerName;
+
+pub use crate::tls::ClientCert;
 
 /// The session is declared dead after this many keepalive intervals of silence.
 const KEEPALIVE_MISSES: u32 = 3;
@@ -159,15 +162,6 @@ pub struct Cli {
     pub server_name: Option<String>,
 }
 
-/// A client certificate and its key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClientCert {
-    /// PEM certificate chain.
-    pub cert: PathBuf,
-    /// PEM private key.
-    pub key: PathBuf,
-}
-
 /// The validated configuration. It holds file paths, never key material or tokens: the files
 /// are read when connecting, so rotated certificates and tokens are picked up on reconnect.
 #[derive(Debug, Clone)]
@@ -210,11 +204,7 @@ impl Config {
 
     /// `host:port` of the server, with brackets around an IPv6 literal: for URLs and logs.
     pub fn server_authority(&self) -> String {
-        if self.server_host.parse::<Ipv6Addr>().is_ok() {
-            format!("[{}]:{}", self.server_host, self.server_port)
-        } else {
-            format!("{}:{}", self.server_host, self.server_port)
-        }
+        HostPort(&self.server_host, self.server_port).to_string()
     }
 }
 
@@ -295,15 +285,9 @@ impl Cli {
             worker_threads: self.worker_threads,
         };
         // Fail now, not on the first connect, if the CA or the client pair does not load.
-        crate::connect::tls_config(&config)?;
+        crate::tls::client_config(&config.ca_cert, config.client_cert.as_ref())?;
         Ok(config)
     }
-}
-
-fn strip_brackets(host: &str) -> &str {
-    host.strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host)
 }
 
 /// The host name (`/proc/sys/kernel/hostname`, else `$HOSTNAME`), else a random id.

@@ -2,10 +2,11 @@
 //! `bridgehead-server`, and dials the targets the server asks for, splicing each TCP
 //! connection onto its stream of the session.
 //!
-//! [`run`] is the whole agent: the health server, and a reconnect loop that connects
-//! (TCP, TLS with the `--ca-cert` roots and an optional client certificate, the WebSocket
-//! upgrade to `/connect?id=…&host=…` with subprotocol `bridgehead.v1` and an optional bearer
-//! token), runs the session (dials in [`dial`], one task per tunnel), and waits with
+//! [`run`] is the whole agent: the health server, and a reconnect loop that connects to the
+//! server (`server_connection`: TCP, TLS with the `--ca-cert` roots and an optional client
+//! certificate from `tls`, the WebSocket upgrade to `/connect?id=…&host=…` with subprotocol
+//! `bridgehead.v1` and an optional bearer token), runs the session (`session`: each dial the
+//! server asks for goes to the target through [`dial`], one task per tunnel), and waits with
 //! [`backoff::Backoff`] between attempts. [`config`] turns the command line into a validated
 //! [`Config`]. On shutdown the agent announces DRAIN and lets open tunnels finish within the
 //! grace period.
@@ -16,10 +17,11 @@
 
 pub mod backoff;
 pub mod config;
-mod connect;
 pub mod dial;
 mod health;
+mod server_connection;
 mod session;
+pub mod tls;
 
 use std::time::{Duration, Instant};
 
@@ -34,8 +36,8 @@ use tracing::{error, info, info_span, warn, Instrument};
 pub use config::{Cli, Config};
 
 use backoff::Backoff;
-use connect::ConnectError;
 use health::Health;
+use server_connection::ConnectError;
 
 /// A session that lasted this long was healthy: the next reconnect starts from the first delay.
 const HEALTHY_SESSION: Duration = Duration::from_secs(10);
@@ -91,7 +93,7 @@ async fn reconnect_loop(config: &Config, health: &Health, shutdown: &Cancellatio
         }
         first = false;
         let attempt = tokio::select! {
-            attempt = connect::connect(config) => attempt,
+            attempt = server_connection::connect_to_server(config) => attempt,
             () = shutdown.cancelled() => break,
         };
         match attempt {

@@ -15,9 +15,9 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, debug_span, info, warn, Instrument};
 
 use crate::config::Config;
-use crate::connect::Connected;
 use crate::dial::{self, DialError};
 use crate::health::{Health, Metrics};
+use crate::server_connection::Connected;
 
 /// After the session ended, how long its tunnel tasks get to notice and finish.
 const TASKS_AFTER_SESSION: Duration = Duration::from_secs(5);
@@ -133,7 +133,7 @@ async fn drain_on_shutdown(
 fn tunnel(request: DialRequest, health: Health) -> impl Future<Output = ()> {
     async move {
         let metrics = health.metrics();
-        let Some((mut socket, stream)) = connect(request, metrics).await else {
+        let Some((mut socket, stream)) = dial_target(request, metrics).await else {
             return;
         };
         let _open = metrics.stream_opened();
@@ -162,7 +162,7 @@ fn tunnel(request: DialRequest, health: Health) -> impl Future<Output = ()> {
 
 /// Dials the target and answers the server: the connection and the stream, or `None` when
 /// the dial failed or the server gave up.
-async fn connect(request: DialRequest, metrics: &Metrics) -> Option<(TcpStream, MuxStream)> {
+async fn dial_target(request: DialRequest, metrics: &Metrics) -> Option<(TcpStream, MuxStream)> {
     let started = Instant::now();
     // Boxed: a large state, and needed only until the connection is up.
     let dial = Box::pin(dial::dial(&request.host, request.port, request.timeout));

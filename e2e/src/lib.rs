@@ -2,18 +2,22 @@
 //! loopback with a PKI made at test time, plus targets and a client that speaks exactly as
 //! kube-apiserver does.
 //!
-//! - [`Pki`]: a fresh CA and certificates in a temporary directory.
-//! - [`Server`], [`Agent`]: child processes bound to port 0; their addresses are read from the
-//!   `... listening on ADDR` lines they print. Killed on drop.
-//! - [`client`]: the kube-apiserver-style CONNECT client and curl helpers.
-//! - [`target`]: echo and "who am I" targets.
+//! - [`pki`]: a fresh CA and certificates in a temporary directory.
+//! - [`process`]: [`Server`], [`Agent`]: child processes bound to port 0; their addresses are
+//!   read from the `... listening on ADDR` lines they print. Killed on drop.
+//! - [`client`]: the kube-apiserver-style CONNECT client (blocking and async) and curl helpers.
+//! - [`target`]: echo, "who am I" and pattern targets, and the async load target.
+//! - [`netns`]: network-namespace test hosts (root); [`procfs`]: a process's memory, CPU and
+//!   descriptors.
 //!
 //! The binaries must be built first (`cargo build --bins`); the README's test command does it.
 
 pub mod client;
 pub mod netns;
+pub mod pki;
 pub mod process;
 pub mod procfs;
 pub mod target;
 
-pub use process::{Agent, AgentOptions, Pki, Server, ServerOptions, Wrapper};
+pub use pki::Pki;
+pub use process::{Agent, AgentOptions, Server, ServerOptions, Wrapper};

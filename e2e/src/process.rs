@@ -10,36 +10,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+use crate::Pki;
+
 /// How long a process may take to announce its listeners.
 const STARTUP: Duration = Duration::from_secs(20);
 /// How long an agent may take to register with its server.
 const REGISTRATION: Duration = Duration::from_secs(20);
-
-/// A fresh PKI on disk.
-#[derive(Debug)]
-pub struct Pki {
-    dir: tempfile::TempDir,
-    /// The same PKI in memory, to issue more certificates.
-    pub pki: bridgehead_certs::Pki,
-}
-
-impl Pki {
-    pub fn new() -> anyhow::Result<Pki> {
-        let pki = bridgehead_certs::Pki::generate(&[])?;
-        let dir = tempfile::tempdir()?;
-        pki.write_dir(dir.path(), true)?;
-        Ok(Pki { dir, pki })
-    }
-
-    /// `ca.crt`, `client.key`, ... in the PKI directory.
-    pub fn path(&self, file: &str) -> PathBuf {
-        self.dir.path().join(file)
-    }
-
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-}
 
 /// The directory holding the workspace's binaries (next to this test executable's `deps/`).
 pub fn bin_dir() -> PathBuf {

@@ -63,22 +63,7 @@ impl Refusal {
             }
             Refusal::NotConnect => StatusCode::METHOD_NOT_ALLOWED,
             Refusal::NoAgent(_) | Refusal::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Refusal::Dial { code, .. } => match code {
-                ErrorCode::TimedOut => StatusCode::GATEWAY_TIMEOUT,
-                ErrorCode::Draining | ErrorCode::TooManyStreams => StatusCode::SERVICE_UNAVAILABLE,
-                ErrorCode::Refused
-                | ErrorCode::Unreachable
-                | ErrorCode::NameNotResolved
-                | ErrorCode::NotPermitted
-                | ErrorCode::Other
-                | ErrorCode::Cancelled
-                | ErrorCode::FlowControl
-                | ErrorCode::StreamState
-                | ErrorCode::ConnectionReset
-                | ErrorCode::Shutdown
-                | ErrorCode::Internal
-                | ErrorCode::Unknown(_) => StatusCode::BAD_GATEWAY,
-            },
+            Refusal::Dial { code, .. } => dial_failure(*code).0,
             Refusal::TimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
             Refusal::AgentLost { .. } => StatusCode::BAD_GATEWAY,
         }
@@ -95,24 +80,31 @@ impl Refusal {
             | Refusal::BadTarget(_) => DialResult::BadRequest,
             Refusal::NoAgent(_) => DialResult::NoAgent,
             Refusal::Overloaded(_) => DialResult::Overloaded,
-            Refusal::Dial { code, .. } => match code {
-                ErrorCode::Refused => DialResult::Refused,
-                ErrorCode::Unreachable => DialResult::Unreachable,
-                ErrorCode::NameNotResolved => DialResult::NameNotResolved,
-                ErrorCode::NotPermitted => DialResult::NotPermitted,
-                ErrorCode::TimedOut => DialResult::TimedOut,
-                ErrorCode::Draining | ErrorCode::TooManyStreams => DialResult::Overloaded,
-                ErrorCode::Other
-                | ErrorCode::Cancelled
-                | ErrorCode::FlowControl
-                | ErrorCode::StreamState
-                | ErrorCode::ConnectionReset
-                | ErrorCode::Shutdown
-                | ErrorCode::Internal
-                | ErrorCode::Unknown(_) => DialResult::Other,
-            },
+            Refusal::Dial { code, .. } => dial_failure(*code).1,
             Refusal::TimedOut { .. } => DialResult::TimedOut,
             Refusal::AgentLost { .. } => DialResult::AgentLost,
         }
+    }
+}
+
+/// The status and label of an agent's failed dial, by its error code.
+fn dial_failure(code: ErrorCode) -> (StatusCode, DialResult) {
+    match code {
+        ErrorCode::Refused => (StatusCode::BAD_GATEWAY, DialResult::Refused),
+        ErrorCode::Unreachable => (StatusCode::BAD_GATEWAY, DialResult::Unreachable),
+        ErrorCode::NameNotResolved => (StatusCode::BAD_GATEWAY, DialResult::NameNotResolved),
+        ErrorCode::NotPermitted => (StatusCode::BAD_GATEWAY, DialResult::NotPermitted),
+        ErrorCode::TimedOut => (StatusCode::GATEWAY_TIMEOUT, DialResult::TimedOut),
+        ErrorCode::Draining | ErrorCode::TooManyStreams => {
+            (StatusCode::SERVICE_UNAVAILABLE, DialResult::Overloaded)
+        }
+        ErrorCode::Other
+        | ErrorCode::Cancelled
+        | ErrorCode::FlowControl
+        | ErrorCode::StreamState
+        | ErrorCode::ConnectionReset
+        | ErrorCode::Shutdown
+        | ErrorCode::Internal
+        | ErrorCode::Unknown(_) => (StatusCode::BAD_GATEWAY, DialResult::Other),
     }
 }

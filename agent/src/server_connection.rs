@@ -2,15 +2,12 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use bridgehead_proto::SUBPROTOCOL;
-use bridgehead_runtime::tls;
 use http::header::{HeaderValue, AUTHORIZATION, SEC_WEBSOCKET_PROTOCOL};
 use http::StatusCode;
-use rustls::ClientConfig;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
@@ -71,32 +68,11 @@ pub(crate) enum ConnectError {
     Subprotocol(Option<String>),
 }
 
-/// The rustls client configuration: roots from `--ca-cert`, the client pair if given, ALPN
-/// `http/1.1`.
-pub(crate) fn tls_config(config: &Config) -> anyhow::Result<Arc<ClientConfig>> {
-    let roots = tls::load_roots(&config.ca_cert).context("loading --ca-cert")?;
-    let builder = ClientConfig::builder_with_provider(tls::provider())
-        .with_safe_default_protocol_versions()
-        .context("configuring TLS")?
-        .with_root_certificates(roots);
-    let mut client = match &config.client_cert {
-        Some(pair) => {
-            let certs = tls::load_certs(&pair.cert).context("loading --agent-cert")?;
-            let key = tls::load_key(&pair.key).context("loading --agent-key")?;
-            builder
-                .with_client_auth_cert(certs, key)
-                .context("--agent-cert and --agent-key do not make a usable pair")?
-        }
-        None => builder.with_no_client_auth(),
-    };
-    client.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(client))
-}
-
-/// Connects and upgrades; every step has a timeout.
-pub(crate) async fn connect(config: &Config) -> Result<Connected, ConnectError> {
+/// Connects to the server and upgrades; every step has a timeout.
+pub(crate) async fn connect_to_server(config: &Config) -> Result<Connected, ConnectError> {
     let server = config.server_authority();
-    let tls = tls_config(config).map_err(ConnectError::TlsFiles)?;
+    let tls = crate::tls::client_config(&config.ca_cert, config.client_cert.as_ref())
+        .map_err(ConnectError::TlsFiles)?;
 
     let tcp = tokio::time::timeout(
         TCP_CONNECT_TIMEOUT,
