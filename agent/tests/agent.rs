@@ -22,7 +22,13 @@ use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, 
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_util::sync::CancellationToken;
 
+/// Every async test fails after this long instead of hanging the suite.
 const TEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runs a test body under [`TEST_TIMEOUT`].
+async fn bounded<F: std::future::Future>(body: F) -> F::Output {
+    timeout(TEST_TIMEOUT, body).await.expect("test timed out")
+}
 
 /// A bounded poll: the last resort for waiting on the agent's state from outside.
 async fn eventually<F, Fut>(what: &str, mut check: F)
@@ -91,59 +97,62 @@ async fn closed_port() -> u16 {
 
 #[tokio::test]
 async fn health_while_the_server_is_unreachable() {
-    tls::install_crypto_provider();
-    let pki = Pkidir::new();
-    let port = closed_port().await.to_string();
-    let config = config(&[
-        "--ca-cert",
-        &pki.file("ca.crt"),
-        "--proxy-server-port",
-        &port,
-        "--sync-interval",
-        "20ms",
-        "--sync-interval-cap",
-        "50ms",
-    ]);
-    let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let health_addr = health.local_addr().unwrap();
-    let shutdown = CancellationToken::new();
-    let agent = tokio::spawn(bridgehead_agent::run(config, health, shutdown.clone()));
+    bounded(async {
+        tls::install_crypto_provider();
+        let pki = Pkidir::new();
+        let port = closed_port().await.to_string();
+        let config = config(&[
+            "--ca-cert",
+            &pki.file("ca.crt"),
+            "--proxy-server-port",
+            &port,
+            "--sync-interval",
+            "20ms",
+            "--sync-interval-cap",
+            "50ms",
+        ]);
+        let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let health_addr = health.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let agent = tokio::spawn(bridgehead_agent::run(config, health, shutdown.clone()));
 
-    timeout(TEST_TIMEOUT, async {
-        assert_eq!(get(health_addr, "/healthz").await, (200, "ok\n".to_owned()));
-        eventually("/readyz to name the refused connection", || async {
-            let (status, body) = get(health_addr, "/readyz").await;
-            assert_eq!(status, 503, "{body}");
-            assert!(body.starts_with("not connected to server: "), "{body}");
-            body.contains("refused")
-        })
-        .await;
-        let (status, metrics) = get(health_addr, "/metrics").await;
-        assert_eq!(status, 200);
-        assert!(
-            metrics.contains("bridgehead_agent_connected 0\n"),
-            "{metrics}"
-        );
-        assert!(
-            metrics.contains("bridgehead_agent_streams_open 0\n"),
-            "{metrics}"
-        );
-        assert!(
-            metrics.contains("bridgehead_agent_dials_total{result=\"refused\"} 0\n"),
-            "{metrics}"
-        );
-        eventually("a reconnect", || async {
-            let (_, metrics) = get(health_addr, "/metrics").await;
-            !metrics.contains("bridgehead_agent_reconnects_total 0\n")
-        })
-        .await;
-        assert_eq!(get(health_addr, "/nope").await.0, 404);
+        timeout(TEST_TIMEOUT, async {
+            assert_eq!(get(health_addr, "/healthz").await, (200, "ok\n".to_owned()));
+            eventually("/readyz to name the refused connection", || async {
+                let (status, body) = get(health_addr, "/readyz").await;
+                assert_eq!(status, 503, "{body}");
+                assert!(body.starts_with("not connected to server: "), "{body}");
+                body.contains("refused")
+            })
+            .await;
+            let (status, metrics) = get(health_addr, "/metrics").await;
+            assert_eq!(status, 200);
+            assert!(
+                metrics.contains("bridgehead_agent_connected 0\n"),
+                "{metrics}"
+            );
+            assert!(
+                metrics.contains("bridgehead_agent_streams_open 0\n"),
+                "{metrics}"
+            );
+            assert!(
+                metrics.contains("bridgehead_agent_dials_total{result=\"refused\"} 0\n"),
+                "{metrics}"
+            );
+            eventually("a reconnect", || async {
+                let (_, metrics) = get(health_addr, "/metrics").await;
+                !metrics.contains("bridgehead_agent_reconnects_total 0\n")
+            })
+            .await;
+            assert_eq!(get(health_addr, "/nope").await.0, 404);
 
-        shutdown.cancel();
-        agent.await.unwrap().unwrap();
+            shutdown.cancel();
+            agent.await.unwrap().unwrap();
+        })
+        .await
+        .unwrap();
     })
     .await
-    .unwrap();
 }
 
 /// What the fake server saw in the upgrade request.
@@ -252,197 +261,204 @@ async fn echo_through(stream: &bridgehead_mux::MuxStream, data: &'static [u8]) -
 
 #[tokio::test]
 async fn session_with_a_fake_server() {
-    tls::install_crypto_provider();
-    let pki = Pkidir::new();
-    let token_dir = tempfile::tempdir().unwrap();
-    let token = token_dir.path().join("token");
-    std::fs::write(&token, "secret-token\n").unwrap();
+    bounded(async {
+        tls::install_crypto_provider();
+        let pki = Pkidir::new();
+        let token_dir = tempfile::tempdir().unwrap();
+        let token = token_dir.path().join("token");
+        std::fs::write(&token, "secret-token\n").unwrap();
 
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server_port = listener.local_addr().unwrap().port().to_string();
-    let (seen_tx, seen_rx) = oneshot::channel();
-    let (session_tx, session_rx) = oneshot::channel();
-    tokio::spawn(fake_server(listener, server_tls(&pki), seen_tx, session_tx));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server_port = listener.local_addr().unwrap().port().to_string();
+        let (seen_tx, seen_rx) = oneshot::channel();
+        let (session_tx, session_rx) = oneshot::channel();
+        tokio::spawn(fake_server(listener, server_tls(&pki), seen_tx, session_tx));
 
-    let config = config(&[
-        "--ca-cert",
-        &pki.file("ca.crt"),
-        "--agent-cert",
-        &pki.file("agent.crt"),
-        "--agent-key",
-        &pki.file("agent.key"),
-        "--proxy-server-host",
-        "127.0.0.1",
-        "--proxy-server-port",
-        &server_port,
-        "--agent-id",
-        "test-agent",
-        "--agent-identifiers",
-        "host=node1&ipv4=10.0.0.5",
-        "--service-account-token-path",
-        &token.display().to_string(),
-        "--drain-grace-period",
-        "20s",
-    ]);
-    let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let health_addr = health.local_addr().unwrap();
-    let shutdown = CancellationToken::new();
-    let agent = tokio::spawn(bridgehead_agent::run(config, health, shutdown.clone()));
+        let config = config(&[
+            "--ca-cert",
+            &pki.file("ca.crt"),
+            "--agent-cert",
+            &pki.file("agent.crt"),
+            "--agent-key",
+            &pki.file("agent.key"),
+            "--proxy-server-host",
+            "127.0.0.1",
+            "--proxy-server-port",
+            &server_port,
+            "--agent-id",
+            "test-agent",
+            "--agent-identifiers",
+            "host=node1&ipv4=10.0.0.5",
+            "--service-account-token-path",
+            &token.display().to_string(),
+            "--drain-grace-period",
+            "20s",
+        ]);
+        let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let health_addr = health.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let agent = tokio::spawn(bridgehead_agent::run(config, health, shutdown.clone()));
 
-    timeout(TEST_TIMEOUT, async {
-        let upgrade = seen_rx.await.unwrap();
-        assert_eq!(upgrade.path, "/connect");
-        assert_eq!(upgrade.query, "id=test-agent&host=node1&ipv4=10.0.0.5");
-        assert_eq!(upgrade.subprotocol.as_deref(), Some("bridgehead.v1"));
-        assert_eq!(
-            upgrade.authorization.as_deref(),
-            Some("Bearer secret-token")
-        );
-        let server = session_rx.await.unwrap();
+        timeout(TEST_TIMEOUT, async {
+            let upgrade = seen_rx.await.unwrap();
+            assert_eq!(upgrade.path, "/connect");
+            assert_eq!(upgrade.query, "id=test-agent&host=node1&ipv4=10.0.0.5");
+            assert_eq!(upgrade.subprotocol.as_deref(), Some("bridgehead.v1"));
+            assert_eq!(
+                upgrade.authorization.as_deref(),
+                Some("Bearer secret-token")
+            );
+            let server = session_rx.await.unwrap();
 
-        eventually("/readyz to turn 200", || async {
-            get(health_addr, "/readyz").await.0 == 200
-        })
-        .await;
+            eventually("/readyz to turn 200", || async {
+                get(health_addr, "/readyz").await.0 == 200
+            })
+            .await;
 
-        // A tunnel to a local echo listener.
-        let echo_port = echo_listener().await;
-        let stream = server
-            .open("127.0.0.1", echo_port, Duration::from_secs(5))
-            .await
-            .unwrap();
-        assert_eq!(
-            echo_through(&stream, b"hello through the agent").await,
-            b"hello through the agent"
-        );
-        drop(stream);
+            // A tunnel to a local echo listener.
+            let echo_port = echo_listener().await;
+            let stream = server
+                .open("127.0.0.1", echo_port, Duration::from_secs(5))
+                .await
+                .unwrap();
+            assert_eq!(
+                echo_through(&stream, b"hello through the agent").await,
+                b"hello through the agent"
+            );
+            drop(stream);
 
-        // A refused dial comes back typed.
-        let refused = server
-            .open("127.0.0.1", closed_port().await, Duration::from_secs(5))
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(
-                refused,
-                OpenFailure::Dial {
-                    code: ErrorCode::Refused,
-                    ..
-                }
-            ),
-            "{refused:?}"
-        );
+            // A refused dial comes back typed.
+            let refused = server
+                .open("127.0.0.1", closed_port().await, Duration::from_secs(5))
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(
+                    refused,
+                    OpenFailure::Dial {
+                        code: ErrorCode::Refused,
+                        ..
+                    }
+                ),
+                "{refused:?}"
+            );
 
-        let (_, metrics) = get(health_addr, "/metrics").await;
-        assert!(
-            metrics.contains("bridgehead_agent_connected 1\n"),
-            "{metrics}"
-        );
-        assert!(
-            metrics.contains("bridgehead_agent_dials_total{result=\"ok\"} 1\n"),
-            "{metrics}"
-        );
-        assert!(
-            metrics.contains("bridgehead_agent_dials_total{result=\"refused\"} 1\n"),
-            "{metrics}"
-        );
-        assert!(
-            metrics.contains("bridgehead_agent_dial_duration_seconds_count 2\n"),
-            "{metrics}"
-        );
-        eventually("the tunnel's bytes to be counted", || async {
             let (_, metrics) = get(health_addr, "/metrics").await;
-            metrics.contains("bridgehead_agent_bytes_total{direction=\"to_target\"} 23\n")
-                && metrics.contains("bridgehead_agent_bytes_total{direction=\"from_target\"} 23\n")
-                && metrics.contains("bridgehead_agent_streams_open 0\n")
-        })
-        .await;
+            assert!(
+                metrics.contains("bridgehead_agent_connected 1\n"),
+                "{metrics}"
+            );
+            assert!(
+                metrics.contains("bridgehead_agent_dials_total{result=\"ok\"} 1\n"),
+                "{metrics}"
+            );
+            assert!(
+                metrics.contains("bridgehead_agent_dials_total{result=\"refused\"} 1\n"),
+                "{metrics}"
+            );
+            assert!(
+                metrics.contains("bridgehead_agent_dial_duration_seconds_count 2\n"),
+                "{metrics}"
+            );
+            eventually("the tunnel's bytes to be counted", || async {
+                let (_, metrics) = get(health_addr, "/metrics").await;
+                metrics.contains("bridgehead_agent_bytes_total{direction=\"to_target\"} 23\n")
+                    && metrics
+                        .contains("bridgehead_agent_bytes_total{direction=\"from_target\"} 23\n")
+                    && metrics.contains("bridgehead_agent_streams_open 0\n")
+            })
+            .await;
 
-        // Shutdown with a tunnel open: the agent drains, the tunnel keeps working, and the
-        // agent exits as soon as it ends, well before the grace period.
-        let open = server
-            .open("127.0.0.1", echo_port, Duration::from_secs(5))
-            .await
-            .unwrap();
-        shutdown.cancel();
-        server.peer_drained().await;
-        assert!(server.peer_draining());
-        let (status, body) = get(health_addr, "/readyz").await;
-        assert_eq!((status, body.as_str()), (503, "shutting down\n"));
-        let refused = server
-            .open("127.0.0.1", echo_port, Duration::from_secs(5))
-            .await
-            .unwrap_err();
-        assert!(matches!(refused, OpenFailure::Refused(_)), "{refused:?}");
-        assert_eq!(echo_through(&open, b"last words").await, b"last words");
-        drop(open);
-        timeout(Duration::from_secs(10), agent)
-            .await
-            .expect("the agent exits once its last tunnel ends")
-            .unwrap()
-            .unwrap();
-        server.closed().await;
+            // Shutdown with a tunnel open: the agent drains, the tunnel keeps working, and the
+            // agent exits as soon as it ends, well before the grace period.
+            let open = server
+                .open("127.0.0.1", echo_port, Duration::from_secs(5))
+                .await
+                .unwrap();
+            shutdown.cancel();
+            server.peer_drained().await;
+            assert!(server.peer_draining());
+            let (status, body) = get(health_addr, "/readyz").await;
+            assert_eq!((status, body.as_str()), (503, "shutting down\n"));
+            let refused = server
+                .open("127.0.0.1", echo_port, Duration::from_secs(5))
+                .await
+                .unwrap_err();
+            assert!(matches!(refused, OpenFailure::Refused(_)), "{refused:?}");
+            assert_eq!(echo_through(&open, b"last words").await, b"last words");
+            drop(open);
+            timeout(Duration::from_secs(10), agent)
+                .await
+                .expect("the agent exits once its last tunnel ends")
+                .unwrap()
+                .unwrap();
+            server.closed().await;
+        })
+        .await
+        .unwrap();
     })
     .await
-    .unwrap();
 }
 
 /// A server that refuses every upgrade with 400 and a reason: the reason reaches `/readyz`.
 #[tokio::test]
 async fn refused_upgrade_shows_status_and_reason() {
-    tls::install_crypto_provider();
-    let pki = Pkidir::new();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server_port = listener.local_addr().unwrap().port().to_string();
-    let acceptor = server_tls(&pki);
-    tokio::spawn(async move {
-        loop {
-            let (socket, _) = listener.accept().await.unwrap();
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(socket).await else {
-                    return;
-                };
-                #[allow(clippy::result_large_err)]
-                let refuse = |_: &Request, _: Response| {
-                    let mut answer =
-                        ErrorResponse::new(Some("malformed identifier query: nope".into()));
-                    *answer.status_mut() =
-                        tokio_tungstenite::tungstenite::http::StatusCode::BAD_REQUEST;
-                    Err(answer)
-                };
-                let _ = tokio_tungstenite::accept_hdr_async(tls, refuse).await;
-            });
-        }
-    });
-    let config = config(&[
-        "--ca-cert",
-        &pki.file("ca.crt"),
-        "--agent-cert",
-        &pki.file("agent.crt"),
-        "--agent-key",
-        &pki.file("agent.key"),
-        "--proxy-server-port",
-        &server_port,
-        "--sync-interval",
-        "20ms",
-        "--sync-interval-cap",
-        "50ms",
-    ]);
-    let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let health_addr = health.local_addr().unwrap();
-    let shutdown = CancellationToken::new();
-    let agent = tokio::spawn(bridgehead_agent::run(config, health, shutdown.clone()));
-    timeout(TEST_TIMEOUT, async {
-        eventually("/readyz to show the refusal", || async {
-            let (status, body) = get(health_addr, "/readyz").await;
-            assert_eq!(status, 503, "{body}");
-            body.contains("400") && body.contains("malformed identifier query: nope")
+    bounded(async {
+        tls::install_crypto_provider();
+        let pki = Pkidir::new();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server_port = listener.local_addr().unwrap().port().to_string();
+        let acceptor = server_tls(&pki);
+        tokio::spawn(async move {
+            loop {
+                let (socket, _) = listener.accept().await.unwrap();
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(socket).await else {
+                        return;
+                    };
+                    #[allow(clippy::result_large_err)]
+                    let refuse = |_: &Request, _: Response| {
+                        let mut answer =
+                            ErrorResponse::new(Some("malformed identifier query: nope".into()));
+                        *answer.status_mut() =
+                            tokio_tungstenite::tungstenite::http::StatusCode::BAD_REQUEST;
+                        Err(answer)
+                    };
+                    let _ = tokio_tungstenite::accept_hdr_async(tls, refuse).await;
+                });
+            }
+        });
+        let config = config(&[
+            "--ca-cert",
+            &pki.file("ca.crt"),
+            "--agent-cert",
+            &pki.file("agent.crt"),
+            "--agent-key",
+            &pki.file("agent.key"),
+            "--proxy-server-port",
+            &server_port,
+            "--sync-interval",
+            "20ms",
+            "--sync-interval-cap",
+            "50ms",
+        ]);
+        let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let health_addr = health.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let agent = tokio::spawn(bridgehead_agent::run(config, health, shutdown.clone()));
+        timeout(TEST_TIMEOUT, async {
+            eventually("/readyz to show the refusal", || async {
+                let (status, body) = get(health_addr, "/readyz").await;
+                assert_eq!(status, 503, "{body}");
+                body.contains("400") && body.contains("malformed identifier query: nope")
+            })
+            .await;
+            shutdown.cancel();
+            agent.await.unwrap().unwrap();
         })
-        .await;
-        shutdown.cancel();
-        agent.await.unwrap().unwrap();
+        .await
+        .unwrap();
     })
     .await
-    .unwrap();
 }

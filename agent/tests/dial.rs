@@ -8,83 +8,111 @@ use bridgehead_agent::dial::{code_of, dial, dial_with, DialError};
 use bridgehead_proto::ErrorCode;
 use tokio::net::{TcpListener, TcpStream};
 
+/// Every async test fails after this long instead of hanging the suite.
+const TEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs a test body under [`TEST_TIMEOUT`].
+async fn bounded<F: std::future::Future>(body: F) -> F::Output {
+    tokio::time::timeout(TEST_TIMEOUT, body)
+        .await
+        .expect("test timed out")
+}
+
 #[tokio::test]
 async fn connects_to_a_listener() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let socket = dial("127.0.0.1", port, Duration::from_secs(5))
-        .await
-        .unwrap();
-    assert!(socket.nodelay().unwrap());
-    // Names resolve on the agent; if "localhost" also resolves to ::1, where nothing listens,
-    // the next address is tried.
-    dial("localhost", port, Duration::from_secs(5))
-        .await
-        .unwrap();
+    bounded(async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let socket = dial("127.0.0.1", port, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(socket.nodelay().unwrap());
+        // Names resolve on the agent; if "localhost" also resolves to ::1, where nothing listens,
+        // the next address is tried.
+        dial("localhost", port, Duration::from_secs(5))
+            .await
+            .unwrap();
+    })
+    .await
 }
 
 #[tokio::test]
 async fn closed_port_is_refused() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    drop(listener);
-    let error = dial("127.0.0.1", port, Duration::from_secs(5))
-        .await
-        .unwrap_err();
-    assert_eq!(error.code(), ErrorCode::Refused, "{error}");
-    assert!(error.to_string().contains("127.0.0.1"), "{error}");
+    bounded(async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let error = dial("127.0.0.1", port, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert_eq!(error.code(), ErrorCode::Refused, "{error}");
+        assert!(error.to_string().contains("127.0.0.1"), "{error}");
+    })
+    .await
 }
 
 #[tokio::test]
 async fn ipv6_literal_without_brackets() {
-    let Ok(listener) = TcpListener::bind("[::1]:0").await else {
-        eprintln!("no IPv6 loopback here; skipping");
-        return;
-    };
-    let port = listener.local_addr().unwrap().port();
-    dial("::1", port, Duration::from_secs(5)).await.unwrap();
+    bounded(async {
+        let Ok(listener) = TcpListener::bind("[::1]:0").await else {
+            eprintln!("no IPv6 loopback here; skipping");
+            return;
+        };
+        let port = listener.local_addr().unwrap().port();
+        dial("::1", port, Duration::from_secs(5)).await.unwrap();
+    })
+    .await
 }
 
 #[tokio::test]
 async fn unknown_name_is_not_resolved() {
-    // A 64-octet label is not a valid DNS name: the resolver refuses it without sending a
-    // query, so this test sends no packet off the machine.
-    let name = format!("{}.invalid", "a".repeat(64));
-    let error = dial(&name, 80, Duration::from_secs(10)).await.unwrap_err();
-    assert!(
-        matches!(error, DialError::Resolve { .. } | DialError::NoAddress(_)),
-        "{error:?}"
-    );
-    assert_eq!(error.code(), ErrorCode::NameNotResolved);
+    bounded(async {
+        // A 64-octet label is not a valid DNS name: the resolver refuses it without sending a
+        // query, so this test sends no packet off the machine.
+        let name = format!("{}.invalid", "a".repeat(64));
+        let error = dial(&name, 80, Duration::from_secs(10)).await.unwrap_err();
+        assert!(
+            matches!(error, DialError::Resolve { .. } | DialError::NoAddress(_)),
+            "{error:?}"
+        );
+        assert_eq!(error.code(), ErrorCode::NameNotResolved);
+    })
+    .await
 }
 
 #[tokio::test(start_paused = true)]
 async fn deadline_passes() {
-    let started = tokio::time::Instant::now();
-    let error = dial_with("127.0.0.1", 9, Duration::from_secs(3), |_| {
-        pending::<io::Result<TcpStream>>()
+    bounded(async {
+        let started = tokio::time::Instant::now();
+        let error = dial_with("127.0.0.1", 9, Duration::from_secs(3), |_| {
+            pending::<io::Result<TcpStream>>()
+        })
+        .await
+        .unwrap_err();
+        assert!(matches!(error, DialError::TimedOut(_)), "{error:?}");
+        assert_eq!(error.code(), ErrorCode::TimedOut);
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
     })
     .await
-    .unwrap_err();
-    assert!(matches!(error, DialError::TimedOut(_)), "{error:?}");
-    assert_eq!(error.code(), ErrorCode::TimedOut);
-    assert_eq!(started.elapsed(), Duration::from_secs(3));
 }
 
 #[tokio::test]
 async fn tries_each_address_and_reports_the_last_error() {
-    // localhost may resolve to ::1 and 127.0.0.1: every one is tried.
-    let mut tried = Vec::new();
-    let error = dial_with("localhost", 1, Duration::from_secs(5), |addr| {
-        tried.push(addr);
-        std::future::ready(Err::<TcpStream, _>(io::Error::from(
-            io::ErrorKind::HostUnreachable,
-        )))
+    bounded(async {
+        // localhost may resolve to ::1 and 127.0.0.1: every one is tried.
+        let mut tried = Vec::new();
+        let error = dial_with("localhost", 1, Duration::from_secs(5), |addr| {
+            tried.push(addr);
+            std::future::ready(Err::<TcpStream, _>(io::Error::from(
+                io::ErrorKind::HostUnreachable,
+            )))
+        })
+        .await
+        .unwrap_err();
+        assert!(!tried.is_empty());
+        assert_eq!(error.code(), ErrorCode::Unreachable);
     })
     .await
-    .unwrap_err();
-    assert!(!tried.is_empty());
-    assert_eq!(error.code(), ErrorCode::Unreachable);
 }
 
 #[test]

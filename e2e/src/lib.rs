@@ -8,7 +8,7 @@
 //! - [`client`]: the kube-apiserver-style CONNECT client (blocking and async) and curl helpers.
 //! - [`target`]: echo, "who am I" and pattern targets, and the async load target.
 //! - [`netns`]: network-namespace test hosts (root); [`procfs`]: a process's memory, CPU and
-//!   descriptors.
+//!   descriptors; [`skip`]: skipping a test loudly (and failing it where skips are forbidden).
 //!
 //! The binaries must be built first (`cargo build --bins`); the README's test command does it.
 
@@ -17,6 +17,7 @@ pub mod netns;
 pub mod pki;
 pub mod process;
 pub mod procfs;
+pub mod skip;
 pub mod target;
 
 pub use pki::Pki;

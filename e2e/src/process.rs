@@ -156,15 +156,23 @@ impl Process {
         crate::procfs::fd_count(self.pid())
     }
 
-    /// Sends a signal (e.g. `libc::SIGTERM` = 15) with kill(1).
+    /// Sends the signal named `signal` (`TERM`, `INT`, `KILL`, `STOP`, `CONT`, `HUP`).
     pub fn signal(&self, signal: &str) -> anyhow::Result<()> {
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.pid().to_string())
-            .status()?;
-        if !status.success() {
-            bail!("kill -{signal} failed");
-        }
+        use rustix::process::{kill_process, Pid, Signal};
+        let signal = match signal {
+            "TERM" => Signal::TERM,
+            "INT" => Signal::INT,
+            "KILL" => Signal::KILL,
+            "STOP" => Signal::STOP,
+            "CONT" => Signal::CONT,
+            "HUP" => Signal::HUP,
+            other => bail!("unknown signal {other:?}"),
+        };
+        let pid = i32::try_from(self.pid())
+            .ok()
+            .and_then(Pid::from_raw)
+            .context("no pid")?;
+        kill_process(pid, signal).with_context(|| format!("kill -{signal:?} {pid:?}"))?;
         Ok(())
     }
 

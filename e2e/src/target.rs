@@ -91,10 +91,28 @@ pub fn source_then_sink(
     Ok((local, rx))
 }
 
-/// A loopback port that refuses connections: bound, then closed.
-pub fn closed_port() -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    listener.local_addr()
+/// A loopback port that refuses connections: a socket bound to it that never listens, held
+/// for as long as this lives, so no other test can take the port meanwhile.
+#[derive(Debug)]
+pub struct ClosedPort {
+    pub addr: SocketAddr,
+    _socket: tokio::net::TcpSocket,
+}
+
+impl std::fmt::Display for ClosedPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.addr.fmt(f)
+    }
+}
+
+/// Binds a [`ClosedPort`] on 127.0.0.1.
+pub fn closed_port() -> std::io::Result<ClosedPort> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    Ok(ClosedPort {
+        addr: socket.local_addr()?,
+        _socket: socket,
+    })
 }
 
 /// A loopback listener whose connects never complete: its accept queue (backlog 0) is full

@@ -113,8 +113,7 @@ fn refused_dial_gets_502() {
 /// sends no query off the machine.
 #[test]
 fn unresolvable_name_gets_502() {
-    if !bridgehead_e2e::netns::is_root() {
-        eprintln!("SKIPPED (needs root for network namespaces): unresolvable_name_gets_502");
+    if !bridgehead_e2e::skip::require_root("unresolvable_name_gets_502") {
         return;
     }
     let mut net = TestNet::new(1).unwrap();

@@ -1,8 +1,8 @@
 //! Go's own TLS and HTTP stacks, dialing the way kube-apiserver's egress selector does
 //! (`e2e/go/kubeclient.go`): Go sends its client certificate only when the server names its
 //! CA, reads the response with `http.ReadResponse` and fails on any byte buffered after it.
-//! Needs the `go` toolchain (CI installs Debian's golang-go); without it the tests say loudly
-//! that they were skipped.
+//! Needs the `go` toolchain (CI installs Debian's golang-go); without it the tests are skipped
+//! loudly, and a client that does not build fails them with the compiler's message.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -11,42 +11,53 @@ use std::sync::OnceLock;
 use bridgehead_e2e::process::start_pair;
 use bridgehead_e2e::{target, Pki, Server, ServerOptions};
 
-/// Builds the Go client once per test binary; `None` when there is no Go toolchain.
-fn kubeclient() -> Option<&'static Path> {
-    static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let dir =
-                std::env::temp_dir().join(format!("bridgehead-kubeclient-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).ok()?;
-            let binary = dir.join("kubeclient");
-            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("go/kubeclient.go");
-            let status = Command::new("go")
-                .arg("build")
-                .arg("-o")
-                .arg(&binary)
-                .arg(&source)
-                .env("GOCACHE", dir.join("cache"))
-                .env("GOPATH", dir.join("gopath"))
-                .env("GO111MODULE", "off")
-                .status()
-                .ok()?;
-            status.success().then_some(binary)
-        })
-        .as_deref()
+/// Builds the Go client once per test binary: `Ok(None)` when there is no Go toolchain, an
+/// error with the compiler's message when it does not build.
+fn kubeclient() -> Result<Option<&'static Path>, &'static str> {
+    static BUILT: OnceLock<Result<Option<PathBuf>, String>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let dir =
+            std::env::temp_dir().join(format!("bridgehead-kubeclient-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let binary = dir.join("kubeclient");
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("go/kubeclient.go");
+        let output = Command::new("go")
+            .arg("build")
+            .arg("-o")
+            .arg(&binary)
+            .arg(&source)
+            .env("GOCACHE", dir.join("cache"))
+            .env("GOPATH", dir.join("gopath"))
+            .env("GO111MODULE", "off")
+            .output();
+        match output {
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(format!("running go build: {error}")),
+            Ok(output) if output.status.success() => Ok(Some(binary)),
+            Ok(output) => Err(format!(
+                "go build of {} failed:\n{}",
+                source.display(),
+                String::from_utf8_lossy(&output.stderr)
+            )),
+        }
+    });
+    match built {
+        Ok(binary) => Ok(binary.as_deref()),
+        Err(message) => Err(message),
+    }
 }
 
 macro_rules! go_or_skip {
     ($name:literal) => {
         match kubeclient() {
-            Some(client) => client,
-            None => {
-                eprintln!(
-                    "SKIPPED (no Go toolchain: apt-get install golang-go): {}",
-                    $name
-                );
-                return;
+            Ok(Some(client)) => client,
+            Ok(None) => {
+                return bridgehead_e2e::skip::skip(
+                    $name,
+                    "no Go toolchain: apt-get install golang-go",
+                )
             }
+            Err(message) => panic!("{message}"),
         }
     };
 }

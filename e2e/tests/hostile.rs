@@ -15,6 +15,16 @@ use tokio_rustls::TlsConnector;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
+/// Every async test fails after this long instead of hanging the suite.
+const TEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs a test body under [`TEST_TIMEOUT`].
+async fn bounded<F: std::future::Future>(body: F) -> F::Output {
+    tokio::time::timeout(TEST_TIMEOUT, body)
+        .await
+        .expect("test timed out")
+}
+
 fn server_with(pki: &Pki, args: &[&str]) -> Server {
     Server::start(
         pki,
@@ -131,120 +141,129 @@ fn refusal(result: Result<impl std::fmt::Debug, WsError>) -> (u16, String) {
 
 #[tokio::test]
 async fn agents_with_bad_identifiers_or_no_protocol_version_are_refused_with_a_reason() {
-    let pki = Pki::new().unwrap();
-    let server = server_with(&pki, &[]);
-    let agent = ("agent.crt", "agent.key");
+    bounded(async {
+        let pki = Pki::new().unwrap();
+        let server = server_with(&pki, &[]);
+        let agent = ("agent.crt", "agent.key");
 
-    let (status, body) = refusal(
-        agent_upgrade(
+        let (status, body) = refusal(
+            agent_upgrade(
+                &pki,
+                &server,
+                agent,
+                "id=a&ipv4=10.0.0.999",
+                Some("bridgehead.v1"),
+            )
+            .await,
+        );
+        assert_eq!(status, 400);
+        assert!(
+            body.contains("10.0.0.999") && body.contains("ipv4"),
+            "{body}"
+        );
+
+        let (status, body) = refusal(agent_upgrade(&pki, &server, agent, "id=a", None).await);
+        assert_eq!(status, 400);
+        assert!(body.contains("bridgehead.v1"), "{body}");
+
+        let (status, _) =
+            refusal(agent_upgrade(&pki, &server, agent, "id=a", Some("bridgehead.v0")).await);
+        assert_eq!(status, 400);
+
+        // Unknown keys (a newer agent) are ignored, not refused.
+        let ws = agent_upgrade(
             &pki,
             &server,
             agent,
-            "id=a&ipv4=10.0.0.999",
+            "id=a&zone=eu-1&host=n1",
             Some("bridgehead.v1"),
         )
-        .await,
-    );
-    assert_eq!(status, 400);
-    assert!(
-        body.contains("10.0.0.999") && body.contains("ipv4"),
-        "{body}"
-    );
-
-    let (status, body) = refusal(agent_upgrade(&pki, &server, agent, "id=a", None).await);
-    assert_eq!(status, 400);
-    assert!(body.contains("bridgehead.v1"), "{body}");
-
-    let (status, _) =
-        refusal(agent_upgrade(&pki, &server, agent, "id=a", Some("bridgehead.v0")).await);
-    assert_eq!(status, 400);
-
-    // Unknown keys (a newer agent) are ignored, not refused.
-    let ws = agent_upgrade(
-        &pki,
-        &server,
-        agent,
-        "id=a&zone=eu-1&host=n1",
-        Some("bridgehead.v1"),
-    )
+        .await
+        .unwrap();
+        drop(ws);
+    })
     .await
-    .unwrap();
-    drop(ws);
 }
 
 #[tokio::test]
 async fn an_agent_certificate_from_another_ca_is_refused() {
-    let pki = Pki::new().unwrap();
-    let other = Pki::new().unwrap();
-    let server = server_with(&pki, &[]);
-    // The other PKI's agent certificate, trusting this PKI's CA for the server.
-    let foreign = tempfile::tempdir().unwrap();
-    std::fs::copy(pki.path("ca.crt"), foreign.path().join("ca.crt")).unwrap();
-    std::fs::write(foreign.path().join("agent.crt"), &other.pki.agent.cert_pem).unwrap();
-    std::fs::write(foreign.path().join("agent.key"), &other.pki.agent.key_pem).unwrap();
-    let config = bridgehead_e2e::client::tls::config(
-        &foreign.path().join("ca.crt"),
-        Some((
-            &foreign.path().join("agent.crt"),
-            &foreign.path().join("agent.key"),
-        )),
-    )
-    .unwrap();
-    let tcp = tokio::net::TcpStream::connect(server.agent_addr)
-        .await
+    bounded(async {
+        let pki = Pki::new().unwrap();
+        let other = Pki::new().unwrap();
+        let server = server_with(&pki, &[]);
+        // The other PKI's agent certificate, trusting this PKI's CA for the server.
+        let foreign = tempfile::tempdir().unwrap();
+        std::fs::copy(pki.path("ca.crt"), foreign.path().join("ca.crt")).unwrap();
+        std::fs::write(foreign.path().join("agent.crt"), &other.pki.agent.cert_pem).unwrap();
+        std::fs::write(foreign.path().join("agent.key"), &other.pki.agent.key_pem).unwrap();
+        let config = bridgehead_e2e::client::tls::config(
+            &foreign.path().join("ca.crt"),
+            Some((
+                &foreign.path().join("agent.crt"),
+                &foreign.path().join("agent.key"),
+            )),
+        )
         .unwrap();
-    let name = rustls::pki_types::ServerName::IpAddress(server.agent_addr.ip().into());
-    let result = async {
-        let tls = TlsConnector::from(config).connect(name, tcp).await?;
-        let request = format!("wss://{}/connect?id=x", server.agent_addr)
-            .into_client_request()
-            .unwrap();
-        tokio_tungstenite::client_async(request, tls)
+        let tcp = tokio::net::TcpStream::connect(server.agent_addr)
             .await
-            .map_err(std::io::Error::other)
-    }
-    .await;
-    assert!(result.is_err(), "a foreign agent certificate was accepted");
-    assert!(server.agents().unwrap().is_empty());
+            .unwrap();
+        let name = rustls::pki_types::ServerName::IpAddress(server.agent_addr.ip().into());
+        let result = async {
+            let tls = TlsConnector::from(config).connect(name, tcp).await?;
+            let request = format!("wss://{}/connect?id=x", server.agent_addr)
+                .into_client_request()
+                .unwrap();
+            tokio_tungstenite::client_async(request, tls)
+                .await
+                .map_err(std::io::Error::other)
+        }
+        .await;
+        assert!(result.is_err(), "a foreign agent certificate was accepted");
+        assert!(server.agents().unwrap().is_empty());
+    })
+    .await
 }
 
 #[tokio::test]
 async fn garbage_frames_end_only_that_agents_session() {
-    let pki = Pki::new().unwrap();
-    let (server, _agent) = start_pair(&pki, ServerOptions::default()).unwrap();
-    let agent = ("agent.crt", "agent.key");
-    let mut ws = agent_upgrade(&pki, &server, agent, "id=rogue", Some("bridgehead.v1"))
-        .await
-        .unwrap();
-    server.wait_agents(2).unwrap();
-    // A frame of an unknown type.
-    ws.send(Message::Binary(vec![0xEE, 0, 0, 0, 1, 0, 0, 0, 0].into()))
-        .await
-        .unwrap();
-    let close = tokio::time::timeout(IO_TIMEOUT, async {
-        while let Some(message) = ws.next().await {
-            if let Ok(Message::Close(frame)) = message {
-                return frame;
+    bounded(async {
+        let pki = Pki::new().unwrap();
+        let (server, _agent) = start_pair(&pki, ServerOptions::default()).unwrap();
+        let agent = ("agent.crt", "agent.key");
+        let mut ws = agent_upgrade(&pki, &server, agent, "id=rogue", Some("bridgehead.v1"))
+            .await
+            .unwrap();
+        server.wait_agents(2).unwrap();
+        // A frame of an unknown type.
+        ws.send(Message::Binary(vec![0xEE, 0, 0, 0, 1, 0, 0, 0, 0].into()))
+            .await
+            .unwrap();
+        let close = tokio::time::timeout(IO_TIMEOUT, async {
+            while let Some(message) = ws.next().await {
+                if let Ok(Message::Close(frame)) = message {
+                    return frame;
+                }
             }
-        }
-        None
+            None
+        })
+        .await
+        .expect("the server closes the session");
+        let frame = close.expect("with a close frame");
+        assert_eq!(u16::from(frame.code), 1002, "{frame:?}");
+        server.wait_agents(1).unwrap();
+        // The well-behaved agent still carries tunnels.
+        let echo = target::echo("127.0.0.1:0").unwrap();
+        tokio::task::spawn_blocking(move || {
+            let mut conn: Box<dyn Conn> = tls_connect(&pki, server.frontend_addr()).unwrap();
+            assert_eq!(
+                kube_connect(conn.as_mut(), &echo.to_string())
+                    .unwrap()
+                    .status,
+                200
+            );
+        })
+        .await
+        .unwrap();
     })
     .await
-    .expect("the server closes the session");
-    let frame = close.expect("with a close frame");
-    assert_eq!(u16::from(frame.code), 1002, "{frame:?}");
-    server.wait_agents(1).unwrap();
-    // The well-behaved agent still carries tunnels.
-    let echo = target::echo("127.0.0.1:0").unwrap();
-    tokio::task::spawn_blocking(move || {
-        let mut conn: Box<dyn Conn> = tls_connect(&pki, server.frontend_addr()).unwrap();
-        assert_eq!(
-            kube_connect(conn.as_mut(), &echo.to_string())
-                .unwrap()
-                .status,
-            200
-        );
-    })
-    .await
-    .unwrap();
 }

@@ -5,7 +5,7 @@
 //!
 //! The client runs in the root namespace and talks to the frontend on 127.0.0.1; the server's
 //! agent endpoint listens on the root side of the first host's link; the agents run inside the
-//! namespaces. These tests need root; without it each one prints `SKIPPED` and passes.
+//! namespaces. These tests need root; without it each one is skipped loudly (`bridgehead_e2e::skip`).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -13,7 +13,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bridgehead_e2e::client::{kube_connect, tls_connect, Conn};
-use bridgehead_e2e::netns::{is_root, TestNet};
+use bridgehead_e2e::netns::TestNet;
+use bridgehead_e2e::skip::{require_root, skip};
 use bridgehead_e2e::{Agent, AgentOptions, Pki, Server, ServerOptions};
 
 /// Every test gives up after this long.
@@ -22,15 +23,13 @@ const TEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// Runs `body` with a fresh net of `hosts` hosts, or skips loudly when not root; fails when
 /// `body` takes longer than [`TEST_TIMEOUT`].
 fn with_net(test: &str, hosts: usize, body: impl FnOnce(TestNet) + Send + 'static) {
-    if !is_root() {
-        eprintln!("SKIPPED (needs root for network namespaces): {test}");
+    if !require_root(test) {
         return;
     }
     let net = match TestNet::new(hosts) {
         Ok(net) => net,
         Err(e) if format!("{e:#}").contains("Operation not permitted") => {
-            eprintln!("SKIPPED (needs root for network namespaces): {test}: {e:#}");
-            return;
+            return skip(test, &format!("needs root for network namespaces: {e:#}"));
         }
         Err(e) => panic!("creating the test net: {e:#}"),
     };

@@ -11,6 +11,16 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
+/// Every async test fails after this long instead of hanging the suite.
+const TEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs a test body under [`TEST_TIMEOUT`].
+async fn bounded<F: std::future::Future>(body: F) -> F::Output {
+    tokio::time::timeout(TEST_TIMEOUT, body)
+        .await
+        .expect("test timed out")
+}
+
 struct Pair {
     server: Mux,
     agent: Mux,
@@ -45,262 +55,286 @@ async fn next_dial(agent: &Mux) -> DialRequest {
 
 #[tokio::test]
 async fn open_echo_half_close() {
-    let p = pair().await;
-    let agent = p.agent.clone();
-    let echo = tokio::spawn(async move {
-        let dial = next_dial(&agent).await;
-        assert_eq!((dial.host.as_str(), dial.port), ("10.0.0.5", 10250));
-        let stream = dial.accept().unwrap();
-        // Echo until the server finishes, then finish too.
-        while let Some(chunk) = stream.read().await.unwrap() {
-            stream.write(chunk).await.unwrap();
-        }
-        stream.finish().unwrap();
-    });
-    let stream = p
-        .server
-        .open("10.0.0.5", 10250, Duration::from_secs(5))
-        .await
-        .unwrap();
-    let payload: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
-    let writer = {
-        let payload = payload.clone();
-        async {
-            stream.write(Bytes::from(payload)).await.unwrap();
+    bounded(async {
+        let p = pair().await;
+        let agent = p.agent.clone();
+        let echo = tokio::spawn(async move {
+            let dial = next_dial(&agent).await;
+            assert_eq!((dial.host.as_str(), dial.port), ("10.0.0.5", 10250));
+            let stream = dial.accept().unwrap();
+            // Echo until the server finishes, then finish too.
+            while let Some(chunk) = stream.read().await.unwrap() {
+                stream.write(chunk).await.unwrap();
+            }
             stream.finish().unwrap();
-        }
-    };
-    let reader = async {
-        let mut got = Vec::new();
-        while let Some(chunk) = stream.read().await.unwrap() {
-            got.extend_from_slice(&chunk);
-        }
-        got
-    };
-    let ((), got) = tokio::join!(writer, reader);
-    assert_eq!(got.len(), payload.len());
-    assert!(got == payload, "echoed bytes differ");
-    echo.await.unwrap();
-    drop(stream);
-    assert_eq!(p.server.open_streams(), 0);
-    assert_eq!(p.agent.open_streams(), 0);
-    p.shutdown.cancel();
+        });
+        let stream = p
+            .server
+            .open("10.0.0.5", 10250, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let payload: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let writer = {
+            let payload = payload.clone();
+            async {
+                stream.write(Bytes::from(payload)).await.unwrap();
+                stream.finish().unwrap();
+            }
+        };
+        let reader = async {
+            let mut got = Vec::new();
+            while let Some(chunk) = stream.read().await.unwrap() {
+                got.extend_from_slice(&chunk);
+            }
+            got
+        };
+        let ((), got) = tokio::join!(writer, reader);
+        assert_eq!(got.len(), payload.len());
+        assert!(got == payload, "echoed bytes differ");
+        echo.await.unwrap();
+        drop(stream);
+        assert_eq!(p.server.open_streams(), 0);
+        assert_eq!(p.agent.open_streams(), 0);
+        p.shutdown.cancel();
+    })
+    .await
 }
 
 #[tokio::test]
 async fn dial_errors_and_timeouts() {
-    let p = pair().await;
-    let agent = p.agent.clone();
-    tokio::spawn(async move {
-        let dial = next_dial(&agent).await;
-        dial.reject(ErrorCode::Refused, "connection refused");
-        // Second dial: never answered until the server gives up.
-        let dial = next_dial(&agent).await;
-        dial.cancelled().await;
-    });
-    let err = p
-        .server
-        .open("10.0.0.5", 1, Duration::from_secs(5))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            OpenFailure::Dial {
-                code: ErrorCode::Refused,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
-    let err = p
-        .server
-        .open("10.0.0.5", 2, Duration::from_millis(200))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, OpenFailure::TimedOut(_)), "{err:?}");
-    assert_eq!(p.server.open_streams(), 0);
-    p.shutdown.cancel();
+    bounded(async {
+        let p = pair().await;
+        let agent = p.agent.clone();
+        tokio::spawn(async move {
+            let dial = next_dial(&agent).await;
+            dial.reject(ErrorCode::Refused, "connection refused");
+            // Second dial: never answered until the server gives up.
+            let dial = next_dial(&agent).await;
+            dial.cancelled().await;
+        });
+        let err = p
+            .server
+            .open("10.0.0.5", 1, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                OpenFailure::Dial {
+                    code: ErrorCode::Refused,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let err = p
+            .server
+            .open("10.0.0.5", 2, Duration::from_millis(200))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, OpenFailure::TimedOut(_)), "{err:?}");
+        assert_eq!(p.server.open_streams(), 0);
+        p.shutdown.cancel();
+    })
+    .await
 }
 
 /// A stream whose reader stalls fills its own window and stops; a second stream on the same
 /// session keeps moving, and the stalled one loses nothing once read again.
 #[tokio::test]
 async fn stalled_stream_does_not_block_others() {
-    let p = pair().await;
-    let agent = p.agent.clone();
-    let agent_side = tokio::spawn(async move {
-        let stalled = next_dial(&agent).await.accept().unwrap();
-        let bulk = next_dial(&agent).await.accept().unwrap();
-        // The agent pushes 2 MB into the stalled stream (which the server does not read) and
-        // then 8 MB into the bulk one.
-        let stall_writer = tokio::spawn(async move {
-            stalled
-                .write(Bytes::from(vec![7u8; 2_000_000]))
-                .await
-                .unwrap();
-            stalled.finish().unwrap();
-            stalled
+    bounded(async {
+        let p = pair().await;
+        let agent = p.agent.clone();
+        let agent_side = tokio::spawn(async move {
+            let stalled = next_dial(&agent).await.accept().unwrap();
+            let bulk = next_dial(&agent).await.accept().unwrap();
+            // The agent pushes 2 MB into the stalled stream (which the server does not read) and
+            // then 8 MB into the bulk one.
+            let stall_writer = tokio::spawn(async move {
+                stalled
+                    .write(Bytes::from(vec![7u8; 2_000_000]))
+                    .await
+                    .unwrap();
+                stalled.finish().unwrap();
+                stalled
+            });
+            bulk.write(Bytes::from(vec![9u8; 8_000_000])).await.unwrap();
+            bulk.finish().unwrap();
+            (stall_writer, bulk)
         });
-        bulk.write(Bytes::from(vec![9u8; 8_000_000])).await.unwrap();
-        bulk.finish().unwrap();
-        (stall_writer, bulk)
-    });
-    let stalled = p.server.open("a", 1, Duration::from_secs(5)).await.unwrap();
-    let bulk = p.server.open("b", 2, Duration::from_secs(5)).await.unwrap();
-    let mut n = 0;
-    while let Some(chunk) = bulk.read().await.unwrap() {
-        n += chunk.len();
-    }
-    assert_eq!(n, 8_000_000);
-    // Now drain the stalled stream: every byte is there.
-    let mut m = 0;
-    while let Some(chunk) = stalled.read().await.unwrap() {
-        assert!(chunk.iter().all(|&b| b == 7));
-        m += chunk.len();
-    }
-    assert_eq!(m, 2_000_000);
-    let (w, _bulk) = agent_side.await.unwrap();
-    w.await.unwrap();
-    p.shutdown.cancel();
+        let stalled = p.server.open("a", 1, Duration::from_secs(5)).await.unwrap();
+        let bulk = p.server.open("b", 2, Duration::from_secs(5)).await.unwrap();
+        let mut n = 0;
+        while let Some(chunk) = bulk.read().await.unwrap() {
+            n += chunk.len();
+        }
+        assert_eq!(n, 8_000_000);
+        // Now drain the stalled stream: every byte is there.
+        let mut m = 0;
+        while let Some(chunk) = stalled.read().await.unwrap() {
+            assert!(chunk.iter().all(|&b| b == 7));
+            m += chunk.len();
+        }
+        assert_eq!(m, 2_000_000);
+        let (w, _bulk) = agent_side.await.unwrap();
+        w.await.unwrap();
+        p.shutdown.cancel();
+    })
+    .await
 }
 
 #[tokio::test]
 async fn session_loss_fails_every_stream() {
-    let p = pair().await;
-    let agent = p.agent.clone();
-    tokio::spawn(async move {
-        let s = next_dial(&agent).await.accept().unwrap();
-        s.read().await.unwrap();
-        agent.close("agent killed");
-        std::future::pending::<()>().await;
-    });
-    let stream = p.server.open("x", 1, Duration::from_secs(5)).await.unwrap();
-    stream.write(Bytes::from_static(b"x")).await.unwrap();
-    let err = stream.read().await.unwrap_err();
-    assert_eq!(err.code, ErrorCode::ConnectionReset);
-    p.server.closed().await;
-    assert_eq!(p.server.open_streams(), 0);
+    bounded(async {
+        let p = pair().await;
+        let agent = p.agent.clone();
+        tokio::spawn(async move {
+            let s = next_dial(&agent).await.accept().unwrap();
+            s.read().await.unwrap();
+            agent.close("agent killed");
+            std::future::pending::<()>().await;
+        });
+        let stream = p.server.open("x", 1, Duration::from_secs(5)).await.unwrap();
+        stream.write(Bytes::from_static(b"x")).await.unwrap();
+        let err = stream.read().await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::ConnectionReset);
+        p.server.closed().await;
+        assert_eq!(p.server.open_streams(), 0);
+    })
+    .await
 }
 
 #[tokio::test]
 async fn splice_over_real_sockets_half_close() {
-    let p = pair().await;
-    let target = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let target_addr = target.local_addr().unwrap();
-    // Target: read everything until EOF, then answer with the byte count, then close.
-    tokio::spawn(async move {
-        let (mut sock, _) = target.accept().await.unwrap();
-        let mut all = Vec::new();
-        sock.read_to_end(&mut all).await.unwrap();
-        sock.write_all(format!("got {}", all.len()).as_bytes())
-            .await
-            .unwrap();
-    });
-    let agent = p.agent.clone();
-    tokio::spawn(async move {
-        let dial = next_dial(&agent).await;
-        let sock = tokio::net::TcpStream::connect((dial.host.as_str(), dial.port))
-            .await
-            .unwrap();
-        let stream = dial.accept().unwrap();
-        let mut moved = splice::Moved::default();
-        splice::splice(sock, &stream, Bytes::new(), &mut moved)
-            .await
-            .unwrap();
-    });
-    // Client side of the tunnel: a socket pair with the server's stream spliced on one end.
-    let front = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let front_addr = front.local_addr().unwrap();
-    let server = p.server.clone();
-    tokio::spawn(async move {
-        let (sock, _) = front.accept().await.unwrap();
-        let stream = server
-            .open("127.0.0.1", target_addr.port(), Duration::from_secs(5))
-            .await
-            .unwrap();
-        let mut moved = splice::Moved::default();
-        splice::splice(sock, &stream, Bytes::from_static(b"early"), &mut moved)
-            .await
-            .unwrap();
-    });
-    let mut client = tokio::net::TcpStream::connect(front_addr).await.unwrap();
-    client.write_all(&vec![1u8; 100_000]).await.unwrap();
-    client.shutdown().await.unwrap();
-    let mut answer = String::new();
-    client.read_to_string(&mut answer).await.unwrap();
-    assert_eq!(answer, "got 100005");
-    p.shutdown.cancel();
+    bounded(async {
+        let p = pair().await;
+        let target = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target_addr = target.local_addr().unwrap();
+        // Target: read everything until EOF, then answer with the byte count, then close.
+        tokio::spawn(async move {
+            let (mut sock, _) = target.accept().await.unwrap();
+            let mut all = Vec::new();
+            sock.read_to_end(&mut all).await.unwrap();
+            sock.write_all(format!("got {}", all.len()).as_bytes())
+                .await
+                .unwrap();
+        });
+        let agent = p.agent.clone();
+        tokio::spawn(async move {
+            let dial = next_dial(&agent).await;
+            let sock = tokio::net::TcpStream::connect((dial.host.as_str(), dial.port))
+                .await
+                .unwrap();
+            let stream = dial.accept().unwrap();
+            let mut moved = splice::Moved::default();
+            splice::splice(sock, &stream, Bytes::new(), &mut moved)
+                .await
+                .unwrap();
+        });
+        // Client side of the tunnel: a socket pair with the server's stream spliced on one end.
+        let front = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let front_addr = front.local_addr().unwrap();
+        let server = p.server.clone();
+        tokio::spawn(async move {
+            let (sock, _) = front.accept().await.unwrap();
+            let stream = server
+                .open("127.0.0.1", target_addr.port(), Duration::from_secs(5))
+                .await
+                .unwrap();
+            let mut moved = splice::Moved::default();
+            splice::splice(sock, &stream, Bytes::from_static(b"early"), &mut moved)
+                .await
+                .unwrap();
+        });
+        let mut client = tokio::net::TcpStream::connect(front_addr).await.unwrap();
+        client.write_all(&vec![1u8; 100_000]).await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut answer = String::new();
+        client.read_to_string(&mut answer).await.unwrap();
+        assert_eq!(answer, "got 100005");
+        p.shutdown.cancel();
+    })
+    .await
 }
 
 #[tokio::test(start_paused = true)]
 async fn keepalive_detects_a_silent_peer() {
-    let (a, _b) = tokio::io::duplex(1024);
-    let ws = WebSocketStream::from_raw_socket(a, Role::Server, None).await;
-    let server = Mux::server();
-    let result = server
-        .run(ws, Keepalive::default(), CancellationToken::new())
-        .await;
-    assert!(
-        matches!(result, Err(bridgehead_mux::SessionEnd::KeepaliveTimeout(_))),
-        "{result:?}"
-    );
+    bounded(async {
+        let (a, _b) = tokio::io::duplex(1024);
+        let ws = WebSocketStream::from_raw_socket(a, Role::Server, None).await;
+        let server = Mux::server();
+        let result = server
+            .run(ws, Keepalive::default(), CancellationToken::new())
+            .await;
+        assert!(
+            matches!(result, Err(bridgehead_mux::SessionEnd::KeepaliveTimeout(_))),
+            "{result:?}"
+        );
+    })
+    .await
 }
 
 /// A peer that keeps talking outlives many keepalive timeouts; once it falls silent, the
 /// session ends one timeout after the last message, not earlier and not much later.
 #[tokio::test(start_paused = true)]
 async fn keepalive_counts_from_the_last_message() {
-    use futures_util::SinkExt;
-    use tokio_tungstenite::tungstenite::Message;
-    let (a, b) = tokio::io::duplex(64 * 1024);
-    let ws = WebSocketStream::from_raw_socket(a, Role::Server, None).await;
-    let mut peer = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
-    let keepalive = Keepalive {
-        interval: Duration::from_secs(3600),
-        timeout: Duration::from_secs(10),
-    };
-    let server = Mux::server();
-    let session = tokio::spawn(async move {
-        let started = tokio::time::Instant::now();
-        let result = server.run(ws, keepalive, CancellationToken::new()).await;
-        (result, started.elapsed())
-    });
-    // Five timeouts' worth of talking, a message every 4 s.
-    for _ in 0..12 {
-        tokio::time::sleep(Duration::from_secs(4)).await;
-        peer.send(Message::Pong(Default::default())).await.unwrap();
-    }
-    let (result, lived) = session.await.unwrap();
-    assert!(
-        matches!(result, Err(bridgehead_mux::SessionEnd::KeepaliveTimeout(_))),
-        "{result:?}"
-    );
-    // Last message at 48 s: dead at 58 s.
-    assert!(
-        lived >= Duration::from_secs(58) && lived < Duration::from_secs(59),
-        "{lived:?}"
-    );
+    bounded(async {
+        use futures_util::SinkExt;
+        use tokio_tungstenite::tungstenite::Message;
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let ws = WebSocketStream::from_raw_socket(a, Role::Server, None).await;
+        let mut peer = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
+        let keepalive = Keepalive {
+            interval: Duration::from_secs(3600),
+            timeout: Duration::from_secs(10),
+        };
+        let server = Mux::server();
+        let session = tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            let result = server.run(ws, keepalive, CancellationToken::new()).await;
+            (result, started.elapsed())
+        });
+        // Five timeouts' worth of talking, a message every 4 s.
+        for _ in 0..12 {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            peer.send(Message::Pong(Default::default())).await.unwrap();
+        }
+        let (result, lived) = session.await.unwrap();
+        assert!(
+            matches!(result, Err(bridgehead_mux::SessionEnd::KeepaliveTimeout(_))),
+            "{result:?}"
+        );
+        // Last message at 48 s: dead at 58 s.
+        assert!(
+            lived >= Duration::from_secs(58) && lived < Duration::from_secs(59),
+            "{lived:?}"
+        );
+    })
+    .await
 }
 
 /// The agent writes its last bytes and FIN and closes its session right away: the server
 /// still reads every byte and a clean EOF.
 #[tokio::test]
 async fn last_bytes_survive_a_session_close() {
-    let p = pair().await;
-    let agent = p.agent.clone();
-    tokio::spawn(async move {
-        let stream = next_dial(&agent).await.accept().unwrap();
-        stream.write(Bytes::from_static(b"tail")).await.unwrap();
-        stream.finish().unwrap();
-        agent.close("agent exiting");
-    });
-    let stream = p.server.open("x", 1, Duration::from_secs(5)).await.unwrap();
-    p.server.closed().await;
-    assert_eq!(stream.read().await.unwrap().as_deref(), Some(&b"tail"[..]));
-    // A peek at the end (the downlink's batching does one) must not eat the EOF.
-    assert_eq!(stream.try_read(), None);
-    assert_eq!(stream.read().await.unwrap(), None);
-    // The send direction died with the session.
-    assert!(stream.write(Bytes::from_static(b"x")).await.is_err());
+    bounded(async {
+        let p = pair().await;
+        let agent = p.agent.clone();
+        tokio::spawn(async move {
+            let stream = next_dial(&agent).await.accept().unwrap();
+            stream.write(Bytes::from_static(b"tail")).await.unwrap();
+            stream.finish().unwrap();
+            agent.close("agent exiting");
+        });
+        let stream = p.server.open("x", 1, Duration::from_secs(5)).await.unwrap();
+        p.server.closed().await;
+        assert_eq!(stream.read().await.unwrap().as_deref(), Some(&b"tail"[..]));
+        // A peek at the end (the downlink's batching does one) must not eat the EOF.
+        assert_eq!(stream.try_read(), None);
+        assert_eq!(stream.read().await.unwrap(), None);
+        // The send direction died with the session.
+        assert!(stream.write(Bytes::from_static(b"x")).await.is_err());
+    })
+    .await
 }

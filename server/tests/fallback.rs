@@ -15,6 +15,16 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
+/// Every async test fails after this long instead of hanging the suite.
+const TEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs a test body under [`TEST_TIMEOUT`].
+async fn bounded<F: std::future::Future>(body: F) -> F::Output {
+    tokio::time::timeout(TEST_TIMEOUT, body)
+        .await
+        .expect("test timed out")
+}
+
 /// A connected pair of sessions; returns the server side.
 async fn session(shutdown: &CancellationToken) -> (Mux, Mux) {
     let (a, b) = tokio::io::duplex(64 * 1024);
@@ -38,59 +48,65 @@ fn target() -> Target {
 
 #[tokio::test]
 async fn a_session_lost_before_the_answer_moves_the_dial_to_the_next_agent() {
-    let shutdown = CancellationToken::new();
-    let registry = Registry::new(vec![Strategy::Default], 100);
-    let ids = AgentIdentifiers::default();
+    bounded(async {
+        let shutdown = CancellationToken::new();
+        let registry = Registry::new(vec![Strategy::Default], 100);
+        let ids = AgentIdentifiers::default();
 
-    // "doomed" carries no tunnel, so it is the first candidate; it dies on the first dial.
-    let (doomed_server, doomed_agent) = session(&shutdown).await;
-    registry.register("doomed".into(), ids.clone(), peer(), doomed_server);
-    tokio::spawn(async move {
-        let _dial = doomed_agent.accept().await;
-        doomed_agent.close("agent crashed");
-    });
+        // "doomed" carries no tunnel, so it is the first candidate; it dies on the first dial.
+        let (doomed_server, doomed_agent) = session(&shutdown).await;
+        registry.register("doomed".into(), ids.clone(), peer(), doomed_server);
+        tokio::spawn(async move {
+            let _dial = doomed_agent.accept().await;
+            doomed_agent.close("agent crashed");
+        });
 
-    // "healthy" already carries one tunnel, so it comes second; it accepts every dial.
-    let (healthy_server, healthy_agent) = session(&shutdown).await;
-    registry.register("healthy".into(), ids, peer(), healthy_server.clone());
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Some(dial) = healthy_agent.accept().await {
-            held.push(dial.accept().unwrap());
-        }
-    });
-    let _busy = healthy_server
-        .open("10.0.0.9", 1, Duration::from_secs(5))
-        .await
-        .unwrap();
+        // "healthy" already carries one tunnel, so it comes second; it accepts every dial.
+        let (healthy_server, healthy_agent) = session(&shutdown).await;
+        registry.register("healthy".into(), ids, peer(), healthy_server.clone());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Some(dial) = healthy_agent.accept().await {
+                held.push(dial.accept().unwrap());
+            }
+        });
+        let _busy = healthy_server
+            .open("10.0.0.9", 1, Duration::from_secs(5))
+            .await
+            .unwrap();
 
-    let target = target();
-    let candidates = registry.route(&target.host).unwrap();
-    let (stream, agent) = dial::dial(candidates, &target, Duration::from_secs(5))
-        .await
-        .unwrap();
-    assert_eq!(agent, "healthy");
-    drop(stream);
-    shutdown.cancel();
+        let target = target();
+        let candidates = registry.route(&target.host).unwrap();
+        let (stream, agent) = dial::dial(candidates, &target, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(agent, "healthy");
+        drop(stream);
+        shutdown.cancel();
+    })
+    .await
 }
 
 #[tokio::test]
 async fn every_candidate_lost_is_a_502_naming_the_agent() {
-    let shutdown = CancellationToken::new();
-    let registry = Registry::new(vec![Strategy::Default], 100);
-    let (server, agent) = session(&shutdown).await;
-    registry.register("only".into(), AgentIdentifiers::default(), peer(), server);
-    tokio::spawn(async move {
-        let _dial = agent.accept().await;
-        agent.close("agent crashed");
-    });
-    let target = target();
-    let candidates = registry.route(&target.host).unwrap();
-    let error = dial::dial(candidates, &target, Duration::from_secs(5))
-        .await
-        .unwrap_err();
-    assert!(matches!(error, Refusal::AgentLost { .. }), "{error}");
-    assert_eq!(error.status(), http::StatusCode::BAD_GATEWAY);
-    assert!(error.to_string().contains("only"), "{error}");
-    shutdown.cancel();
+    bounded(async {
+        let shutdown = CancellationToken::new();
+        let registry = Registry::new(vec![Strategy::Default], 100);
+        let (server, agent) = session(&shutdown).await;
+        registry.register("only".into(), AgentIdentifiers::default(), peer(), server);
+        tokio::spawn(async move {
+            let _dial = agent.accept().await;
+            agent.close("agent crashed");
+        });
+        let target = target();
+        let candidates = registry.route(&target.host).unwrap();
+        let error = dial::dial(candidates, &target, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(matches!(error, Refusal::AgentLost { .. }), "{error}");
+        assert_eq!(error.status(), http::StatusCode::BAD_GATEWAY);
+        assert!(error.to_string().contains("only"), "{error}");
+        shutdown.cancel();
+    })
+    .await
 }

@@ -15,6 +15,16 @@ use tokio_util::sync::CancellationToken;
 use super::{splice, Moved, Splice, IDLE_READ};
 use crate::{Keepalive, Mux, MuxStream};
 
+/// Every async test fails after this long instead of hanging the suite.
+const TEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs a test body under [`TEST_TIMEOUT`].
+async fn bounded<F: std::future::Future>(body: F) -> F::Output {
+    tokio::time::timeout(TEST_TIMEOUT, body)
+        .await
+        .expect("test timed out")
+}
+
 /// A server stream and its agent end, over a live session.
 async fn stream_pair() -> (MuxStream, MuxStream, CancellationToken) {
     let (a, b) = tokio::io::duplex(256 * 1024);
@@ -66,46 +76,52 @@ async fn read_through(
 /// finds nothing, the large buffer goes, so the tunnel does not sit on it while quiet.
 #[tokio::test]
 async fn a_quiet_uplink_holds_no_read_buffer() {
-    let (stream, peer, shutdown) = stream_pair().await;
-    let (mut client, mut socket) = tokio::io::duplex(1024 * 1024);
-    let mut moved = Moved::default();
-    let mut splice = splice(&mut socket, &stream, Bytes::new(), &mut moved);
-    client.write_all(&[7; IDLE_READ]).await.unwrap();
-    poll_once(&mut splice).await;
-    assert!(!splice.up.streaming, "{:?}", splice.up);
-    assert_eq!(splice.up.big.capacity(), 0, "{:?}", splice.up);
-    let chunk = peer.read().await.unwrap().unwrap();
-    assert_eq!(chunk.len(), IDLE_READ);
+    bounded(async {
+        let (stream, peer, shutdown) = stream_pair().await;
+        let (mut client, mut socket) = tokio::io::duplex(1024 * 1024);
+        let mut moved = Moved::default();
+        let mut splice = splice(&mut socket, &stream, Bytes::new(), &mut moved);
+        client.write_all(&[7; IDLE_READ]).await.unwrap();
+        poll_once(&mut splice).await;
+        assert!(!splice.up.streaming, "{:?}", splice.up);
+        assert_eq!(splice.up.big.capacity(), 0, "{:?}", splice.up);
+        let chunk = peer.read().await.unwrap().unwrap();
+        assert_eq!(chunk.len(), IDLE_READ);
 
-    // A burst still streams through the large buffer.
-    client.write_all(&vec![8; 200_000]).await.unwrap();
-    poll_once(&mut splice).await;
-    assert_eq!(splice.up.big.capacity(), 0, "{:?}", splice.up);
-    let mut got = 0;
-    while got < 200_000 {
-        got += peer.read().await.unwrap().unwrap().len();
-    }
-    assert_eq!(got, 200_000);
-    assert_eq!(splice.moved.up, (IDLE_READ + 200_000) as u64);
-    shutdown.cancel();
+        // A burst still streams through the large buffer.
+        client.write_all(&vec![8; 200_000]).await.unwrap();
+        poll_once(&mut splice).await;
+        assert_eq!(splice.up.big.capacity(), 0, "{:?}", splice.up);
+        let mut got = 0;
+        while got < 200_000 {
+            got += peer.read().await.unwrap().unwrap().len();
+        }
+        assert_eq!(got, 200_000);
+        assert_eq!(splice.moved.up, (IDLE_READ + 200_000) as u64);
+        shutdown.cancel();
+    })
+    .await
 }
 
 /// A burst of chunks goes out in one write, and the list that carried it does not stay.
 #[tokio::test]
 async fn a_quiet_downlink_holds_no_chunks() {
-    let (stream, peer, shutdown) = stream_pair().await;
-    let (mut client, mut socket) = tokio::io::duplex(1024 * 1024);
-    let mut moved = Moved::default();
-    let mut splice = splice(&mut socket, &stream, Bytes::new(), &mut moved);
-    for _ in 0..4 {
-        peer.write(Bytes::from_static(b"burst ")).await.unwrap();
-    }
-    let mut got = [0; 24];
-    read_through(&mut splice, &mut client, &mut got).await;
-    assert_eq!(&got, b"burst burst burst burst ");
-    assert!(splice.down.head.is_empty(), "{:?}", splice.down);
-    assert_eq!(splice.down.rest.capacity(), 0, "{:?}", splice.down);
-    shutdown.cancel();
+    bounded(async {
+        let (stream, peer, shutdown) = stream_pair().await;
+        let (mut client, mut socket) = tokio::io::duplex(1024 * 1024);
+        let mut moved = Moved::default();
+        let mut splice = splice(&mut socket, &stream, Bytes::new(), &mut moved);
+        for _ in 0..4 {
+            peer.write(Bytes::from_static(b"burst ")).await.unwrap();
+        }
+        let mut got = [0; 24];
+        read_through(&mut splice, &mut client, &mut got).await;
+        assert_eq!(&got, b"burst burst burst burst ");
+        assert!(splice.down.head.is_empty(), "{:?}", splice.down);
+        assert_eq!(splice.down.rest.capacity(), 0, "{:?}", splice.down);
+        shutdown.cancel();
+    })
+    .await
 }
 
 /// A socket that keeps what is written until it is flushed — as a TLS stream keeps its last
@@ -113,21 +129,24 @@ async fn a_quiet_downlink_holds_no_chunks() {
 /// quiet: the downlink flushes before it waits.
 #[tokio::test]
 async fn the_downlink_flushes_before_it_waits() {
-    let (stream, peer, shutdown) = stream_pair().await;
-    let (mut client, socket) = tokio::io::duplex(1024 * 1024);
-    let mut socket = tokio::io::BufWriter::new(socket);
-    let mut moved = Moved::default();
-    let mut splice = splice(&mut socket, &stream, Bytes::new(), &mut moved);
-    peer.write(Bytes::from_static(b"last words")).await.unwrap();
-    let mut got = [0; 10];
-    tokio::select! {
-        read = tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut got)) => {
-            read.expect("the chunk stayed in the socket's buffer").unwrap();
+    bounded(async {
+        let (stream, peer, shutdown) = stream_pair().await;
+        let (mut client, socket) = tokio::io::duplex(1024 * 1024);
+        let mut socket = tokio::io::BufWriter::new(socket);
+        let mut moved = Moved::default();
+        let mut splice = splice(&mut socket, &stream, Bytes::new(), &mut moved);
+        peer.write(Bytes::from_static(b"last words")).await.unwrap();
+        let mut got = [0; 10];
+        tokio::select! {
+            read = tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut got)) => {
+                read.expect("the chunk stayed in the socket's buffer").unwrap();
+            }
+            result = &mut splice => panic!("the splice ended: {result:?}"),
         }
-        result = &mut splice => panic!("the splice ended: {result:?}"),
-    }
-    assert_eq!(&got, b"last words");
-    shutdown.cancel();
+        assert_eq!(&got, b"last words");
+        shutdown.cancel();
+    })
+    .await
 }
 
 /// Reads at most one TLS record's worth at a time, as a TLS stream does.
@@ -175,22 +194,25 @@ impl tokio::io::AsyncWrite for Records {
 /// does not fall back to the small buffer between records (which split every record in two).
 #[tokio::test]
 async fn a_burst_of_records_streams_whole_records() {
-    let (stream, peer, shutdown) = stream_pair().await;
-    let (mut client, socket) = tokio::io::duplex(1024 * 1024);
-    let mut socket = Records(socket);
-    let mut moved = Moved::default();
-    let mut splice = splice(&mut socket, &stream, Bytes::new(), &mut moved);
-    let total = IDLE_READ + 6 * 16 * 1024 + 3000;
-    client.write_all(&vec![9; total]).await.unwrap();
-    poll_once(&mut splice).await;
-    let mut sizes = Vec::new();
-    while sizes.iter().sum::<usize>() < total {
-        sizes.push(peer.read().await.unwrap().unwrap().len());
-    }
-    assert_eq!(sizes.first(), Some(&IDLE_READ), "{sizes:?}");
-    assert!(
-        sizes[1..sizes.len() - 1].iter().all(|&n| n == 16 * 1024),
-        "chunk sizes {sizes:?}"
-    );
-    shutdown.cancel();
+    bounded(async {
+        let (stream, peer, shutdown) = stream_pair().await;
+        let (mut client, socket) = tokio::io::duplex(1024 * 1024);
+        let mut socket = Records(socket);
+        let mut moved = Moved::default();
+        let mut splice = splice(&mut socket, &stream, Bytes::new(), &mut moved);
+        let total = IDLE_READ + 6 * 16 * 1024 + 3000;
+        client.write_all(&vec![9; total]).await.unwrap();
+        poll_once(&mut splice).await;
+        let mut sizes = Vec::new();
+        while sizes.iter().sum::<usize>() < total {
+            sizes.push(peer.read().await.unwrap().unwrap().len());
+        }
+        assert_eq!(sizes.first(), Some(&IDLE_READ), "{sizes:?}");
+        assert!(
+            sizes[1..sizes.len() - 1].iter().all(|&n| n == 16 * 1024),
+            "chunk sizes {sizes:?}"
+        );
+        shutdown.cancel();
+    })
+    .await
 }

@@ -99,6 +99,16 @@ fn answer(status: u16, reason: &str) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    /// Every async test fails after this long instead of hanging the suite.
+    const TEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+    /// Runs a test body under [`TEST_TIMEOUT`].
+    async fn bounded<F: std::future::Future>(body: F) -> F::Output {
+        tokio::time::timeout(TEST_TIMEOUT, body)
+            .await
+            .expect("test timed out")
+    }
+
     async fn head_of(input: &[u8]) -> Head {
         let mut socket = input;
         read(&mut socket).await
@@ -106,6 +116,7 @@ mod tests {
 
     #[tokio::test]
     async fn heads() {
+        bounded(async {
         assert!(
             matches!(head_of(b"CONNECT 10.0.0.5:10250 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nEARLY").await, Head::Connect(t, early) if t.port == 10250 && early == "EARLY")
         );
@@ -152,5 +163,7 @@ mod tests {
                 && text.contains("\r\nallow: CONNECT\r\n"),
             "{text}"
         );
+        })
+        .await
     }
 }

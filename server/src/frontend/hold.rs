@@ -118,6 +118,16 @@ mod tests {
 
     use super::*;
 
+    /// Every async test fails after this long instead of hanging the suite.
+    const TEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+    /// Runs a test body under [`TEST_TIMEOUT`].
+    async fn bounded<F: std::future::Future>(body: F) -> F::Output {
+        tokio::time::timeout(TEST_TIMEOUT, body)
+            .await
+            .expect("test timed out")
+    }
+
     /// Polls one write of `held`; whether it went through.
     async fn try_write(held: &mut Held<'_, tokio::io::DuplexStream>) -> bool {
         poll_fn(|cx| Poll::Ready(Pin::new(&mut *held).poll_write(cx, b"banner").is_ready())).await
@@ -125,40 +135,49 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn writes_wait_for_the_clients_first_byte() {
-        let (mut socket, mut client) = tokio::io::duplex(1024);
-        let mut held = Held::new(&mut socket, Some(Duration::from_secs(60)));
-        assert!(
-            !try_write(&mut held).await,
-            "written before the client spoke"
-        );
-        assert!(matches!(held.hold, Hold::Waiting(_)), "{:?}", held.hold);
-        client.write_all(b"hello").await.unwrap();
-        let mut buf = [0u8; 5];
-        held.read_exact(&mut buf).await.unwrap();
-        // The timer goes as soon as the client speaks.
-        assert!(matches!(held.hold, Hold::Off), "{:?}", held.hold);
-        assert!(try_write(&mut held).await);
+        bounded(async {
+            let (mut socket, mut client) = tokio::io::duplex(1024);
+            let mut held = Held::new(&mut socket, Some(Duration::from_secs(60)));
+            assert!(
+                !try_write(&mut held).await,
+                "written before the client spoke"
+            );
+            assert!(matches!(held.hold, Hold::Waiting(_)), "{:?}", held.hold);
+            client.write_all(b"hello").await.unwrap();
+            let mut buf = [0u8; 5];
+            held.read_exact(&mut buf).await.unwrap();
+            // The timer goes as soon as the client speaks.
+            assert!(matches!(held.hold, Hold::Off), "{:?}", held.hold);
+            assert!(try_write(&mut held).await);
+        })
+        .await
     }
 
     #[tokio::test(start_paused = true)]
     async fn writes_go_after_the_hold_time() {
-        let (mut socket, mut client) = tokio::io::duplex(1024);
-        let started = tokio::time::Instant::now();
-        let mut held = Held::new(&mut socket, Some(Duration::from_millis(250)));
-        held.write_all(b"banner").await.unwrap();
-        assert_eq!(started.elapsed(), Duration::from_millis(250));
-        held.shutdown().await.unwrap();
-        let mut got = Vec::new();
-        client.read_to_end(&mut got).await.unwrap();
-        assert_eq!(got, b"banner");
+        bounded(async {
+            let (mut socket, mut client) = tokio::io::duplex(1024);
+            let started = tokio::time::Instant::now();
+            let mut held = Held::new(&mut socket, Some(Duration::from_millis(250)));
+            held.write_all(b"banner").await.unwrap();
+            assert_eq!(started.elapsed(), Duration::from_millis(250));
+            held.shutdown().await.unwrap();
+            let mut got = Vec::new();
+            client.read_to_end(&mut got).await.unwrap();
+            assert_eq!(got, b"banner");
+        })
+        .await
     }
 
     #[tokio::test(start_paused = true)]
     async fn no_hold_writes_at_once() {
-        let (mut socket, _client) = tokio::io::duplex(1024);
-        for hold in [None, Some(Duration::ZERO)] {
-            let mut held = Held::new(&mut socket, hold);
-            assert!(try_write(&mut held).await, "{hold:?}");
-        }
+        bounded(async {
+            let (mut socket, _client) = tokio::io::duplex(1024);
+            for hold in [None, Some(Duration::ZERO)] {
+                let mut held = Held::new(&mut socket, hold);
+                assert!(try_write(&mut held).await, "{hold:?}");
+            }
+        })
+        .await
     }
 }
