@@ -8,7 +8,8 @@
 //! - [`client`]: the kube-apiserver-style CONNECT client (blocking and async) and curl helpers.
 //! - [`target`]: echo, "who am I" and pattern targets, and the async load target.
 //! - [`netns`]: network-namespace test hosts (root); [`procfs`]: a process's memory, CPU and
-//!   descriptors; [`skip`]: skipping a test loudly (and failing it where skips are forbidden).
+//!   descriptors; [`skip`]: skipping a test loudly (and failing it where skips are forbidden);
+//!   [`timing`]: a timeout fired on time.
 //!
 //! The binaries must be built first (`cargo build --bins`); the README's test command does it.
 
@@ -19,6 +20,7 @@ pub mod process;
 pub mod procfs;
 pub mod skip;
 pub mod target;
+pub mod timing;
 
 pub use pki::Pki;
 pub use process::{Agent, AgentOptions, Server, ServerOptions, Wrapper};

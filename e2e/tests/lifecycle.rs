@@ -234,3 +234,234 @@ fn sigterm_drains_the_agent_then_exits_0() {
     finish_after_sigterm(tls, &mut agent.process, "agent");
     wait_until(IO_TIMEOUT, || server.agents().is_ok_and(|a| a.is_empty())).unwrap();
 }
+
+/// Reads `conn` until it ends; the end must be a reset, not a clean EOF, within `IO_TIMEOUT`.
+fn assert_reset(conn: &mut dyn Read, what: &str) {
+    let mut buf = [0u8; 4096];
+    let end = loop {
+        match conn.read(&mut buf) {
+            Ok(0) => break Ok(()),
+            Ok(_) => continue,
+            Err(error) => break Err(error),
+        }
+    };
+    let error = end.expect_err(&format!("{what}: the tunnel ended with a clean EOF"));
+    assert_eq!(
+        error.kind(),
+        std::io::ErrorKind::ConnectionReset,
+        "{what}: {error}"
+    );
+}
+
+#[test]
+fn a_frozen_agent_is_dropped_within_its_keepalive_and_its_tunnels_fail() {
+    let pki = Pki::new().unwrap();
+    // Silence for three keepalive intervals is death: 3 s here (15 s by default).
+    let keepalive = Duration::from_secs(1);
+    let options = ServerOptions {
+        args: vec!["--keepalive-time".into(), "1s".into()],
+        ..Default::default()
+    };
+    let (server, agent) = start_pair(&pki, options).unwrap();
+    let echo = target::echo("127.0.0.1:0").unwrap().to_string();
+    let mut open_tunnel = tls_connect(&pki, server.frontend_addr()).unwrap();
+    open(open_tunnel.as_mut(), &echo);
+    echo_round_trip(open_tunnel.as_mut(), b"before the freeze");
+
+    agent.process.signal("STOP").unwrap();
+    let frozen = Instant::now();
+    // A dial sent to the frozen agent waits for an answer that never comes.
+    let pending = std::thread::spawn({
+        let (pki_dir, frontend, echo) =
+            (pki.dir().to_owned(), server.frontend_addr(), echo.clone());
+        move || {
+            let config = bridgehead_e2e::client::tls::config(
+                &pki_dir.join("ca.crt"),
+                Some((&pki_dir.join("client.crt"), &pki_dir.join("client.key"))),
+            )
+            .unwrap();
+            let mut conn = tls_connect_with(config, frontend).unwrap();
+            kube_connect(conn.as_mut(), &echo).unwrap().status
+        }
+    });
+    wait_until(IO_TIMEOUT, || server.agents().is_ok_and(|a| a.is_empty()))
+        .expect("the frozen agent stays registered");
+    bridgehead_e2e::timing::assert_about(
+        "dropping a frozen agent",
+        frozen.elapsed(),
+        keepalive * 3,
+    );
+    assert_eq!(pending.join().unwrap(), 502, "the pending dial");
+    assert_reset(open_tunnel.as_mut(), "the frozen agent's open tunnel");
+    agent.process.signal("CONT").unwrap();
+}
+
+#[test]
+fn the_servers_grace_period_cuts_the_tunnels_that_outlast_it() {
+    let pki = Pki::new().unwrap();
+    let grace = Duration::from_secs(1);
+    let options = ServerOptions {
+        args: vec!["--shutdown-grace-period".into(), "1s".into()],
+        ..Default::default()
+    };
+    let (mut server, _agent) = start_pair(&pki, options).unwrap();
+    let echo = target::echo("127.0.0.1:0").unwrap().to_string();
+    let mut tunnel = tls_connect(&pki, server.frontend_addr()).unwrap();
+    open(tunnel.as_mut(), &echo);
+    echo_round_trip(tunnel.as_mut(), b"still open at SIGTERM");
+
+    server.process.signal("TERM").unwrap();
+    let signalled = Instant::now();
+    let status = server.process.wait_exit(IO_TIMEOUT).unwrap();
+    bridgehead_e2e::timing::assert_about("the shutdown grace period", signalled.elapsed(), grace);
+    assert_eq!(status.code(), Some(0), "{}", server.process.stderr());
+    assert_reset(
+        tunnel.as_mut(),
+        "a tunnel cut at the end of the grace period",
+    );
+    let log = server.process.stderr();
+    let cut = log
+        .lines()
+        .find(|line| line.contains("were cut"))
+        .unwrap_or_else(|| panic!("no line about cut tunnels:\n{log}"));
+    assert!(cut.contains("tunnels=1"), "{cut}");
+}
+
+#[test]
+fn the_agents_drain_grace_period_cuts_the_tunnels_that_outlast_it() {
+    let pki = Pki::new().unwrap();
+    let grace = Duration::from_secs(1);
+    let server = Server::start(&pki, ServerOptions::default()).unwrap();
+    let mut agent = bridgehead_e2e::Agent::start(
+        &pki,
+        &server,
+        bridgehead_e2e::AgentOptions {
+            args: vec!["--drain-grace-period".into(), "1s".into()],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    server.wait_agents(1).unwrap();
+    let echo = target::echo("127.0.0.1:0").unwrap().to_string();
+    let mut tunnel = tls_connect(&pki, server.frontend_addr()).unwrap();
+    open(tunnel.as_mut(), &echo);
+    echo_round_trip(tunnel.as_mut(), b"still open at SIGTERM");
+
+    agent.process.signal("TERM").unwrap();
+    let signalled = Instant::now();
+    let status = agent.process.wait_exit(IO_TIMEOUT).unwrap();
+    bridgehead_e2e::timing::assert_about("the drain grace period", signalled.elapsed(), grace);
+    assert_eq!(status.code(), Some(0), "{}", agent.process.stderr());
+    assert_reset(tunnel.as_mut(), "a tunnel cut at the end of the drain");
+    let log = agent.process.stderr();
+    let cut = log
+        .lines()
+        .find(|line| line.contains("cutting the remaining tunnels"))
+        .unwrap_or_else(|| panic!("no line about cut tunnels:\n{log}"));
+    assert!(cut.contains("open_streams=1"), "{cut}");
+}
+
+#[test]
+fn refused_connects_leave_no_descriptor_behind() {
+    const EACH: usize = 200;
+    const THREADS: usize = 8;
+    const SLACK: usize = 4;
+    let pki = Pki::new().unwrap();
+    // destHost only: a target on no agent's list is a 503 that sends nothing anywhere.
+    let server = Server::start(
+        &pki,
+        ServerOptions {
+            args: ["--proxy-strategies", "destHost", "--dial-timeout", "500ms"]
+                .map(String::from)
+                .into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let agent = bridgehead_e2e::Agent::start(
+        &pki,
+        &server,
+        bridgehead_e2e::AgentOptions {
+            identifiers: Some("ipv4=127.0.0.1".into()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    server.wait_agents(1).unwrap();
+    let closed = target::closed_port().unwrap().to_string();
+    let hole = target::black_hole(Duration::from_millis(300)).unwrap();
+    let hole_addr = hole.addr.to_string();
+    let config = tls_config(&pki, Some(("client.crt", "client.key"))).unwrap();
+    let frontend = server.frontend_addr();
+    let kinds: [(&str, String, u16); 5] = [
+        (
+            "bad target",
+            "CONNECT not a target HTTP/1.1\r\n\r\n".into(),
+            400,
+        ),
+        (
+            "not CONNECT",
+            "GET / HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+            405,
+        ),
+        (
+            "refused",
+            bridgehead_e2e::client::kube::connect_head(&closed),
+            502,
+        ),
+        (
+            "no agent",
+            bridgehead_e2e::client::kube::connect_head("192.0.2.1:80"),
+            503,
+        ),
+        (
+            "dial timeout",
+            bridgehead_e2e::client::kube::connect_head(&hole_addr),
+            504,
+        ),
+    ];
+    let refuse_all = |rounds: usize| {
+        std::thread::scope(|scope| {
+            for _ in 0..THREADS {
+                scope.spawn(|| {
+                    for _ in 0..rounds.div_ceil(THREADS) {
+                        for (what, request, status) in &kinds {
+                            let mut conn = tls_connect_with(config.clone(), frontend).unwrap();
+                            let reply = bridgehead_e2e::client::request_reply(
+                                conn.as_mut(),
+                                request.as_bytes(),
+                            )
+                            .unwrap();
+                            assert_eq!(reply.status, *status, "{what}: {}", reply.body);
+                        }
+                    }
+                });
+            }
+        });
+    };
+    // Warm up, then take the baseline.
+    refuse_all(THREADS);
+    let quiet = || {
+        server
+            .metric("bridgehead_server_dials_pending")
+            .unwrap_or(1.0)
+            == 0.0
+    };
+    wait_until(SETTLE, quiet).unwrap();
+    let server_base = server.process.fd_count();
+    let agent_base = agent.process.fd_count();
+    refuse_all(EACH);
+    wait_until(SETTLE, quiet).unwrap();
+    for (process, base, what) in [
+        (&server.process, server_base, "server"),
+        (&agent.process, agent_base, "agent"),
+    ] {
+        let settled = wait_until(SETTLE, || process.fd_count() <= base + SLACK).is_ok();
+        assert!(
+            settled,
+            "{what} descriptors: {} after {} refusals, {base} before",
+            process.fd_count(),
+            EACH * kinds.len()
+        );
+    }
+}

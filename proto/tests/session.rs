@@ -617,3 +617,68 @@ fn half_close_keeps_the_other_direction_open() {
     assert_eq!(w.model.up[&stream].read, 10);
     w.quiesce();
 }
+
+/// Flow control, as the receiver sees it: what a stream has not read stays within the window
+/// it granted, the sender is blocked at zero credit, and only reading grants more.
+#[test]
+fn an_unread_stream_buffers_at_most_its_window_and_only_reading_grants_more() {
+    const WINDOW: u32 = 64 * 1024;
+    let config = |role| SessionConfig {
+        initial_window: WINDOW,
+        ..SessionConfig::new(role)
+    };
+    let mut server = Session::new(config(Role::Server));
+    let mut agent = Session::new(config(Role::Agent));
+    let deliver = |from: &mut Session, to: &mut Session| {
+        let mut windows = 0;
+        while let Some(frame) = from.poll_transmit() {
+            windows += usize::from(matches!(frame, Frame::Window { .. }));
+            to.handle_frame(frame).unwrap();
+        }
+        windows
+    };
+    let id = server.open("target", 1, 10_000, 0).unwrap();
+    deliver(&mut server, &mut agent);
+    agent.dial_succeeded(id).unwrap();
+    deliver(&mut agent, &mut server);
+
+    // The agent (a target streaming as fast as it can) offers three windows' worth.
+    let offered = Bytes::from(vec![7u8; 3 * WINDOW as usize]);
+    let taken = agent.send(id, offered).unwrap();
+    assert_eq!(
+        taken, WINDOW as usize,
+        "the sender took more than its credit"
+    );
+    assert_eq!(
+        agent.send_credit(id).unwrap(),
+        0,
+        "the sender is not blocked"
+    );
+    assert_eq!(
+        deliver(&mut agent, &mut server),
+        0,
+        "the agent granted credit the server never asked for"
+    );
+    // Nothing read: the server grants nothing, however often it is asked to transmit.
+    assert_eq!(
+        deliver(&mut server, &mut agent),
+        0,
+        "credit granted before any read"
+    );
+    assert_eq!(agent.send_credit(id).unwrap(), 0);
+    assert_eq!(agent.send(id, Bytes::from_static(b"more")).unwrap(), 0);
+
+    // Reading half the window grants it back.
+    let mut read = 0;
+    while read < WINDOW as usize / 2 {
+        match server.read(id) {
+            ReadOutcome::Data(chunk) => read += chunk.len(),
+            other => panic!("{other:?} with {read} bytes read"),
+        }
+    }
+    assert!(
+        deliver(&mut server, &mut agent) > 0,
+        "reading granted nothing"
+    );
+    assert_eq!(agent.send_credit(id).unwrap(), read);
+}

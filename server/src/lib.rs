@@ -85,6 +85,9 @@ impl Listeners {
     }
 }
 
+/// After the grace period, how long the agent sessions get to close.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Serves until `shutdown`, then stops accepting, lets open tunnels finish within the grace
 /// period, and closes every agent session.
 pub async fn run(
@@ -179,23 +182,28 @@ pub async fn run(
     })
     .await
     .is_ok();
+    // Counted now: closing the sessions below ends what is left.
+    let cut = ctx.tunnels.len();
     session_token.cancel();
     sessions.close();
     background.close();
-    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+    let closed = tokio::time::timeout(CLOSE_TIMEOUT, async {
         sessions.wait().await;
         ctx.tunnels.wait().await;
         background.wait().await;
     })
     .await
     .is_ok();
-    if drained && closed {
-        info!("shutdown complete: every tunnel finished");
-    } else {
-        warn!(
-            tunnels = ctx.tunnels.len(),
+    match (drained, closed) {
+        (true, true) => info!("shutdown complete: every tunnel finished"),
+        (false, _) => warn!(
+            tunnels = cut,
             "shutdown complete: tunnels still open at the end of the grace period were cut"
-        );
+        ),
+        (true, false) => warn!(
+            sessions = sessions.len(),
+            "shutdown complete: agent sessions did not close within {CLOSE_TIMEOUT:?}"
+        ),
     }
     Ok(())
 }

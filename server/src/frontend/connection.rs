@@ -7,8 +7,8 @@ use std::sync::Arc;
 use bridgehead_mux::splice::{self, AbortOnClose, Moved};
 use bridgehead_mux::MuxStream;
 use bridgehead_proto::ErrorCode;
-use bytes::Bytes;
-use tokio::io::AsyncWriteExt;
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
@@ -19,6 +19,10 @@ use crate::context::Context;
 use crate::dial;
 use crate::metrics::{DialResult, Direction};
 use crate::refusal::Refusal;
+
+/// Most bytes a client may send behind its head before it has a tunnel (kept for it while
+/// the dial is pending).
+const MAX_EARLY: usize = 64 * 1024;
 
 /// How far a connection got before it ended without a tunnel.
 #[derive(Debug)]
@@ -79,12 +83,38 @@ async fn open<S: ClientSocket>(socket: &mut S, ctx: &Context) -> Result<Opened, 
     let _slot = ctx.admission.admit()?;
     let candidates = ctx.registry.route(&target.host).map_err(Refusal::from)?;
     let started = Instant::now();
-    let (stream, agent) = dial::dial(candidates, &target, ctx.dial_timeout).await?;
+    // A client that leaves while its dial is pending gets nothing more: dropping the dial
+    // resets its stream (the agent stops dialing) and frees its admission slot at once.
+    let mut early = BytesMut::from(early);
+    let (stream, agent) = tokio::select! {
+        dialed = dial::dial(candidates, &target, ctx.dial_timeout) => dialed?,
+        () = client_gone(socket, &mut early) => {
+            return Err(Failure::Gone("client left while its dial was pending"));
+        }
+    };
     ctx.metrics
         .dial_duration
         .observe(started.elapsed().as_secs_f64());
     span.record("agent", tracing::field::display(&agent));
-    Ok(Opened { stream, early })
+    Ok(Opened {
+        stream,
+        early: early.freeze(),
+    })
+}
+
+/// Resolves when the client closes or fails while its dial is pending. What it sends
+/// meanwhile belongs to the tunnel and is kept in `early`, up to [`MAX_EARLY`]; past that it
+/// is left in the socket for the splice. An EOF counts as gone: a client that half-closes
+/// before it has a tunnel has nothing to tunnel.
+async fn client_gone<S: ClientSocket>(socket: &mut S, early: &mut BytesMut) {
+    while early.len() < MAX_EARLY {
+        let room = MAX_EARLY - early.len();
+        match socket.read_buf(&mut (&mut *early).limit(room)).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+    std::future::pending().await
 }
 
 /// Answers `refusal` with its status and reason, counts it, and closes the connection.

@@ -1,0 +1,224 @@
+//! Every limit and timeout flag, seen doing what it says: a timeout fires between its value
+//! and a small multiple of it (an ignored flag falls back to a default many times larger), a
+//! limit refuses exactly the request past it.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use bridgehead_e2e::client::{
+    kube_connect, request_reply, tls_connect, Conn, ErrorReply, IO_TIMEOUT,
+};
+use bridgehead_e2e::process::{start_pair, wait_until};
+use bridgehead_e2e::timing::assert_about;
+use bridgehead_e2e::{target, Pki, Server, ServerOptions};
+
+/// The value the timeout tests set: a tenth of every default.
+const TIMEOUT: Duration = Duration::from_secs(1);
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+fn connect_request(target: &str) -> String {
+    bridgehead_e2e::client::kube::connect_head(target)
+}
+
+/// Sends a CONNECT for `target` on a fresh mTLS connection and reads the whole answer.
+fn ask(pki: &Pki, server: &Server, target: &str) -> ErrorReply {
+    let mut conn = tls_connect(pki, server.frontend_addr()).unwrap();
+    request_reply(conn.as_mut(), connect_request(target).as_bytes()).unwrap()
+}
+
+/// How long until the peer closed `conn` (EOF or reset); fails if it never does.
+fn time_to_close(conn: &mut dyn Read) -> Duration {
+    let start = Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) => return start.elapsed(),
+            Ok(_) => continue,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                panic!("the server never closed the connection")
+            }
+            Err(_) => return start.elapsed(),
+        }
+    }
+}
+
+fn raw_tcp(addr: std::net::SocketAddr) -> TcpStream {
+    let tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    tcp
+}
+
+#[test]
+fn dial_timeout_sets_when_a_silent_dial_gets_504() {
+    let pki = Pki::new().unwrap();
+    let options = ServerOptions {
+        args: args(&["--dial-timeout", "1s"]),
+        ..Default::default()
+    };
+    let (server, _agent) = start_pair(&pki, options).unwrap();
+    let hole = target::black_hole(Duration::from_millis(300)).unwrap();
+    let started = Instant::now();
+    let reply = ask(&pki, &server, &hole.addr.to_string());
+    assert_eq!(reply.status, 504, "{}{}", reply.head, reply.body);
+    assert_about("the dial timeout", started.elapsed(), TIMEOUT);
+}
+
+#[test]
+fn handshake_timeout_cuts_a_client_that_never_starts_tls() {
+    let pki = Pki::new().unwrap();
+    let options = ServerOptions {
+        args: args(&["--handshake-timeout", "1s"]),
+        ..Default::default()
+    };
+    let server = Server::start(&pki, options).unwrap();
+    let mut tcp = raw_tcp(server.frontend_addr());
+    assert_about(
+        "the frontend's TLS handshake timeout",
+        time_to_close(&mut tcp),
+        TIMEOUT,
+    );
+}
+
+#[test]
+fn handshake_timeout_cuts_a_client_that_never_finishes_its_head() {
+    let pki = Pki::new().unwrap();
+    let options = ServerOptions {
+        args: args(&["--handshake-timeout", "1s"]),
+        ..Default::default()
+    };
+    let server = Server::start(&pki, options).unwrap();
+    let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+    conn.write_all(b"CONNECT 127.0.0.1:9 HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .unwrap();
+    conn.flush().unwrap();
+    assert_about(
+        "the CONNECT head timeout",
+        time_to_close(conn.as_mut()),
+        TIMEOUT,
+    );
+}
+
+#[test]
+fn handshake_timeout_cuts_an_agent_that_never_starts_tls() {
+    let pki = Pki::new().unwrap();
+    let options = ServerOptions {
+        args: args(&["--handshake-timeout", "1s"]),
+        ..Default::default()
+    };
+    let server = Server::start(&pki, options).unwrap();
+    let mut tcp = raw_tcp(server.agent_addr);
+    assert_about(
+        "the agent endpoint's handshake timeout",
+        time_to_close(&mut tcp),
+        TIMEOUT,
+    );
+}
+
+#[test]
+fn max_pending_dials_refuses_the_dial_past_the_limit() {
+    let pki = Pki::new().unwrap();
+    let options = ServerOptions {
+        args: args(&["--max-pending-dials", "2", "--dial-timeout", "30s"]),
+        ..Default::default()
+    };
+    let (server, _agent) = start_pair(&pki, options).unwrap();
+    let hole = target::black_hole(Duration::from_millis(300)).unwrap();
+    // Two dials that hang at the agent take both slots.
+    let mut pending: Vec<Box<dyn Conn>> = Vec::new();
+    for _ in 0..2 {
+        let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+        conn.write_all(connect_request(&hole.addr.to_string()).as_bytes())
+            .unwrap();
+        conn.flush().unwrap();
+        pending.push(conn);
+    }
+    wait_until(IO_TIMEOUT, || {
+        server
+            .metric("bridgehead_server_dials_pending")
+            .unwrap_or(0.0)
+            == 2.0
+    })
+    .expect("two dials pending");
+    let echo = target::echo("127.0.0.1:0").unwrap();
+    let reply = ask(&pki, &server, &echo.to_string());
+    assert_eq!(reply.status, 503, "{}{}", reply.head, reply.body);
+    assert!(
+        reply.body.contains("2 dials already pending"),
+        "{}",
+        reply.body
+    );
+    // A freed slot admits the next dial.
+    drop(pending);
+    wait_until(IO_TIMEOUT, || {
+        server
+            .metric("bridgehead_server_dials_pending")
+            .unwrap_or(1.0)
+            == 0.0
+    })
+    .expect("the dials of the clients that left are released");
+    let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+    assert_eq!(
+        kube_connect(conn.as_mut(), &echo.to_string())
+            .unwrap()
+            .status,
+        200
+    );
+}
+
+#[test]
+fn max_tunnels_per_agent_refuses_the_tunnel_past_the_limit() {
+    let pki = Pki::new().unwrap();
+    let options = ServerOptions {
+        args: args(&["--max-tunnels-per-agent", "2"]),
+        ..Default::default()
+    };
+    let (server, _agent) = start_pair(&pki, options).unwrap();
+    let echo = target::echo("127.0.0.1:0").unwrap().to_string();
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+        let reply = kube_connect(conn.as_mut(), &echo).unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.head);
+        open.push(conn);
+    }
+    let reply = ask(&pki, &server, &echo);
+    assert_eq!(reply.status, 503, "{}{}", reply.head, reply.body);
+    assert!(reply.body.contains("limit of 2 tunnels"), "{}", reply.body);
+    // Closing one makes room again.
+    open.pop();
+    wait_until(IO_TIMEOUT, || {
+        let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+        kube_connect(conn.as_mut(), &echo).is_ok_and(|reply| reply.status == 200)
+    })
+    .expect("a closed tunnel frees its place");
+}
+
+/// Threads named by tokio's runtime for its workers (and its blocking pool, unused at startup).
+fn runtime_workers(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim() == "tokio-rt-worker")
+        .count()
+}
+
+#[test]
+fn worker_threads_sets_the_runtimes_threads() {
+    let pki = Pki::new().unwrap();
+    for (flag, workers) in [("3", 3), ("1", 0)] {
+        let options = ServerOptions {
+            args: args(&["--worker-threads", flag]),
+            ..Default::default()
+        };
+        let server = Server::start(&pki, options).unwrap();
+        assert_eq!(
+            runtime_workers(server.process.pid()),
+            workers,
+            "--worker-threads {flag}"
+        );
+    }
+}
