@@ -28,7 +28,12 @@ pub fn bin_dir() -> PathBuf {
 }
 
 /// The path of a workspace binary; fails with a hint when it was not built.
+///
+/// Under cargo (`cargo test`, `cargo run`: `CARGO` is set), the workspace's binaries are built
+/// first, once per process, in the profile of the running executable: a test always runs the
+/// binaries of the source it was built from, also in a copy of the tree (cargo-mutants).
 pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    build_binaries()?;
     let path = bin_dir().join(name);
     if !path.exists() {
         bail!(
@@ -37,6 +42,30 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
         );
     }
     Ok(path)
+}
+
+/// `cargo build --workspace --bins` (but the bench, which the tests never run) once per
+/// process, when running under cargo.
+fn build_binaries() -> anyhow::Result<()> {
+    static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let Some(cargo) = std::env::var_os("CARGO") else {
+            return Ok(());
+        };
+        let mut command = Command::new(cargo);
+        command.args(["build", "--quiet", "--workspace", "--bins"]);
+        command.args(["--exclude", "bridgehead-bench"]);
+        if bin_dir().ends_with("release") {
+            command.arg("--release");
+        }
+        command.current_dir(env!("CARGO_MANIFEST_DIR"));
+        match command.status() {
+            Ok(status) if status.success() => Ok(()),
+            Ok(status) => Err(format!("{command:?} failed: {status}")),
+            Err(error) => Err(format!("running {command:?}: {error}")),
+        }
+    });
+    built.clone().map_err(anyhow::Error::msg)
 }
 
 /// A command a binary runs under, such as `valgrind --tool=callgrind ...`, and how much more
