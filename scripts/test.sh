@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Runs every test: unit, component and end-to-end (the e2e tests run the real binaries, so
-# they are built first). Tests that need root (network namespaces) or Go skip loudly without
-# them; the skips are listed and counted at the end. BRIDGEHEAD_FORBID_SKIPS=1 (CI) turns any
+# they are built first, and kube-apiserver with them where Go is installed). Tests that need
+# root (network namespaces), Go or the control plane skip loudly without them; the skips are listed and counted at the end. BRIDGEHEAD_FORBID_SKIPS=1 (CI) turns any
 # skip into a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --workspace --bins
+# The real Kubernetes components (kube-apiserver, etcd, kubectl, kube-apiserver's egress
+# dialer) from their Go modules, cached under target/k8s: minutes the first time, nothing after.
+if command -v go >/dev/null; then
+  scripts/k8s-build.sh
+fi
 skips=$(mktemp)
 trap 'rm -f "$skips"' EXIT
 export BRIDGEHEAD_SKIP_LOG="$skips"

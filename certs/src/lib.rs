@@ -8,7 +8,8 @@
 //! [`Pki::issue_client`] signs more client certificates from the same CA, and
 //! [`Pki::write_dir`] writes the whole set as PEM files with private-key permissions. Every key
 //! is ECDSA P-256. Each certificate and its key travel together as a [`CertKey`]; failures are a
-//! [`CertError`].
+//! [`CertError`]. An [`Authority`] is a CA of its own, for other PKIs (a test's Kubernetes
+//! control plane).
 //!
 //! ```
 //! # fn main() -> Result<(), bridgehead_certs::CertError> {
@@ -28,6 +29,7 @@
 //! Deliberately left out: loading an existing CA from disk, revocation (CRLs, OCSP),
 //! renewal and rotation, and RSA keys. A PKI is cheap to make: make a new one.
 
+mod authority;
 mod cert_key;
 mod error;
 mod pki;
@@ -35,6 +37,7 @@ mod pki_dir;
 mod profile;
 mod san;
 
+pub use authority::Authority;
 pub use cert_key::CertKey;
 pub use error::CertError;
 pub use pki::Pki;

@@ -9,6 +9,8 @@ use crate::pki_dir::{self, PkiFile};
 use crate::profile::{self, Role};
 use crate::{san, CertError, CertKey};
 
+/// The CA's common name.
+pub(crate) const CA_COMMON_NAME: &str = "bridgehead-ca";
 /// Common name of the CONNECT frontend's certificate.
 const SERVER_COMMON_NAME: &str = "bridgehead-server";
 /// Common name of the agent endpoint's certificate.
@@ -46,12 +48,12 @@ impl Pki {
     /// [`CertError::InvalidSan`].
     pub fn generate(extra_sans: &[String]) -> Result<Pki, CertError> {
         let sans = san::server_sans(extra_sans)?;
-        let profile::Ca { cert_key, issuer } = profile::ca()?;
+        let profile::Ca { cert_key, issuer } = profile::ca(CA_COMMON_NAME)?;
         Ok(Pki {
-            server: profile::leaf(&issuer, SERVER_COMMON_NAME, Role::Server, &sans)?,
-            cluster: profile::leaf(&issuer, CLUSTER_COMMON_NAME, Role::Server, &sans)?,
-            client: profile::leaf(&issuer, CLIENT_COMMON_NAME, Role::Client, &[])?,
-            agent: profile::leaf(&issuer, AGENT_COMMON_NAME, Role::Client, &[])?,
+            server: profile::leaf(&issuer, SERVER_COMMON_NAME, &[], Role::Server, &sans)?,
+            cluster: profile::leaf(&issuer, CLUSTER_COMMON_NAME, &[], Role::Server, &sans)?,
+            client: profile::leaf(&issuer, CLIENT_COMMON_NAME, &[], Role::Client, &[])?,
+            agent: profile::leaf(&issuer, AGENT_COMMON_NAME, &[], Role::Client, &[])?,
             ca: cert_key,
             issuer,
         })
@@ -85,7 +87,7 @@ impl Pki {
     /// Issues one more client certificate (`clientAuth`, no SANs) from this CA, with a fresh key,
     /// valid for one year: for extra agents, or for tests.
     pub fn issue_client(&self, common_name: &str) -> Result<CertKey, CertError> {
-        profile::leaf(&self.issuer, common_name, Role::Client, &[])
+        profile::leaf(&self.issuer, common_name, &[], Role::Client, &[])
     }
 }
 

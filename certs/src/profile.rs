@@ -8,9 +8,6 @@ use time::{Duration, OffsetDateTime};
 
 use crate::{CertError, CertKey};
 
-/// The CA's common name.
-pub(crate) const CA_COMMON_NAME: &str = "bridgehead-ca";
-
 /// How long the CA is valid.
 const CA_LIFETIME: Duration = Duration::days(3653);
 
@@ -35,13 +32,13 @@ pub(crate) enum Role {
     Client,
 }
 
-/// Makes a self-signed CA that may sign leaves but no further CAs.
-pub(crate) fn ca() -> Result<Ca, CertError> {
+/// Makes a self-signed CA named `common_name` that may sign leaves but no further CAs.
+pub(crate) fn ca(common_name: &str) -> Result<Ca, CertError> {
     let mut params = CertificateParams::default();
     params.distinguished_name = rcgen::DistinguishedName::new();
     params
         .distinguished_name
-        .push(DnType::CommonName, CA_COMMON_NAME);
+        .push(DnType::CommonName, common_name);
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
@@ -61,10 +58,12 @@ pub(crate) fn ca() -> Result<Ca, CertError> {
     })
 }
 
-/// Makes a leaf certificate with a fresh key, signed by `issuer`.
+/// Makes a leaf certificate with a fresh key, signed by `issuer`, with subject
+/// `CN=common_name` and an `O=` for each of `organizations` (Kubernetes reads groups there).
 pub(crate) fn leaf(
     issuer: &Issuer<'static, KeyPair>,
     common_name: &str,
+    organizations: &[&str],
     role: Role,
     sans: &[SanType],
 ) -> Result<CertKey, CertError> {
@@ -73,6 +72,11 @@ pub(crate) fn leaf(
     params
         .distinguished_name
         .push(DnType::CommonName, common_name);
+    for organization in organizations {
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, *organization);
+    }
     params.subject_alt_names = sans.to_vec();
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];

@@ -1,6 +1,6 @@
 //! Subject alternative names for the server-side certificates: parsing and checking.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv6Addr};
 
 use rcgen::SanType;
 
@@ -16,12 +16,15 @@ const MAX_LABEL_LEN: usize = 63;
 /// of `extra` (an IP literal becomes an IP SAN, anything else must be a DNS name), without
 /// duplicates.
 pub(crate) fn server_sans(extra: &[String]) -> Result<Vec<SanType>, CertError> {
-    let mut sans = vec![
-        SanType::DnsName(dns_name("localhost")?),
-        SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)),
-        SanType::IpAddress(IpAddr::V6(Ipv6Addr::LOCALHOST)),
-    ];
-    for name in extra {
+    let mut names: Vec<String> = ["localhost", "127.0.0.1", "::1"].map(String::from).into();
+    names.extend_from_slice(extra);
+    sans(&names)
+}
+
+/// Each of `names` as a SAN ([`parse`]), without duplicates and without implicit ones.
+pub(crate) fn sans(names: &[String]) -> Result<Vec<SanType>, CertError> {
+    let mut sans: Vec<SanType> = Vec::new();
+    for name in names {
         let san = parse(name)?;
         if !sans.iter().any(|known| same(known, &san)) {
             sans.push(san);

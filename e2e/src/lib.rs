@@ -7,6 +7,7 @@
 //!   read from the `... listening on ADDR` lines they print. Killed on drop.
 //! - [`client`]: the kube-apiserver-style CONNECT client (blocking and async) and curl helpers.
 //! - [`target`]: echo, "who am I" and pattern targets, and the async load target.
+//! - [`kubernetes`]: a real control plane (etcd, kube-apiserver, kubectl) and node stand-ins.
 //! - [`netns`]: network-namespace test hosts (root); [`procfs`]: a process's memory, CPU and
 //!   descriptors; [`skip`]: skipping a test loudly (and failing it where skips are forbidden);
 //!   [`timing`]: a timeout fired on time.
@@ -14,6 +15,7 @@
 //! The binaries must be built first (`cargo build --bins`); the README's test command does it.
 
 pub mod client;
+pub mod kubernetes;
 pub mod netns;
 pub mod pki;
 pub mod process;

@@ -1,0 +1,68 @@
+//! A real Kubernetes control plane for the tests: etcd and kube-apiserver built from their Go
+//! modules (`scripts/k8s-build.sh` puts them in `target/k8s/bin`), started inside a test host's
+//! network namespace with a PKI made at test time, kube-apiserver's egress selector pointing
+//! its `cluster` traffic at a Bridgehead server; and node stand-ins (a kubelet, pods, a
+//! webhook, an aggregated API server) inside the nodes' namespaces.
+//!
+//! - [`Binaries`]: the built binaries, or a loud skip ([`require`]) where they or root are
+//!   missing.
+//! - [`control_plane`]: [`ControlPlane`], the running etcd + kube-apiserver and kubectl.
+//! - [`node`]: [`node::NodeStandIn`], what kube-apiserver reaches on a node.
+//!
+//! Everything runs in namespaces the test created, on their own addresses; kube-apiserver's
+//! resolver is the namespace's loopback, where nothing answers, so no query leaves the test.
+
+pub mod control_plane;
+pub mod node;
+
+use std::path::PathBuf;
+
+pub use control_plane::{ControlPlane, Egress};
+
+/// The Kubernetes binaries `scripts/k8s-build.sh` builds.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    pub kube_apiserver: PathBuf,
+    pub kubectl: PathBuf,
+    pub etcd: PathBuf,
+    /// kube-apiserver's own egress dialer as a command (`e2e/go/k8s/kubeclient`).
+    pub kubeclient: PathBuf,
+}
+
+impl Binaries {
+    /// `target/k8s/bin` beside this executable's target directory, if every binary is there.
+    pub fn find() -> Option<Binaries> {
+        let bin = crate::process::bin_dir().parent()?.join("k8s/bin");
+        let binaries = Binaries {
+            kube_apiserver: bin.join("kube-apiserver"),
+            kubectl: bin.join("kubectl"),
+            etcd: bin.join("etcd"),
+            kubeclient: bin.join("kubeclient"),
+        };
+        [
+            &binaries.kube_apiserver,
+            &binaries.kubectl,
+            &binaries.etcd,
+            &binaries.kubeclient,
+        ]
+        .iter()
+        .all(|path| path.exists())
+        .then_some(binaries)
+    }
+}
+
+/// The binaries, when this machine can run a control plane (root for the namespaces, and the
+/// binaries built); otherwise skips `test` loudly and returns `None`.
+pub fn require(test: &str) -> Option<Binaries> {
+    if !crate::skip::require_root(test) {
+        return None;
+    }
+    let found = Binaries::find();
+    if found.is_none() {
+        crate::skip::skip(
+            test,
+            "kube-apiserver, etcd and kubectl not built: run scripts/k8s-build.sh (needs Go)",
+        );
+    }
+    found
+}

@@ -1,0 +1,369 @@
+//! etcd and kube-apiserver in a test host's network namespace, with a PKI made at test time,
+//! service-account signing keys, an admin kubeconfig and an EgressSelectorConfiguration whose
+//! `cluster` selection goes through a Bridgehead server.
+
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bridgehead_certs::{Authority, CertKey};
+
+use super::Binaries;
+use crate::netns::TestNet;
+use crate::process::Process;
+
+/// How long kube-apiserver may take to become ready (about 3 s on an idle machine).
+const STARTUP: Duration = Duration::from_secs(90);
+/// kube-apiserver's port inside its namespace (nothing else listens there).
+pub const APISERVER_PORT: u16 = 6443;
+/// The service-account issuer, and so the default audience of tokens.
+pub const ISSUER: &str = "https://kubernetes.default.svc";
+
+/// Where kube-apiserver's `cluster` traffic goes.
+#[derive(Debug, Clone)]
+pub enum Egress {
+    /// Nowhere special: no EgressSelectorConfiguration.
+    Direct,
+    /// `proxyProtocol: HTTPConnect` over this Unix socket.
+    Uds(PathBuf),
+    /// `proxyProtocol: HTTPConnect` over mTLS to `url` (`https://host:port`).
+    Tcp {
+        url: String,
+        ca: PathBuf,
+        cert: PathBuf,
+        key: PathBuf,
+    },
+}
+
+/// A running control plane. Stopped and removed on drop.
+#[derive(Debug)]
+pub struct ControlPlane {
+    pub binaries: Binaries,
+    /// `https://ADDRESS:6443`.
+    pub url: String,
+    /// The address kube-apiserver serves on (its host's).
+    pub address: Ipv4Addr,
+    /// An admin kubeconfig (`system:masters`).
+    pub kubeconfig: PathBuf,
+    /// The cluster CA (serving certificate, client certificates).
+    pub ca: PathBuf,
+    authority: Authority,
+    apiserver: Process,
+    _etcd: Process,
+    dir: tempfile::TempDir,
+}
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver on host `host` of `net` and waits until kube-apiserver
+    /// is ready. `extra` flags go to kube-apiserver.
+    pub fn start(
+        binaries: &Binaries,
+        net: &mut TestNet,
+        host: usize,
+        egress: Egress,
+        extra: &[&str],
+    ) -> anyhow::Result<ControlPlane> {
+        let dir = tempfile::tempdir()?;
+        let path = |file: &str| dir.path().join(file);
+        let address = net.host(host).v4();
+        // Nothing kube-apiserver looks up leaves its namespace.
+        net.set_hosts(host, &[])?;
+        let ns = net.host(host).ns_name().to_owned();
+
+        let authority = Authority::new("kubernetes-ca")?;
+        write(&path("ca.crt"), &authority.ca.cert_pem)?;
+        let serving = authority.server(
+            "kube-apiserver",
+            &[
+                "kubernetes".into(),
+                "kubernetes.default".into(),
+                "kubernetes.default.svc".into(),
+                "127.0.0.1".into(),
+                address.to_string(),
+            ],
+        )?;
+        write_pair(dir.path(), "apiserver", &serving)?;
+        let admin = authority.client("kubernetes-admin", &["system:masters"], &[])?;
+        write_pair(dir.path(), "admin", &admin)?;
+        let front_proxy = authority.client("front-proxy-client", &[], &[])?;
+        write_pair(dir.path(), "front-proxy", &front_proxy)?;
+        let signing = rcgen::KeyPair::generate().context("service-account key")?;
+        write(&path("sa.key"), &signing.serialize_pem())?;
+        write(&path("sa.pub"), &signing.public_key_pem())?;
+
+        let etcd_dir = path("etcd");
+        let mut etcd = in_namespace(&ns, &binaries.etcd);
+        etcd.arg("--name=test")
+            .arg(format!("--data-dir={}", etcd_dir.display()))
+            .args([
+                "--listen-client-urls=http://127.0.0.1:2379",
+                "--advertise-client-urls=http://127.0.0.1:2379",
+                "--listen-peer-urls=http://127.0.0.1:2380",
+                "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+                "--initial-cluster=test=http://127.0.0.1:2380",
+                "--listen-metrics-urls=",
+                "--log-level=warn",
+            ]);
+        let (etcd, _) = Process::spawn(etcd, &[])?;
+
+        let mut apiserver = in_namespace(&ns, &binaries.kube_apiserver);
+        let file = |flag: &str, name: &str| format!("--{flag}={}", path(name).display());
+        apiserver
+            .args([
+                "--etcd-servers=http://127.0.0.1:2379",
+                "--bind-address=0.0.0.0",
+                &format!("--secure-port={APISERVER_PORT}"),
+                &format!("--advertise-address={address}"),
+                "--endpoint-reconciler-type=none",
+                &format!("--service-account-issuer={ISSUER}"),
+                "--authorization-mode=Node,RBAC",
+                "--service-cluster-ip-range=10.96.0.0/12",
+                // Webhooks and aggregated APIs are dialed at their endpoints' IPs (through the
+                // egress selector), not at a service DNS name no agent could resolve.
+                "--enable-aggregator-routing=true",
+                "--kubelet-preferred-address-types=InternalIP",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            ])
+            .arg(file("tls-cert-file", "apiserver.crt"))
+            .arg(file("tls-private-key-file", "apiserver.key"))
+            .arg(file("client-ca-file", "ca.crt"))
+            .arg(file("requestheader-client-ca-file", "ca.crt"))
+            .arg(file("proxy-client-cert-file", "front-proxy.crt"))
+            .arg(file("proxy-client-key-file", "front-proxy.key"))
+            .arg(file("service-account-key-file", "sa.pub"))
+            .arg(file("service-account-signing-key-file", "sa.key"))
+            .arg(file("cert-dir", "apiserver-certs"));
+        if let Some(config) = egress_config(&egress) {
+            write(&path("egress.yaml"), &config)?;
+            apiserver.arg(file("egress-selector-config-file", "egress.yaml"));
+        }
+        apiserver.args(extra);
+        let (apiserver, _) = Process::spawn(apiserver, &[])?;
+
+        let url = format!("https://{address}:{APISERVER_PORT}");
+        let kubeconfig = path("admin.kubeconfig");
+        write(
+            &kubeconfig,
+            &kubeconfig_text(
+                &url,
+                &path("ca.crt"),
+                &path("admin.crt"),
+                &path("admin.key"),
+            ),
+        )?;
+        let control_plane = ControlPlane {
+            binaries: binaries.clone(),
+            url,
+            address,
+            kubeconfig,
+            ca: path("ca.crt"),
+            authority,
+            apiserver,
+            _etcd: etcd,
+            dir,
+        };
+        control_plane.wait_ready()?;
+        Ok(control_plane)
+    }
+
+    /// Polls `/readyz` (bounded: nothing else tells when kube-apiserver is ready).
+    fn wait_ready(&self) -> anyhow::Result<()> {
+        let started = Instant::now();
+        loop {
+            let output = self.kubectl(&["get", "--raw=/readyz"])?;
+            if output.status.success() && String::from_utf8_lossy(&output.stdout).trim() == "ok" {
+                tracing_line(&format!(
+                    "kube-apiserver ready at {} after {:?}",
+                    self.url,
+                    started.elapsed()
+                ));
+                return Ok(());
+            }
+            if started.elapsed() > STARTUP {
+                bail!(
+                    "kube-apiserver not ready after {STARTUP:?}: {}\nlog:\n{}",
+                    String::from_utf8_lossy(&output.stderr),
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// What kube-apiserver logged so far.
+    pub fn log(&self) -> String {
+        self.apiserver.stderr()
+    }
+
+    /// Runs kubectl with the admin kubeconfig.
+    pub fn kubectl(&self, args: &[&str]) -> anyhow::Result<Output> {
+        self.kubectl_as(&self.kubeconfig, args, None)
+    }
+
+    /// Runs kubectl with `kubeconfig`, `stdin` fed to it if given.
+    pub fn kubectl_as(
+        &self,
+        kubeconfig: &Path,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> anyhow::Result<Output> {
+        let mut command = Command::new(&self.binaries.kubectl);
+        command
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg("--request-timeout=30s")
+            .args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().context("running kubectl")?;
+        if let Some(input) = stdin {
+            child
+                .stdin
+                .take()
+                .context("kubectl stdin")?
+                .write_all(input.as_bytes())?;
+        }
+        Ok(child.wait_with_output()?)
+    }
+
+    /// kubectl with the admin kubeconfig; its stdout, or an error with its stderr.
+    pub fn kubectl_ok(&self, args: &[&str]) -> anyhow::Result<String> {
+        let output = self.kubectl(args)?;
+        if !output.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// `kubectl apply -f -` of `yaml`.
+    pub fn apply(&self, yaml: &str) -> anyhow::Result<String> {
+        let output = self.kubectl_as(&self.kubeconfig, &["apply", "-f", "-"], Some(yaml))?;
+        if !output.status.success() {
+            bail!(
+                "kubectl apply: {}\n{yaml}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// A kubeconfig for user `user` in `groups`, authenticated by a client certificate from
+    /// the cluster CA (what RBAC then allows is the test's business).
+    pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> anyhow::Result<PathBuf> {
+        let pair = self.authority.client(user, groups, &[])?;
+        let stem = format!("user-{user}").replace(':', "_");
+        write_pair(self.dir.path(), &stem, &pair)?;
+        let path = self.dir.path().join(format!("{stem}.kubeconfig"));
+        let file = |name: String| self.dir.path().join(name);
+        write(
+            &path,
+            &kubeconfig_text(
+                &self.url,
+                &self.ca,
+                &file(format!("{stem}.crt")),
+                &file(format!("{stem}.key")),
+            ),
+        )?;
+        Ok(path)
+    }
+
+    /// A fresh token for service account `namespace/account` (TokenRequest), for `audience`,
+    /// valid `seconds`, bound to pod `bound_pod` when given.
+    pub fn token(
+        &self,
+        namespace: &str,
+        account: &str,
+        audience: &str,
+        seconds: u32,
+        bound_pod: Option<&str>,
+    ) -> anyhow::Result<String> {
+        let duration = format!("--duration={seconds}s");
+        let audience = format!("--audience={audience}");
+        let mut args = vec![
+            "create", "token", account, "-n", namespace, &audience, &duration,
+        ];
+        let pod;
+        if let Some(name) = bound_pod {
+            pod = format!("--bound-object-name={name}");
+            args.extend(["--bound-object-kind=Pod", &pod]);
+        }
+        Ok(self.kubectl_ok(&args)?.trim().to_owned())
+    }
+
+    /// The scratch directory (certificates, kubeconfigs).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Issues a certificate from the cluster CA (for stand-ins whose TLS kube-apiserver
+    /// checks against a `caBundle` of this CA).
+    pub fn authority(&self) -> &Authority {
+        &self.authority
+    }
+}
+
+/// The EgressSelectorConfiguration kube-apiserver reads, as the docs show it.
+fn egress_config(egress: &Egress) -> Option<String> {
+    let transport = match egress {
+        Egress::Direct => return None,
+        Egress::Uds(path) => format!("uds:\n        udsName: {}", path.display()),
+        Egress::Tcp {
+            url,
+            ca,
+            cert,
+            key,
+        } => format!(
+            "tcp:\n        url: {url}\n        tlsConfig:\n          caBundle: {}\n          clientCert: {}\n          clientKey: {}",
+            ca.display(),
+            cert.display(),
+            key.display()
+        ),
+    };
+    Some(format!(
+        "apiVersion: apiserver.k8s.io/v1beta1\nkind: EgressSelectorConfiguration\negressSelections:\n- name: cluster\n  connection:\n    proxyProtocol: HTTPConnect\n    transport:\n      {transport}\n"
+    ))
+}
+
+fn kubeconfig_text(url: &str, ca: &Path, cert: &Path, key: &Path) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {url}\n    certificate-authority: {}\nusers:\n- name: user\n  user:\n    client-certificate: {}\n    client-key: {}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: user\ncurrent-context: test\n",
+        ca.display(),
+        cert.display(),
+        key.display()
+    )
+}
+
+/// `ip netns exec NS program`.
+fn in_namespace(ns: &str, program: &Path) -> Command {
+    let mut command = Command::new("ip");
+    command.args(["netns", "exec", ns]).arg(program);
+    command
+}
+
+fn write(path: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+fn write_pair(dir: &Path, stem: &str, pair: &CertKey) -> anyhow::Result<()> {
+    write(&dir.join(format!("{stem}.crt")), &pair.cert_pem)?;
+    write(&dir.join(format!("{stem}.key")), &pair.key_pem)
+}
+
+/// A line on the terminal past the test harness's capture (how long the control plane took).
+fn tracing_line(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
