@@ -1,63 +1,27 @@
-//! Go's own TLS and HTTP stacks, dialing the way kube-apiserver's egress selector does
-//! (`e2e/go/kubeclient.go`): Go sends its client certificate only when the server names its
-//! CA, reads the response with `http.ReadResponse` and fails on any byte buffered after it.
-//! Needs the `go` toolchain (CI installs Debian's golang-go); without it the tests are skipped
-//! loudly, and a client that does not build fails them with the compiler's message.
+//! kube-apiserver's own egress dialer (k8s.io/apiserver `pkg/server/egressselector`, built
+//! from its Go module as `kubeclient` by `scripts/k8s-build.sh`) dialing through Bridgehead:
+//! Go's TLS sends its client certificate only when the server names its CA, the dialer reads
+//! the response with `http.ReadResponse` and fails on any byte buffered after it, and on a
+//! refusal it reports only the status line. Skipped loudly where it is not built.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
+use bridgehead_e2e::kubernetes::Binaries;
 use bridgehead_e2e::process::start_pair;
 use bridgehead_e2e::{target, Pki, Server, ServerOptions};
 
-/// Builds the Go client once per test binary: `Ok(None)` when there is no Go toolchain, an
-/// error with the compiler's message when it does not build.
-fn kubeclient() -> Result<Option<&'static Path>, &'static str> {
-    static BUILT: OnceLock<Result<Option<PathBuf>, String>> = OnceLock::new();
-    let built = BUILT.get_or_init(|| {
-        let dir =
-            std::env::temp_dir().join(format!("bridgehead-kubeclient-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let binary = dir.join("kubeclient");
-        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("go/kubeclient.go");
-        let output = Command::new("go")
-            .arg("build")
-            .arg("-o")
-            .arg(&binary)
-            .arg(&source)
-            .env("GOCACHE", dir.join("cache"))
-            .env("GOPATH", dir.join("gopath"))
-            .env("GO111MODULE", "off")
-            .output();
-        match output {
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(error) => Err(format!("running go build: {error}")),
-            Ok(output) if output.status.success() => Ok(Some(binary)),
-            Ok(output) => Err(format!(
-                "go build of {} failed:\n{}",
-                source.display(),
-                String::from_utf8_lossy(&output.stderr)
-            )),
-        }
-    });
-    match built {
-        Ok(binary) => Ok(binary.as_deref()),
-        Err(message) => Err(message),
-    }
-}
-
+/// kubeclient, or a loud skip of `$name`.
 macro_rules! go_or_skip {
     ($name:literal) => {
-        match kubeclient() {
-            Ok(Some(client)) => client,
-            Ok(None) => {
+        match Binaries::find() {
+            Some(binaries) => binaries.kubeclient,
+            None => {
                 return bridgehead_e2e::skip::skip(
                     $name,
-                    "no Go toolchain: apt-get install golang-go",
+                    "kubeclient not built: run scripts/k8s-build.sh (needs Go)",
                 )
             }
-            Err(message) => panic!("{message}"),
         }
     };
 }
@@ -89,11 +53,11 @@ fn go_client_tunnels_through_the_mtls_frontend() {
     let pki = Pki::new().unwrap();
     let (server, _agent) = start_pair(&pki, ServerOptions::default()).unwrap();
     let echo = target::echo("127.0.0.1:0").unwrap();
-    let out = run_tcp(client, &pki, &server, &echo.to_string(), "hello from Go");
+    let out = run_tcp(&client, &pki, &server, &echo.to_string(), "hello from Go");
     assert_eq!(stdout(&out), "hello from Go");
     let v6 = target::echo("[::1]:0").unwrap();
     assert_eq!(
-        stdout(&run_tcp(client, &pki, &server, &v6.to_string(), "v6")),
+        stdout(&run_tcp(&client, &pki, &server, &v6.to_string(), "v6")),
         "v6"
     );
 }
@@ -113,7 +77,7 @@ fn go_client_tunnels_through_the_unix_socket() {
     )
     .unwrap();
     let echo = target::echo("127.0.0.1:0").unwrap();
-    let out = Command::new(client)
+    let out = Command::new(&client)
         .arg("uds")
         .arg(&socket)
         .args([&echo.to_string(), "over the socket"])
@@ -132,7 +96,7 @@ fn go_client_accepts_a_speak_first_target() {
     for _ in 0..3 {
         // The message has the greeting's length: the client prints what it reads back.
         let out = run_tcp(
-            client,
+            &client,
             &pki,
             &server,
             &greeter.to_string(),
@@ -147,11 +111,12 @@ fn go_client_sees_the_failure_status() {
     let client = go_or_skip!("go_client_sees_the_failure_status");
     let pki = Pki::new().unwrap();
     let server = Server::start(&pki, ServerOptions::default()).unwrap();
-    let out = run_tcp(client, &pki, &server, "127.0.0.1:9", "x");
+    let out = run_tcp(&client, &pki, &server, "127.0.0.1:9", "x");
     assert!(!out.status.success());
+    // The dialer reports the status line alone: the reason travels in its reason phrase.
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("503") && stderr.contains("no agent"),
+        stderr.contains("code 503: 503 no agent matches (tried default)"),
         "{stderr}"
     );
 }

@@ -4,6 +4,9 @@
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
+use bridgehead_proto::frame::MAX_REASON_LEN as MAX_REASON;
+use bridgehead_proto::text::Printable;
+
 use crate::refusal::Refusal;
 use crate::router::Target;
 
@@ -71,25 +74,27 @@ fn check(buf: BytesMut, end: usize) -> Head {
 /// the tunnel.
 pub(super) const ESTABLISHED: &[u8] = b"HTTP/1.1 200 OK\r\n\r\n";
 
-/// The bytes of a refusal: status line, `text/plain` reason, and `Connection: close` (405
-/// also names the one method served).
+/// Longest reason phrase in a refusal's status line, in characters.
+const MAX_PHRASE: usize = 200;
+
+/// The bytes of a refusal: the reason in the status line's reason phrase (kube-apiserver
+/// reports a proxy's status line and drops its body) and again as the `text/plain` body, then
+/// `Connection: close` (405 also names the one method served). Text from peers in the reason
+/// (an agent's dial error) is escaped.
 pub(super) fn refusal(refusal: &Refusal) -> Vec<u8> {
     answer(refusal.status().as_u16(), &refusal.to_string())
 }
 
 fn answer(status: u16, reason: &str) -> Vec<u8> {
-    let text = http::StatusCode::from_u16(status)
-        .ok()
-        .and_then(|status| status.canonical_reason())
-        .unwrap_or("Error");
+    let phrase = Printable::cut(reason, MAX_PHRASE).ascii();
     let allow = if status == 405 {
         "allow: CONNECT\r\n"
     } else {
         ""
     };
-    let body = format!("{reason}\n");
+    let body = format!("{}\n", Printable::cut(reason, MAX_REASON));
     format!(
-        "HTTP/1.1 {status} {text}\r\ncontent-type: text/plain; charset=utf-8\r\n{allow}connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        "HTTP/1.1 {status} {phrase}\r\ncontent-type: text/plain; charset=utf-8\r\n{allow}connection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()
@@ -153,13 +158,20 @@ mod tests {
         assert!(matches!(head_of(&huge).await, Head::Refused(r) if r.status() == 431));
         let text = String::from_utf8(answer(400, "bad target")).unwrap();
         assert!(
-            text.starts_with("HTTP/1.1 400 Bad Request\r\n")
+            text.starts_with("HTTP/1.1 400 bad target\r\n")
                 && text.ends_with("\r\n\r\nbad target\n"),
             "{text}"
         );
+        // A reason carrying a peer's text cannot break out of the status line or the body.
+        let text = String::from_utf8(answer(502, "refused\r\nset-cookie: x=1\n\x1b[2J")).unwrap();
+        assert!(
+            text.starts_with("HTTP/1.1 502 refused\\r\\nset-cookie: x=1\\n\\x1b[2J\r\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("\r\n\r\nrefused\\r\\nset-cookie: x=1\\n\\x1b[2J\n"), "{text}");
         let text = String::from_utf8(answer(405, "no")).unwrap();
         assert!(
-            text.starts_with("HTTP/1.1 405 Method Not Allowed\r\n")
+            text.starts_with("HTTP/1.1 405 no\r\n")
                 && text.contains("\r\nallow: CONNECT\r\n"),
             "{text}"
         );
