@@ -4,7 +4,7 @@
 //! the response with `http.ReadResponse` and fails on any byte buffered after it, and on a
 //! refusal it reports only the status line. Skipped loudly where it is not built.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use bridgehead_e2e::kubernetes::Binaries;
