@@ -284,6 +284,11 @@ impl Cli {
             log_format: self.log_format,
             worker_threads: self.worker_threads,
         };
+        // Fail now, not on the first connect, if the token file or the CA or the client pair
+        // does not load. The token is read again for every connection (kubelet rotates it).
+        if let Some(path) = &config.token_path {
+            crate::token::bearer(path).context("--service-account-token-path")?;
+        }
         // Fail now, not on the first connect, if the CA or the client pair does not load.
         crate::tls::client_config(&config.ca_cert, config.client_cert.as_ref())?;
         Ok(config)

@@ -22,6 +22,7 @@ mod health;
 mod server_connection;
 mod session;
 pub mod tls;
+mod token;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,6 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::Context;
 use bridgehead_proto::SUBPROTOCOL;
 use http::header::{HeaderValue, AUTHORIZATION, SEC_WEBSOCKET_PROTOCOL};
 use http::StatusCode;
@@ -161,27 +160,12 @@ fn upgrade_request(
         HeaderValue::from_static(SUBPROTOCOL),
     );
     if let Some(path) = &config.token_path {
-        headers.insert(AUTHORIZATION, bearer(path).map_err(ConnectError::Token)?);
+        headers.insert(
+            AUTHORIZATION,
+            crate::token::bearer(path).map_err(ConnectError::Token)?,
+        );
     }
     Ok(request)
-}
-
-/// `Bearer <token>` from the token file, re-read on every connect (tokens rotate).
-fn bearer(path: &std::path::Path) -> anyhow::Result<HeaderValue> {
-    let token =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let token = token.trim();
-    if token.is_empty() {
-        anyhow::bail!("{} is empty", path.display());
-    }
-    let mut value = HeaderValue::from_str(&format!("Bearer {token}")).with_context(|| {
-        format!(
-            "{} holds characters not allowed in a header",
-            path.display()
-        )
-    })?;
-    value.set_sensitive(true);
-    Ok(value)
 }
 
 /// The body of a refusal as one printable line, shortened.

@@ -111,7 +111,7 @@ fn configs(server: &Path, client: &Path) -> (Arc<ServerConfig>, Arc<ClientConfig
     let server_config = bridgehead_server::tls_config::server_config(
         &server.join("server.crt"),
         &server.join("server.key"),
-        &client.join("ca.crt"),
+        Some(&client.join("ca.crt")),
     )
     .unwrap();
     let mut client_config = ClientConfig::builder_with_provider(provider())

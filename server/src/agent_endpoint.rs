@@ -1,5 +1,11 @@
-//! The agent endpoint: agents connect with a WebSocket over mTLS and announce their
-//! identifiers in the upgrade URL's query string.
+//! The agent endpoint: agents connect with a WebSocket over TLS, announce their identifiers in
+//! the upgrade URL's query string, and authenticate with a client certificate, a bearer token,
+//! or both ([`crate::agent_auth`]).
+//!
+//! The endpoint reads the upgrade request itself ([`crate::http_head`] and httparse), so that
+//! authentication — a TokenReview against kube-apiserver — can run before the answer; then it
+//! answers `101` and hands the connection to the session driver. A refusal is the status and
+//! a one-line reason (in the status line and the body), which the agent logs.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,15 +14,21 @@ use bridgehead_mux::{websocket_config, Mux};
 use bridgehead_proto::ident::AgentIdentifiers;
 use bridgehead_proto::session::{Role, SessionConfig};
 use bridgehead_proto::SUBPROTOCOL;
-use http::{HeaderValue, StatusCode};
+use http::StatusCode;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
+use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
-use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::Role as WsRole;
+use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
 
+use crate::agent_auth::{AgentIdentity, AuthRefusal, Presented};
 use crate::context::Context;
+use crate::http_head::{self, RawHead, MAX_HEADERS};
 
 /// Path of the upgrade request.
 pub const CONNECT_PATH: &str = "/connect";
@@ -50,7 +62,33 @@ pub async fn serve(
     }
 }
 
-#[allow(clippy::result_large_err)] // the upgrade callback's error type is tungstenite's
+/// Why an agent's connection ended before its session started.
+#[derive(Debug, thiserror::Error)]
+enum Refused {
+    #[error("TLS handshake: {0}")]
+    Tls(std::io::Error),
+    #[error("connection closed during the upgrade")]
+    Closed,
+    /// Answered with this status and reason.
+    #[error("{1}")]
+    Answered(StatusCode, String),
+    #[error(transparent)]
+    Auth(#[from] AuthRefusal),
+}
+
+impl Refused {
+    fn bad(reason: impl Into<String>) -> Refused {
+        Refused::Answered(StatusCode::BAD_REQUEST, reason.into())
+    }
+}
+
+/// A checked upgrade request.
+struct Upgrade {
+    key: String,
+    bearer: Option<String>,
+    identifiers: AgentIdentifiers,
+}
+
 async fn session(
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
@@ -59,37 +97,13 @@ async fn session(
     sessions: CancellationToken,
 ) {
     let _ = tcp.set_nodelay(true);
-    let handshake = async {
-        let tls = acceptor
-            .accept(tcp)
-            .await
-            .map_err(|e| format!("TLS handshake: {e}"))?;
-        let mut announced = None;
-        let callback = |request: &Request, response: Response| {
-            let identifiers = check_upgrade(request)?;
-            announced = Some(identifiers);
-            let mut response = response;
-            response.headers_mut().insert(
-                "sec-websocket-protocol",
-                HeaderValue::from_static(SUBPROTOCOL),
-            );
-            Ok(response)
+    let handshake = handshake(tcp, acceptor, &ctx);
+    let (ws, identifiers, identity) =
+        match tokio::time::timeout(ctx.handshake_timeout, handshake).await {
+            Ok(Ok(done)) => done,
+            Ok(Err(error)) => return info!(%error, "agent refused"),
+            Err(_) => return info!("agent handshake timed out"),
         };
-        let ws = tokio_tungstenite::accept_hdr_async_with_config(
-            tls,
-            callback,
-            Some(websocket_config()),
-        )
-        .await
-        .map_err(|e| format!("WebSocket upgrade: {e}"))?;
-        let identifiers = announced.ok_or_else(|| "no identifiers".to_owned())?;
-        Ok::<_, String>((ws, identifiers))
-    };
-    let (ws, identifiers) = match tokio::time::timeout(ctx.handshake_timeout, handshake).await {
-        Ok(Ok(done)) => done,
-        Ok(Err(error)) => return info!(%error, "agent refused"),
-        Err(_) => return info!("agent handshake timed out"),
-    };
     let name = identifiers.id.clone().unwrap_or_else(|| peer.to_string());
     tracing::Span::current().record("agent", tracing::field::display(&name));
     let mux = Mux::new(SessionConfig {
@@ -100,7 +114,7 @@ async fn session(
         .registry
         .register(name.clone(), identifiers.clone(), peer, mux.clone());
     ctx.metrics.agents_connected.inc();
-    info!(identifiers = %identifiers, "agent connected");
+    info!(identifiers = %identifiers, identity = %identity.subject, "agent connected");
     let watch_drain = {
         let mux = mux.clone();
         let registry = ctx.registry.clone();
@@ -125,36 +139,155 @@ async fn session(
     }
 }
 
-/// Checks the upgrade request: path, protocol version and identifiers. A refusal carries the
-/// reason as its body.
-#[allow(clippy::result_large_err)] // the error type is tungstenite's, passed straight back
-fn check_upgrade(request: &Request) -> Result<AgentIdentifiers, ErrorResponse> {
-    if request.uri().path() != CONNECT_PATH {
-        return Err(refuse(
+type Session = WebSocketStream<TlsStream<tokio::net::TcpStream>>;
+
+/// TLS, the upgrade request, authentication, the `101`: a WebSocket, or why not (answered to
+/// the agent where it still listens).
+async fn handshake(
+    tcp: tokio::net::TcpStream,
+    acceptor: TlsAcceptor,
+    ctx: &Context,
+) -> Result<(Session, AgentIdentifiers, AgentIdentity), Refused> {
+    let mut tls = acceptor.accept(tcp).await.map_err(Refused::Tls)?;
+    let (buf, end) = match http_head::read(&mut tls).await {
+        RawHead::Complete { buf, end } => (buf, end),
+        RawHead::Closed => return Err(Refused::Closed),
+        RawHead::TooLarge => {
+            let refused = Refused::Answered(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "upgrade request head too large".to_owned(),
+            );
+            return Err(answer(&mut tls, refused).await);
+        }
+    };
+    let checked = check_upgrade(&buf[..end]);
+    let upgrade = match checked {
+        Ok(upgrade) => upgrade,
+        Err(refused) => return Err(answer(&mut tls, refused).await),
+    };
+    let presented = Presented {
+        bearer: upgrade.bearer.as_deref(),
+        certificate: tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|chain| chain.first()),
+    };
+    let identity = match ctx
+        .agent_auth
+        .check(presented, &upgrade.identifiers, &ctx.metrics)
+        .await
+    {
+        Ok(identity) => identity,
+        Err(refusal) => return Err(answer(&mut tls, refusal.into()).await),
+    };
+    let accept = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-accept: {}\r\nsec-websocket-protocol: {SUBPROTOCOL}\r\n\r\n",
+        derive_accept_key(upgrade.key.as_bytes())
+    );
+    tls.write_all(accept.as_bytes())
+        .await
+        .map_err(|_| Refused::Closed)?;
+    let early = buf.freeze().slice(end..);
+    let ws = if early.is_empty() {
+        WebSocketStream::from_raw_socket(tls, WsRole::Server, Some(websocket_config())).await
+    } else {
+        WebSocketStream::from_partially_read(
+            tls,
+            early.to_vec(),
+            WsRole::Server,
+            Some(websocket_config()),
+        )
+        .await
+    };
+    Ok((ws, upgrade.identifiers, identity))
+}
+
+/// Writes `refused`'s answer (if it has one) and closes; returns it for the log.
+async fn answer(tls: &mut TlsStream<tokio::net::TcpStream>, refused: Refused) -> Refused {
+    let status = match &refused {
+        Refused::Answered(status, _) => *status,
+        Refused::Auth(refusal) => refusal.status(),
+        Refused::Tls(_) | Refused::Closed => return refused,
+    };
+    let _ = tls
+        .write_all(&http_head::answer(
+            status.as_u16(),
+            &refused.to_string(),
+            "",
+        ))
+        .await;
+    let _ = tls.shutdown().await;
+    refused
+}
+
+/// The values of the header fields named `name` (case-insensitive), as text.
+fn values<'a>(
+    headers: &'a [httparse::Header<'a>],
+    name: &'a str,
+) -> impl Iterator<Item = &'a str> + 'a {
+    headers
+        .iter()
+        .filter(move |h| h.name.eq_ignore_ascii_case(name))
+        .filter_map(|h| std::str::from_utf8(h.value).ok())
+}
+
+/// Checks the upgrade request: method, path, WebSocket headers, protocol version and
+/// identifiers.
+fn check_upgrade(head: &[u8]) -> Result<Upgrade, Refused> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut headers);
+    match request.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return Err(Refused::bad("incomplete request head")),
+        Err(error) => return Err(Refused::bad(format!("malformed request: {error}"))),
+    }
+    if request.method != Some("GET") {
+        return Err(Refused::Answered(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "agents connect with GET (a WebSocket upgrade)".to_owned(),
+        ));
+    }
+    let target = request.path.unwrap_or("");
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    if path != CONNECT_PATH {
+        return Err(Refused::Answered(
             StatusCode::NOT_FOUND,
             format!("agents connect to {CONNECT_PATH}"),
         ));
     }
-    let offered = request
-        .headers()
-        .get_all("sec-websocket-protocol")
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .any(|protocol| protocol.trim() == SUBPROTOCOL);
-    if !offered {
-        return Err(refuse(
-            StatusCode::BAD_REQUEST,
-            format!("unsupported protocol version: this server speaks {SUBPROTOCOL}"),
-        ));
+    let headers: &[httparse::Header<'_>] = request.headers;
+    let header = |name: &'static str| values(headers, name);
+    let has_token = |name: &'static str, token: &str| {
+        header(name)
+            .flat_map(|value| value.split(','))
+            .any(|item| item.trim().eq_ignore_ascii_case(token))
+    };
+    if !has_token("upgrade", "websocket") || !has_token("connection", "upgrade") {
+        return Err(Refused::bad("not a WebSocket upgrade"));
     }
-    let query = request.uri().query().unwrap_or("");
-    let identifiers = AgentIdentifiers::parse(query).map_err(|error| {
-        refuse(
-            StatusCode::BAD_REQUEST,
-            format!("bad agent identifiers: {error}"),
-        )
-    })?;
+    if !has_token("sec-websocket-version", "13") {
+        return Err(Refused::bad("unsupported WebSocket version (13 is served)"));
+    }
+    let key = header("sec-websocket-key")
+        .next()
+        .map(str::trim)
+        .filter(|key| !key.is_empty())
+        .ok_or_else(|| Refused::bad("no Sec-WebSocket-Key"))?
+        .to_owned();
+    if !has_token("sec-websocket-protocol", SUBPROTOCOL) {
+        return Err(Refused::bad(format!(
+            "unsupported protocol version: this server speaks {SUBPROTOCOL}"
+        )));
+    }
+    let bearer = header("authorization").find_map(|value| {
+        let (scheme, token) = value.trim().split_once(' ')?;
+        scheme
+            .eq_ignore_ascii_case("bearer")
+            .then(|| token.trim().to_owned())
+    });
+    let identifiers = AgentIdentifiers::parse(query)
+        .map_err(|error| Refused::bad(format!("bad agent identifiers: {error}")))?;
     if !identifiers.unknown.is_empty() {
         let keys: Vec<&str> = identifiers
             .unknown
@@ -163,11 +296,9 @@ fn check_upgrade(request: &Request) -> Result<AgentIdentifiers, ErrorResponse> {
             .collect();
         debug!(?keys, "ignoring unknown identifier keys (newer agent?)");
     }
-    Ok(identifiers)
-}
-
-fn refuse(status: StatusCode, reason: String) -> ErrorResponse {
-    let mut response = ErrorResponse::new(Some(reason));
-    *response.status_mut() = status;
-    response
+    Ok(Upgrade {
+        key,
+        bearer,
+        identifiers,
+    })
 }

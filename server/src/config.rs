@@ -59,9 +59,43 @@ pub struct Cli {
     /// Private key (PEM) for --cluster-cert.
     #[arg(long, env = "BRIDGEHEAD_CLUSTER_KEY")]
     pub cluster_key: PathBuf,
-    /// CA bundle (PEM) that agent client certificates must chain to.
+    /// CA bundle (PEM) that agent client certificates must chain to. Optional with token
+    /// authentication (--agent-namespace ...): agents then present no certificate; given both,
+    /// an agent must pass both.
     #[arg(long, env = "BRIDGEHEAD_CLUSTER_CA_CERT")]
-    pub cluster_ca_cert: PathBuf,
+    pub cluster_ca_cert: Option<PathBuf>,
+    /// Token authentication of agents: the namespace of their ServiceAccount (with
+    /// --agent-service-account and --authentication-audience). Tokens are checked with a
+    /// TokenReview against kube-apiserver (--kubeconfig).
+    #[arg(long, env = "BRIDGEHEAD_AGENT_NAMESPACE")]
+    pub agent_namespace: Option<String>,
+    /// Token authentication: the agents' ServiceAccount name.
+    #[arg(long, env = "BRIDGEHEAD_AGENT_SERVICE_ACCOUNT")]
+    pub agent_service_account: Option<String>,
+    /// Token authentication: the audience agent tokens must be valid for (the projected
+    /// token's `audience`).
+    #[arg(long, env = "BRIDGEHEAD_AUTHENTICATION_AUDIENCE")]
+    pub authentication_audience: Option<String>,
+    /// kubeconfig for the server's calls to kube-apiserver (TokenReview, Nodes); empty: the
+    /// pod's in-cluster configuration. Its identity needs `system:auth-delegator` (and `get
+    /// nodes` with --bind-agent-identifiers).
+    #[arg(long, env = "BRIDGEHEAD_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Most requests a second to kube-apiserver; 0 = 5.
+    #[arg(long, env = "BRIDGEHEAD_KUBECONFIG_QPS", default_value_t = 0.0)]
+    pub kubeconfig_qps: f32,
+    /// Requests to kube-apiserver allowed at once above --kubeconfig-qps; 0 = 10.
+    #[arg(long, env = "BRIDGEHEAD_KUBECONFIG_BURST", default_value_t = 0)]
+    pub kubeconfig_burst: u32,
+    /// How long a token review's answer is reused for the same token; 0 asks every time.
+    #[arg(long, env = "BRIDGEHEAD_TOKEN_REVIEW_CACHE_TTL", default_value = "10s", value_parser = duration::parse, value_name = "DURATION")]
+    pub token_review_cache_ttl: Duration,
+    /// Agents may announce only the host/ipv4/ipv6 identifiers that belong to them: their
+    /// certificate's SANs, or the name and addresses of the node their pod-bound token names.
+    /// Off by default (konnectivity has no such check); turn it on in production: without it
+    /// any agent can claim another node's name and receive its kubelet traffic.
+    #[arg(long, env = "BRIDGEHEAD_BIND_AGENT_IDENTIFIERS")]
+    pub bind_agent_identifiers: bool,
     /// Health, readiness, metrics and /agents port; 0 binds an ephemeral port.
     #[arg(long, env = "BRIDGEHEAD_HEALTH_PORT", default_value_t = 8092)]
     pub health_port: u16,
@@ -137,6 +171,26 @@ pub enum FrontendConfig {
     Unix { path: PathBuf },
 }
 
+/// How agents authenticate: a certificate from `cluster_ca`, a token, or both.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentAuthConfig {
+    pub cluster_ca: Option<PathBuf>,
+    pub token: Option<TokenConfig>,
+    pub bind_identifiers: bool,
+}
+
+/// Token authentication of agents.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenConfig {
+    pub namespace: String,
+    pub service_account: String,
+    pub audience: String,
+    pub kubeconfig: Option<PathBuf>,
+    pub qps: f32,
+    pub burst: u32,
+    pub cache_ttl: Duration,
+}
+
 /// Validated configuration.
 #[derive(Clone)]
 pub struct Config {
@@ -144,7 +198,8 @@ pub struct Config {
     pub agent_bind: std::net::SocketAddr,
     pub cluster_cert: PathBuf,
     pub cluster_key: PathBuf,
-    pub cluster_ca: PathBuf,
+    /// How agents authenticate.
+    pub agent_auth: AgentAuthConfig,
     pub health_bind: std::net::SocketAddr,
     pub strategies: Vec<Strategy>,
     pub server_id: String,
@@ -168,6 +223,7 @@ impl fmt::Debug for Config {
             .field("frontend", &self.frontend)
             .field("agent_bind", &self.agent_bind)
             .field("health_bind", &self.health_bind)
+            .field("agent_auth", &self.agent_auth)
             .field("strategies", &self.strategies)
             .field("server_id", &self.server_id)
             .field("dial_timeout", &self.dial_timeout)
@@ -208,6 +264,31 @@ impl Cli {
                 }
             }
         };
+        let token = match (
+            self.agent_namespace,
+            self.agent_service_account,
+            self.authentication_audience,
+        ) {
+            (None, None, None) => None,
+            (Some(namespace), Some(service_account), Some(audience)) => Some(TokenConfig {
+                namespace,
+                service_account,
+                audience,
+                kubeconfig: self.kubeconfig.filter(|path| !path.as_os_str().is_empty()),
+                qps: self.kubeconfig_qps,
+                burst: self.kubeconfig_burst,
+                cache_ttl: self.token_review_cache_ttl,
+            }),
+            _ => bail!("token authentication needs all of --agent-namespace, --agent-service-account and --authentication-audience"),
+        };
+        if token.is_none() && self.cluster_ca_cert.is_none() {
+            bail!("agents must authenticate: give --cluster-ca-cert, or token authentication with --agent-namespace, --agent-service-account and --authentication-audience");
+        }
+        let agent_auth = AgentAuthConfig {
+            cluster_ca: self.cluster_ca_cert,
+            token,
+            bind_identifiers: self.bind_agent_identifiers,
+        };
         let strategies = parse_strategies(&self.proxy_strategies).context("--proxy-strategies")?;
         let keepalive_time = self.keepalive_time;
         if keepalive_time.is_zero() {
@@ -221,7 +302,7 @@ impl Cli {
             agent_bind: (self.agent_bind_address, self.agent_port).into(),
             cluster_cert: self.cluster_cert,
             cluster_key: self.cluster_key,
-            cluster_ca: self.cluster_ca_cert,
+            agent_auth,
             health_bind: (self.health_bind_address, self.health_port).into(),
             strategies,
             server_id: self

@@ -6,6 +6,7 @@ use bridgehead_mux::Keepalive;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::Admission;
+use crate::agent_auth::AgentAuth;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
@@ -18,6 +19,8 @@ pub struct Context {
     pub registry: Registry,
     pub metrics: Metrics,
     pub admission: Admission,
+    /// How agents prove who they are.
+    pub agent_auth: AgentAuth,
     pub server_id: String,
     pub dial_timeout: Duration,
     pub handshake_timeout: Duration,
@@ -29,12 +32,13 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn new(config: &Config) -> Context {
+    pub fn new(config: &Config, agent_auth: AgentAuth) -> Context {
         let metrics = Metrics::new();
         Context {
             registry: Registry::new(config.strategies.clone(), config.max_tunnels_per_agent),
             admission: Admission::new(config.max_pending_dials, metrics.dials_pending.clone()),
             metrics,
+            agent_auth,
             server_id: config.server_id.clone(),
             dial_timeout: config.dial_timeout,
             handshake_timeout: config.handshake_timeout,

@@ -17,12 +17,15 @@
 //! [`Target`]: router::Target
 
 pub mod admission;
+pub mod agent_auth;
 pub mod agent_endpoint;
 pub mod config;
 pub mod context;
 pub mod dial;
 pub mod frontend;
 pub mod health;
+pub mod http_head;
+pub mod kubernetes;
 pub mod metrics;
 pub mod refusal;
 pub mod registry;
@@ -100,11 +103,12 @@ pub async fn run(
         tls_config::server_config(
             &config.cluster_cert,
             &config.cluster_key,
-            &config.cluster_ca,
+            config.agent_auth.cluster_ca.as_deref(),
         )
         .context("agent endpoint TLS")?,
     );
-    let ctx = Arc::new(Context::new(&config));
+    let agent_auth = agent_auth(&config.agent_auth).await?;
+    let ctx = Arc::new(Context::new(&config, agent_auth));
     let connections = TaskTracker::new();
     let sessions = TaskTracker::new();
     let session_token = CancellationToken::new();
@@ -131,7 +135,8 @@ pub async fn run(
             else {
                 anyhow::bail!("a TCP frontend listener needs a TCP frontend configuration");
             };
-            let tls = tls_config::server_config(cert, key, client_ca).context("frontend TLS")?;
+            let tls =
+                tls_config::server_config(cert, key, Some(client_ca)).context("frontend TLS")?;
             announce("frontend", &listener.local_addr()?.to_string());
             background.spawn(frontend::serve_tcp(
                 listener,
@@ -206,6 +211,41 @@ pub async fn run(
         ),
     }
     Ok(())
+}
+
+/// The agent endpoint's authentication; with tokens, a Kubernetes client (a kubeconfig that
+/// does not load is an error at startup).
+async fn agent_auth(config: &config::AgentAuthConfig) -> anyhow::Result<agent_auth::AgentAuth> {
+    let tokens = match &config.token {
+        Some(token) => {
+            let api =
+                kubernetes::KubeApi::connect(token.kubeconfig.as_deref(), token.qps, token.burst)
+                    .await
+                    .context("agent token authentication")?;
+            info!(
+                namespace = %token.namespace,
+                service_account = %token.service_account,
+                audience = %token.audience,
+                "agents authenticate with ServiceAccount tokens (TokenReview)"
+            );
+            Some(agent_auth::TokenPolicy {
+                api,
+                namespace: token.namespace.clone(),
+                service_account: token.service_account.clone(),
+                audience: token.audience.clone(),
+                cache_ttl: token.cache_ttl,
+            })
+        }
+        None => None,
+    };
+    if config.bind_identifiers {
+        info!("agents may announce only the host and address identifiers that belong to them");
+    }
+    Ok(agent_auth::AgentAuth::new(
+        config.cluster_ca.is_some(),
+        tokens,
+        config.bind_identifiers,
+    ))
 }
 
 /// Logs a bound address and prints it on stdout in a line scripts can read:

@@ -81,6 +81,7 @@ pub struct Metrics {
     dials: Family<ResultLabel, Counter>,
     pub dial_duration: Histogram,
     bytes: Family<DirectionLabel, Counter>,
+    token_reviews: Family<ResultLabel, Counter>,
 }
 
 impl Metrics {
@@ -92,6 +93,7 @@ impl Metrics {
         let dials = Family::<ResultLabel, Counter>::default();
         let dial_duration = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let bytes = Family::<DirectionLabel, Counter>::default();
+        let token_reviews = Family::<ResultLabel, Counter>::default();
         registry.register(
             "agents_connected",
             "Agents with a live session",
@@ -114,6 +116,11 @@ impl Metrics {
             dial_duration.clone(),
         );
         registry.register("bytes", "Bytes carried by tunnels", bytes.clone());
+        registry.register(
+            "token_reviews",
+            "Agent token checks by result: authenticated, rejected (by kube-apiserver), error (no answer), cached",
+            token_reviews.clone(),
+        );
         Metrics {
             registry,
             agents_connected,
@@ -122,6 +129,7 @@ impl Metrics {
             dials,
             dial_duration,
             bytes,
+            token_reviews,
         }
     }
 
@@ -134,6 +142,13 @@ impl Metrics {
             .get_or_create(&ResultLabel {
                 result: result.as_str(),
             })
+            .inc();
+    }
+
+    /// One agent token checked: `authenticated`, `rejected`, `error` or `cached`.
+    pub fn token_review(&self, result: &'static str) {
+        self.token_reviews
+            .get_or_create(&ResultLabel { result })
             .inc();
     }
 

@@ -67,7 +67,7 @@ async fn rig() -> Rig {
     let config = bridgehead_server::tls_config::server_config(
         &dir.path().join("server.crt"),
         &dir.path().join("server.key"),
-        &dir.path().join("ca.crt"),
+        Some(&dir.path().join("ca.crt")),
     )
     .unwrap();
     Rig {

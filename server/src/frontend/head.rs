@@ -2,17 +2,11 @@
 //! carries one request: a tunnel, or a refusal with a one-line reason and `Connection: close`.
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::AsyncRead;
 
-use bridgehead_proto::frame::MAX_REASON_LEN as MAX_REASON;
-use bridgehead_proto::text::Printable;
-
+use crate::http_head::{self, RawHead, MAX_HEADERS, MAX_HEAD_BYTES};
 use crate::refusal::Refusal;
 use crate::router::Target;
-
-/// Largest CONNECT head (request line and headers) accepted.
-pub(super) const MAX_HEAD_BYTES: usize = 16 * 1024;
-const MAX_HEADERS: usize = 64;
 
 /// What the first bytes of a connection turned out to be.
 #[derive(Debug)]
@@ -25,32 +19,17 @@ pub(super) enum Head {
     Refused(Refusal),
 }
 
-/// Reads until the end of the head (`\r\n\r\n`), at most [`MAX_HEAD_BYTES`], and checks the
-/// request line. The caller bounds the time.
+/// Reads the head ([`http_head::read`]) and checks the request line. The caller bounds the
+/// time.
 pub(super) async fn read<S: AsyncRead + Unpin>(socket: &mut S) -> Head {
-    let mut buf = BytesMut::with_capacity(1024);
-    let mut searched: usize = 0;
-    loop {
-        match socket.read_buf(&mut buf).await {
-            Ok(0) | Err(_) => return Head::Closed,
-            Ok(_) => {}
-        }
-        let from = searched.saturating_sub(3);
-        if let Some(end) = buf[from..].windows(4).position(|w| w == b"\r\n\r\n") {
-            return check(buf, from + end + 4);
-        }
-        searched = buf.len();
-        if buf.len() > MAX_HEAD_BYTES {
-            return Head::Refused(Refusal::HeadTooLarge(MAX_HEAD_BYTES));
-        }
-        buf.reserve(1024);
+    match http_head::read(socket).await {
+        RawHead::Complete { buf, end } => check(buf, end),
+        RawHead::Closed => Head::Closed,
+        RawHead::TooLarge => Head::Refused(Refusal::HeadTooLarge(MAX_HEAD_BYTES)),
     }
 }
 
 fn check(buf: BytesMut, end: usize) -> Head {
-    if end > MAX_HEAD_BYTES {
-        return Head::Refused(Refusal::HeadTooLarge(MAX_HEAD_BYTES));
-    }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut headers);
     match request.parse(&buf[..end]) {
@@ -74,30 +53,15 @@ fn check(buf: BytesMut, end: usize) -> Head {
 /// the tunnel.
 pub(super) const ESTABLISHED: &[u8] = b"HTTP/1.1 200 OK\r\n\r\n";
 
-/// Longest reason phrase in a refusal's status line, in characters.
-const MAX_PHRASE: usize = 200;
-
-/// The bytes of a refusal: the reason in the status line's reason phrase (kube-apiserver
-/// reports a proxy's status line and drops its body) and again as the `text/plain` body, then
-/// `Connection: close` (405 also names the one method served). Text from peers in the reason
-/// (an agent's dial error) is escaped.
+/// The bytes of a refusal ([`http_head::answer`]); 405 also names the one method served.
 pub(super) fn refusal(refusal: &Refusal) -> Vec<u8> {
-    answer(refusal.status().as_u16(), &refusal.to_string())
-}
-
-fn answer(status: u16, reason: &str) -> Vec<u8> {
-    let phrase = Printable::cut(reason, MAX_PHRASE).ascii();
+    let status = refusal.status().as_u16();
     let allow = if status == 405 {
         "allow: CONNECT\r\n"
     } else {
         ""
     };
-    let body = format!("{}\n", Printable::cut(reason, MAX_REASON));
-    format!(
-        "HTTP/1.1 {status} {phrase}\r\ncontent-type: text/plain; charset=utf-8\r\n{allow}connection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
+    http_head::answer(status, &refusal.to_string(), allow)
 }
 
 #[cfg(test)]
@@ -156,22 +120,22 @@ mod tests {
         ]
         .concat();
         assert!(matches!(head_of(&huge).await, Head::Refused(r) if r.status() == 431));
-        let text = String::from_utf8(answer(400, "bad target")).unwrap();
+        let text = String::from_utf8(http_head::answer(400, "bad target", "")).unwrap();
         assert!(
             text.starts_with("HTTP/1.1 400 bad target\r\n")
                 && text.ends_with("\r\n\r\nbad target\n"),
             "{text}"
         );
         // A reason carrying a peer's text cannot break out of the status line or the body.
-        let text = String::from_utf8(answer(502, "refused\r\nset-cookie: x=1\n\x1b[2J")).unwrap();
+        let text = String::from_utf8(http_head::answer(502, "refused\r\nset-cookie: x=1\n\x1b[2J", "")).unwrap();
         assert!(
             text.starts_with("HTTP/1.1 502 refused\\r\\nset-cookie: x=1\\n\\x1b[2J\r\n"),
             "{text}"
         );
         assert!(text.ends_with("\r\n\r\nrefused\\r\\nset-cookie: x=1\\n\\x1b[2J\n"), "{text}");
-        let text = String::from_utf8(answer(405, "no")).unwrap();
+        let text = String::from_utf8(refusal(&Refusal::NotConnect)).unwrap();
         assert!(
-            text.starts_with("HTTP/1.1 405 no\r\n")
+            text.starts_with("HTTP/1.1 405 only CONNECT is served here\r\n")
                 && text.contains("\r\nallow: CONNECT\r\n"),
             "{text}"
         );
