@@ -84,6 +84,16 @@ impl Pki {
         pki_dir::write(dir, &files, force)
     }
 
+    /// Issues an agent certificate for node `node` (`clientAuth`, `CN=node`, the SANs `node` and
+    /// each of `addresses`): the names and addresses the server's `--bind-agent-identifiers`
+    /// lets that agent announce.
+    pub fn issue_agent(&self, node: &str, addresses: &[String]) -> Result<CertKey, CertError> {
+        let mut names = vec![node.to_owned()];
+        names.extend_from_slice(addresses);
+        let sans = san::sans(&names)?;
+        profile::leaf(&self.issuer, node, &[], Role::Client, &sans)
+    }
+
     /// Issues one more client certificate (`clientAuth`, no SANs) from this CA, with a fresh key,
     /// valid for one year: for extra agents, or for tests.
     pub fn issue_client(&self, common_name: &str) -> Result<CertKey, CertError> {

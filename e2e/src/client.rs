@@ -71,11 +71,23 @@ pub type TlsStream = StreamOwned<ClientConnection, TcpStream>;
 
 /// Like [`tls_connect_with`], returning the concrete stream.
 pub fn tls_stream(config: Arc<ClientConfig>, frontend: SocketAddr) -> anyhow::Result<TlsStream> {
-    let tcp = TcpStream::connect(frontend)?;
+    tls_stream_named(
+        config,
+        frontend,
+        ServerName::IpAddress(frontend.ip().into()),
+    )
+}
+
+/// Like [`tls_stream`], verifying the server certificate for `name` instead of the address.
+pub fn tls_stream_named(
+    config: Arc<ClientConfig>,
+    addr: SocketAddr,
+    name: ServerName<'static>,
+) -> anyhow::Result<TlsStream> {
+    let tcp = TcpStream::connect(addr)?;
     tcp.set_read_timeout(Some(IO_TIMEOUT))?;
     tcp.set_write_timeout(Some(IO_TIMEOUT))?;
     tcp.set_nodelay(true)?;
-    let name = ServerName::IpAddress(frontend.ip().into());
     let conn = ClientConnection::new(config, name)?;
     let mut stream = StreamOwned::new(conn, tcp);
     // Drive the handshake now so certificate errors surface here.
@@ -169,6 +181,11 @@ impl ErrorReply {
 /// EOF): for error replies.
 pub fn request_reply(conn: &mut dyn Conn, request: &[u8]) -> anyhow::Result<ErrorReply> {
     let reply = raw_request(conn, request)?;
+    request_body(conn, reply)
+}
+
+/// The rest of `reply`: its body, by `content-length`, else to EOF.
+fn request_body(conn: &mut dyn Conn, reply: ConnectReply) -> anyhow::Result<ErrorReply> {
     let mut body = reply.extra;
     match kube::header(&reply.head, "content-length") {
         Some(length) => {
@@ -188,6 +205,36 @@ pub fn request_reply(conn: &mut dyn Conn, request: &[u8]) -> anyhow::Result<Erro
         head: reply.head,
         body: String::from_utf8_lossy(&body).into_owned(),
     })
+}
+
+/// An agent's WebSocket upgrade to the agent endpoint at `addr` (its certificate checked for
+/// `127.0.0.1`), with the client certificate in `config`, `bearer` as `Authorization: Bearer`
+/// if given, and `query` as identifiers; the answer's status and reason (101 on success, the
+/// connection then closed by the caller's drop).
+pub fn agent_upgrade(
+    config: Arc<ClientConfig>,
+    addr: SocketAddr,
+    bearer: Option<&str>,
+    query: &str,
+) -> anyhow::Result<ErrorReply> {
+    let name = ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
+    let mut tls = tls_stream_named(config, addr, name)?;
+    let authorization = bearer.map_or(String::new(), |token| {
+        format!("authorization: Bearer {token}\r\n")
+    });
+    let request = format!(
+        "GET /connect?{query} HTTP/1.1\r\nhost: bridgehead\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-protocol: {}\r\n{authorization}\r\n",
+        bridgehead_proto::SUBPROTOCOL
+    );
+    let reply = raw_request(&mut tls, request.as_bytes())?;
+    if reply.status == 101 {
+        return Ok(ErrorReply {
+            status: 101,
+            head: reply.head,
+            body: String::new(),
+        });
+    }
+    request_body(&mut tls, reply)
 }
 
 /// Reads until EOF (bounded by [`IO_TIMEOUT`] per read).

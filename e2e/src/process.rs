@@ -293,6 +293,8 @@ pub struct ServerOptions {
     pub agent_port: Option<u16>,
     /// Run the server under this command (e.g. valgrind).
     pub wrapper: Option<Wrapper>,
+    /// Leave `--cluster-ca-cert` out (agents authenticate by token alone).
+    pub without_cluster_ca: bool,
 }
 
 /// A running `bridgehead-server`.
@@ -326,7 +328,9 @@ impl Server {
         ]);
         command.arg("--cluster-cert").arg(pki.path("cluster.crt"));
         command.arg("--cluster-key").arg(pki.path("cluster.key"));
-        command.arg("--cluster-ca-cert").arg(pki.path("ca.crt"));
+        if !options.without_cluster_ca {
+            command.arg("--cluster-ca-cert").arg(pki.path("ca.crt"));
+        }
         match &options.uds {
             Some(path) => {
                 command
@@ -434,6 +438,10 @@ pub struct AgentOptions {
     pub server: Option<SocketAddr>,
     /// Run the agent under this command (e.g. valgrind), inside the namespace if any.
     pub wrapper: Option<Wrapper>,
+    /// `--service-account-token-path`.
+    pub token: Option<PathBuf>,
+    /// The client certificate and key instead of the PKI's `agent.crt`; `Some(None)`: none.
+    pub certificate: Option<Option<(PathBuf, PathBuf)>>,
 }
 
 /// A running `bridgehead-agent`.
@@ -457,8 +465,20 @@ impl Agent {
         command.args(["--proxy-server-host", &addr.ip().to_string()]);
         command.args(["--proxy-server-port", &addr.port().to_string()]);
         command.arg("--ca-cert").arg(pki.path("ca.crt"));
-        command.arg("--agent-cert").arg(pki.path("agent.crt"));
-        command.arg("--agent-key").arg(pki.path("agent.key"));
+        let certificate = match &options.certificate {
+            Some(chosen) => chosen.clone(),
+            None => Some((pki.path("agent.crt"), pki.path("agent.key"))),
+        };
+        if let Some((cert, key)) = certificate {
+            command
+                .arg("--agent-cert")
+                .arg(cert)
+                .arg("--agent-key")
+                .arg(key);
+        }
+        if let Some(token) = &options.token {
+            command.arg("--service-account-token-path").arg(token);
+        }
         command.args([
             "--health-server-port",
             "0",

@@ -17,6 +17,21 @@ use bridgehead_e2e::{Agent, AgentOptions, Pki, Server, ServerOptions};
 /// Host 0 runs the control plane; nodes are hosts 1, 2, ...
 const CONTROL_PLANE_HOST: usize = 0;
 
+/// How the cluster's agents authenticate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Auth {
+    /// Client certificates from the Bridgehead PKI.
+    Certificates,
+    /// ServiceAccount tokens bound to a pod on the agent's node, no certificate; with `bind`,
+    /// `--bind-agent-identifiers`.
+    Tokens { bind: bool },
+}
+
+/// The agents' ServiceAccount, in kube-system as kubeadm's konnectivity setup has it.
+const AGENT_NAMESPACE: &str = "kube-system";
+const AGENT_ACCOUNT: &str = "bridgehead-agent";
+const AUDIENCE: &str = "bridgehead";
+
 /// A whole cluster: the control plane, a Bridgehead server beside it, and nodes with agents.
 struct Cluster {
     nodes: Vec<NodeStandIn>,
@@ -24,35 +39,69 @@ struct Cluster {
     server: Server,
     control_plane: ControlPlane,
     pki: Pki,
-    _socket_dir: tempfile::TempDir,
+    auth: Auth,
+    socket_dir: tempfile::TempDir,
     net: TestNet,
 }
 
 impl Cluster {
-    /// `nodes` nodes, the server on a Unix socket, agents authenticated by certificate.
-    fn start(binaries: &Binaries, nodes: usize) -> Cluster {
+    /// `nodes` nodes and the server on a Unix socket.
+    fn start(binaries: &Binaries, nodes: usize, auth: Auth) -> Cluster {
+        Cluster::start_with(binaries, nodes, auth, &[])
+    }
+
+    /// [`Cluster::start`] with `server_args` for the server.
+    fn start_with(binaries: &Binaries, nodes: usize, auth: Auth, server_args: &[&str]) -> Cluster {
         let mut net = TestNet::new(nodes + 1).unwrap();
         let pki = Pki::new().unwrap();
         let socket_dir = tempfile::tempdir().unwrap();
         let socket = socket_dir.path().join("bridgehead.sock");
-        let server = Server::start(
-            &pki,
-            ServerOptions {
-                uds: Some(socket.clone()),
-                args: ["--proxy-strategies", "destHost,destCIDR"]
-                    .map(String::from)
-                    .into(),
-                agent_bind: Some(net.server_v4().to_string()),
-                ..Default::default()
-            },
-        )
-        .unwrap();
         let control_plane = ControlPlane::start(
             binaries,
             &mut net,
             CONTROL_PLANE_HOST,
-            Egress::Uds(socket),
+            Egress::Uds(socket.clone()),
             &[],
+        )
+        .unwrap();
+        let mut args: Vec<String> = ["--proxy-strategies", "destHost,destCIDR"]
+            .map(String::from)
+            .into();
+        if let Auth::Tokens { bind } = auth {
+            let kubeconfig = server_identity(&control_plane);
+            args.extend(
+                [
+                    "--agent-namespace",
+                    AGENT_NAMESPACE,
+                    "--agent-service-account",
+                    AGENT_ACCOUNT,
+                    "--authentication-audience",
+                    AUDIENCE,
+                    "--token-review-cache-ttl",
+                    "1s",
+                ]
+                .map(String::from),
+            );
+            args.push(format!("--kubeconfig={}", kubeconfig.display()));
+            if bind {
+                args.push("--bind-agent-identifiers".into());
+            }
+            control_plane
+                .apply(&format!(
+                    "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: {AGENT_ACCOUNT}\n  namespace: {AGENT_NAMESPACE}\n"
+                ))
+                .unwrap();
+        }
+        args.extend(server_args.iter().map(|s| s.to_string()));
+        let server = Server::start(
+            &pki,
+            ServerOptions {
+                uds: Some(socket),
+                args,
+                agent_bind: Some(net.server_v4().to_string()),
+                without_cluster_ca: auth != Auth::Certificates,
+                ..Default::default()
+            },
         )
         .unwrap();
         let mut cluster = Cluster {
@@ -61,7 +110,8 @@ impl Cluster {
             server,
             control_plane,
             pki,
-            _socket_dir: socket_dir,
+            auth,
+            socket_dir,
             net,
         };
         for i in 1..=nodes {
@@ -71,7 +121,8 @@ impl Cluster {
         cluster
     }
 
-    /// Node `node-<i>` on host `i`: its stand-in, its objects, its agent.
+    /// Node `node-<i>` on host `i`: its stand-in, its objects, its agent announcing its own
+    /// name, address and pod network.
     fn add_node(&mut self, i: usize) {
         let name = format!("node-{i}");
         let stand_in = NodeStandIn::start(&self.control_plane, &self.net, i, &name).unwrap();
@@ -81,21 +132,43 @@ impl Cluster {
             stand_in.node_ip,
             stand_in.pod_cidr()
         );
-        let agent = Agent::start(
-            &self.pki,
-            &self.server,
-            AgentOptions {
-                id: Some(name),
-                identifiers: Some(identifiers),
-                args: vec!["--server-name".into(), "127.0.0.1".into()],
-                netns: Some(self.net.host(i).ns_name().to_owned()),
-                server: Some(self.server.agent_addr),
-                ..Default::default()
-            },
-        )
-        .unwrap();
         self.nodes.push(stand_in);
+        let agent = self.start_agent(i, &name, &identifiers);
         self.agents.push(agent);
+    }
+
+    /// An agent on host `i` as node `node`, announcing `identifiers`, authenticated as the
+    /// cluster's agents are (a token bound to a pod on `node`).
+    fn start_agent(&self, i: usize, node: &str, identifiers: &str) -> Agent {
+        let mut options = AgentOptions {
+            id: Some(format!("agent-{i}")),
+            identifiers: Some(identifiers.to_owned()),
+            args: vec!["--server-name".into(), "127.0.0.1".into()],
+            netns: Some(self.net.host(i).ns_name().to_owned()),
+            server: Some(self.server.agent_addr),
+            ..Default::default()
+        };
+        if let Auth::Tokens { .. } = self.auth {
+            let token = self.agent_token(node);
+            let path = self.socket_dir.path().join(format!("token-{i}"));
+            std::fs::write(&path, token).unwrap();
+            options.token = Some(path);
+            options.certificate = Some(None);
+        }
+        Agent::start(&self.pki, &self.server, options).unwrap()
+    }
+
+    /// A token of the agents' ServiceAccount bound to its pod on `node` (made on first use).
+    fn agent_token(&self, node: &str) -> String {
+        let pod = format!("bridgehead-agent-{node}");
+        self.control_plane
+            .apply(&format!(
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {pod}\n  namespace: {AGENT_NAMESPACE}\nspec:\n  nodeName: {node}\n  serviceAccountName: {AGENT_ACCOUNT}\n  automountServiceAccountToken: false\n  containers:\n  - name: agent\n    image: bridgehead.invalid/agent\n"
+            ))
+            .unwrap();
+        self.control_plane
+            .token(AGENT_NAMESPACE, AGENT_ACCOUNT, AUDIENCE, 3600, Some(&pod))
+            .unwrap()
     }
 
     /// `kubectl ARGS` as a child, its stdout piped (for commands that stream).
@@ -108,7 +181,7 @@ impl Cluster {
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap()
     }
@@ -120,6 +193,21 @@ impl Cluster {
     }
 }
 
+/// The server's own identity towards kube-apiserver, with the RBAC docs/kubernetes.md gives
+/// it: `system:auth-delegator` (TokenReview) and reading Nodes (identity binding).
+fn server_identity(control_plane: &ControlPlane) -> std::path::PathBuf {
+    control_plane
+        .apply(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: bridgehead-server:auth-delegator\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: system:auth-delegator\nsubjects:\n- apiGroup: rbac.authorization.k8s.io\n  kind: User\n  name: bridgehead-server\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: bridgehead-server:nodes\nrules:\n- apiGroups: [\"\"]\n  resources: [nodes]\n  verbs: [get]\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: bridgehead-server:nodes\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: bridgehead-server:nodes\nsubjects:\n- apiGroup: rbac.authorization.k8s.io\n  kind: User\n  name: bridgehead-server\n",
+        )
+        .unwrap();
+    control_plane
+        .kubeconfig_for("bridgehead-server", &[])
+        .unwrap()
+}
+
 #[test]
 fn kube_apiservers_traffic_reaches_every_kind_of_backend_through_bridgehead() {
     let Some(binaries) = kubernetes::require(
@@ -127,7 +215,7 @@ fn kube_apiservers_traffic_reaches_every_kind_of_backend_through_bridgehead() {
     ) else {
         return;
     };
-    let cluster = Cluster::start(&binaries, 2);
+    let cluster = Cluster::start(&binaries, 2, Auth::Tokens { bind: true });
     for stand_in in &cluster.nodes {
         let name = &stand_in.name;
         // Node proxy: to the kubelet on the node's InternalIP:10250.
@@ -189,7 +277,7 @@ fn admission_webhooks_and_aggregated_apis_are_reached_through_bridgehead() {
     ) else {
         return;
     };
-    let cluster = Cluster::start(&binaries, 2);
+    let cluster = Cluster::start(&binaries, 2, Auth::Tokens { bind: true });
     let (webhook_node, api_node) = (&cluster.nodes[0], &cluster.nodes[1]);
     let cp = &cluster.control_plane;
     cp.apply(&webhook_node.webhook_yaml(cp).unwrap()).unwrap();
@@ -242,4 +330,266 @@ fn admission_webhooks_and_aggregated_apis_are_reached_through_bridgehead() {
         greetings.contains(&format!("hello-from-{}", api_node.name)),
         "{greetings}"
     );
+}
+
+/// A ServiceAccount token signed with the cluster's own service-account key, as kube-apiserver
+/// would sign it, with the claims it would put in, but `exp` chosen by the test.
+fn signed_token(control_plane: &ControlPlane, account_uid: &str, expires: i64) -> String {
+    use base64::Engine as _;
+    let pem = std::fs::read_to_string(control_plane.dir().join("sa.key")).unwrap();
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(
+            pem.lines()
+                .filter(|line| !line.starts_with("-----"))
+                .collect::<String>(),
+        )
+        .unwrap();
+    let rng = ring::rand::SystemRandom::new();
+    let key = ring::signature::EcdsaKeyPair::from_pkcs8(
+        &ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+        &der,
+        &rng,
+    )
+    .unwrap();
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let claims = serde_json::json!({
+        "aud": [AUDIENCE],
+        "exp": expires,
+        "iat": now - 3600,
+        "nbf": now - 3600,
+        "iss": kubernetes::control_plane::ISSUER,
+        "sub": format!("system:serviceaccount:{AGENT_NAMESPACE}:{AGENT_ACCOUNT}"),
+        "kubernetes.io": {
+            "namespace": AGENT_NAMESPACE,
+            "serviceaccount": {"name": AGENT_ACCOUNT, "uid": account_uid},
+        },
+    });
+    let signing_input = format!(
+        "{}.{}",
+        b64(br#"{"alg":"ES256","typ":"JWT"}"#),
+        b64(claims.to_string().as_bytes())
+    );
+    let signature = key.sign(&rng, signing_input.as_bytes()).unwrap();
+    format!("{signing_input}.{}", b64(signature.as_ref()))
+}
+
+#[test]
+fn agents_are_refused_unless_their_token_is_right() {
+    let Some(binaries) = kubernetes::require("agents_are_refused_unless_their_token_is_right")
+    else {
+        return;
+    };
+    let cluster = Cluster::start(&binaries, 0, Auth::Tokens { bind: false });
+    let cp = &cluster.control_plane;
+    let config = bridgehead_e2e::client::tls::config(&cluster.pki.path("ca.crt"), None).unwrap();
+    let upgrade = |token: Option<&str>| {
+        bridgehead_e2e::client::agent_upgrade(
+            config.clone(),
+            cluster.server.agent_addr,
+            token,
+            "id=probe",
+        )
+        .unwrap()
+    };
+    let token = |namespace: &str, account: &str, audience: &str| {
+        cp.token(namespace, account, audience, 600, None).unwrap()
+    };
+    cluster.kubectl(&[
+        "create",
+        "serviceaccount",
+        "someone-else",
+        "-n",
+        AGENT_NAMESPACE,
+    ]);
+    cluster.kubectl(&["create", "serviceaccount", AGENT_ACCOUNT, "-n", "default"]);
+    let uid = cluster.kubectl(&[
+        "get",
+        "serviceaccount",
+        AGENT_ACCOUNT,
+        "-n",
+        AGENT_NAMESPACE,
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+
+    let good = token(AGENT_NAMESPACE, AGENT_ACCOUNT, AUDIENCE);
+    let cases: Vec<(&str, Option<String>, u16, &str)> = vec![
+        (
+            "a token for the agents' account and audience",
+            Some(good.clone()),
+            101,
+            "",
+        ),
+        (
+            "the same claims, signed here, still valid",
+            Some(signed_token(cp, &uid, now + 600)),
+            101,
+            "",
+        ),
+        ("no token", None, 401, "no bearer token"),
+        ("garbage", Some("not-a-token".into()), 403, "token rejected"),
+        (
+            "the wrong audience",
+            Some(token(AGENT_NAMESPACE, AGENT_ACCOUNT, "kubernetes")),
+            403,
+            "token rejected",
+        ),
+        (
+            "another account",
+            Some(token(AGENT_NAMESPACE, "someone-else", AUDIENCE)),
+            403,
+            "someone-else",
+        ),
+        (
+            "the account in another namespace",
+            Some(token("default", AGENT_ACCOUNT, AUDIENCE)),
+            403,
+            "system:serviceaccount:default:",
+        ),
+        (
+            "expired",
+            Some(signed_token(cp, &uid, now - 60)),
+            403,
+            "token rejected",
+        ),
+    ];
+    for (what, token, status, reason) in &cases {
+        let reply = upgrade(token.as_deref());
+        assert_eq!(
+            reply.status, *status,
+            "{what}: {}{}",
+            reply.head, reply.body
+        );
+        assert!(reply.body.contains(reason), "{what}: {}", reply.body);
+    }
+    // A deleted account's tokens stop working once the cached review expires (1 s here).
+    cluster.kubectl(&[
+        "delete",
+        "serviceaccount",
+        AGENT_ACCOUNT,
+        "-n",
+        AGENT_NAMESPACE,
+    ]);
+    wait_until(Duration::from_secs(20), || {
+        upgrade(Some(&good)).status == 403
+    })
+    .expect("a deleted account's token still connects");
+
+    // kube-apiserver out of reach: refused, with the reason, never let in.
+    let unreachable = cluster.socket_dir.path().join("unreachable.kubeconfig");
+    let text = std::fs::read_to_string(server_identity(cp)).unwrap();
+    std::fs::write(
+        &unreachable,
+        text.replace(
+            &format!(":{}", kubernetes::control_plane::APISERVER_PORT),
+            ":1",
+        ),
+    )
+    .unwrap();
+    let lonely = Server::start(
+        &cluster.pki,
+        ServerOptions {
+            args: [
+                "--agent-namespace",
+                AGENT_NAMESPACE,
+                "--agent-service-account",
+                AGENT_ACCOUNT,
+                "--authentication-audience",
+                AUDIENCE,
+            ]
+            .map(String::from)
+            .into_iter()
+            .chain([format!("--kubeconfig={}", unreachable.display())])
+            .collect(),
+            without_cluster_ca: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let reply = bridgehead_e2e::client::agent_upgrade(
+        config.clone(),
+        lonely.agent_addr,
+        Some(&good),
+        "id=probe",
+    )
+    .unwrap();
+    assert_eq!(reply.status, 503, "{}{}", reply.head, reply.body);
+    assert!(
+        reply.body.contains("cannot review the token"),
+        "{}",
+        reply.body
+    );
+
+    for result in ["authenticated", "rejected"] {
+        let count = cluster
+            .server
+            .metric(&format!(
+                "bridgehead_server_token_reviews_total{{result=\"{result}\"}}"
+            ))
+            .unwrap();
+        assert!(count >= 1.0, "token_reviews{{result={result}}} = {count}");
+    }
+    let errors = lonely
+        .metric("bridgehead_server_token_reviews_total{result=\"error\"}")
+        .unwrap();
+    assert_eq!(errors, 1.0);
+}
+
+#[test]
+fn an_agent_cannot_claim_another_nodes_identifiers() {
+    let Some(binaries) = kubernetes::require("an_agent_cannot_claim_another_nodes_identifiers")
+    else {
+        return;
+    };
+    let cluster = Cluster::start(&binaries, 2, Auth::Tokens { bind: true });
+    let (honest, victim) = (&cluster.nodes[0], &cluster.nodes[1]);
+    // With node-1's token, an upgrade claiming node-2 is refused, naming the claim.
+    let config = bridgehead_e2e::client::tls::config(&cluster.pki.path("ca.crt"), None).unwrap();
+    let stolen = cluster.agent_token(&honest.name);
+    for claim in [
+        format!("host={}", victim.name),
+        format!("ipv4={}", victim.node_ip),
+    ] {
+        let reply = bridgehead_e2e::client::agent_upgrade(
+            config.clone(),
+            cluster.server.agent_addr,
+            Some(&stolen),
+            &format!("id=spoof&{claim}"),
+        )
+        .unwrap();
+        assert_eq!(reply.status, 403, "{claim}: {}{}", reply.head, reply.body);
+        assert!(
+            reply.body.contains(&claim) && reply.body.contains(&format!("node {}", honest.name)),
+            "{claim}: {}",
+            reply.body
+        );
+    }
+    // A spoofing agent started on node-1's host never registers, and node-2's kubelet
+    // traffic keeps going to node-2.
+    let spoof = cluster.start_agent(
+        1,
+        &honest.name,
+        &format!("host={}&ipv4={}", victim.name, victim.node_ip),
+    );
+    spoof
+        .process
+        .wait_log("server refused the connection", Duration::from_secs(20))
+        .unwrap();
+    assert_eq!(cluster.server.agents().unwrap().len(), 2);
+    for _ in 0..10 {
+        let answer = cluster.kubectl(&[
+            "get",
+            "--raw",
+            &format!("/api/v1/nodes/{}/proxy/who", victim.name),
+        ]);
+        assert_eq!(answer.trim(), format!("kubelet {}: /who", victim.name));
+    }
 }

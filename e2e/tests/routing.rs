@@ -81,8 +81,8 @@ fn agent(pki: &Pki, server: &Server, net: &TestNet, i: usize, identifiers: &str)
             // The server certificate names 127.0.0.1, not the link address the agent dials.
             args: vec!["--server-name".into(), "127.0.0.1".into()],
             netns: Some(host.ns_name().to_owned()),
-            wrapper: None,
             server: Some(server.agent_addr),
+            ..Default::default()
         },
     )
     .unwrap()
