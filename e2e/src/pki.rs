@@ -12,7 +12,13 @@ pub struct Pki {
 
 impl Pki {
     pub fn new() -> anyhow::Result<Pki> {
-        let pki = bridgehead_certs::Pki::generate(&[])?;
+        Pki::with_sans(&[])
+    }
+
+    /// A PKI whose server certificates also name `sans` (addresses the frontend or the agent
+    /// endpoint are reached at besides loopback).
+    pub fn with_sans(sans: &[String]) -> anyhow::Result<Pki> {
+        let pki = bridgehead_certs::Pki::generate(sans)?;
         let dir = tempfile::tempdir()?;
         pki.write_dir(dir.path(), true)?;
         Ok(Pki { dir, pki })

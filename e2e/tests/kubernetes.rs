@@ -52,58 +52,62 @@ impl Cluster {
 
     /// [`Cluster::start`] with `server_args` for the server.
     fn start_with(binaries: &Binaries, nodes: usize, auth: Auth, server_args: &[&str]) -> Cluster {
+        Cluster::start_over(binaries, nodes, auth, server_args, false)
+    }
+
+    /// With `tcp`, kube-apiserver reaches the server's mTLS frontend (on the root side of the
+    /// control plane host's link) instead of its Unix socket; the server then starts first, so
+    /// that its port is known, and agents use certificates.
+    fn start_over(
+        binaries: &Binaries,
+        nodes: usize,
+        auth: Auth,
+        server_args: &[&str],
+        tcp: bool,
+    ) -> Cluster {
         let mut net = TestNet::new(nodes + 1).unwrap();
-        let pki = Pki::new().unwrap();
+        let pki = Pki::with_sans(&[net.server_v4().to_string()]).unwrap();
         let socket_dir = tempfile::tempdir().unwrap();
         let socket = socket_dir.path().join("bridgehead.sock");
-        let control_plane = ControlPlane::start(
-            binaries,
-            &mut net,
-            CONTROL_PLANE_HOST,
-            Egress::Uds(socket.clone()),
-            &[],
-        )
-        .unwrap();
         let mut args: Vec<String> = ["--proxy-strategies", "destHost,destCIDR"]
             .map(String::from)
             .into();
-        if let Auth::Tokens { bind } = auth {
-            let kubeconfig = server_identity(&control_plane);
-            args.extend(
-                [
-                    "--agent-namespace",
-                    AGENT_NAMESPACE,
-                    "--agent-service-account",
-                    AGENT_ACCOUNT,
-                    "--authentication-audience",
-                    AUDIENCE,
-                    "--token-review-cache-ttl",
-                    "1s",
-                ]
-                .map(String::from),
-            );
-            args.push(format!("--kubeconfig={}", kubeconfig.display()));
-            if bind {
-                args.push("--bind-agent-identifiers".into());
-            }
-            control_plane
-                .apply(&format!(
-                    "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: {AGENT_ACCOUNT}\n  namespace: {AGENT_NAMESPACE}\n"
-                ))
-                .unwrap();
-        }
         args.extend(server_args.iter().map(|s| s.to_string()));
-        let server = Server::start(
-            &pki,
-            ServerOptions {
-                uds: Some(socket),
-                args,
-                agent_bind: Some(net.server_v4().to_string()),
-                without_cluster_ca: auth != Auth::Certificates,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let mut options = ServerOptions {
+            uds: Some(socket.clone()),
+            agent_bind: Some(net.server_v4().to_string()),
+            without_cluster_ca: auth != Auth::Certificates,
+            ..Default::default()
+        };
+        let (server, control_plane) = if tcp {
+            assert_eq!(
+                auth,
+                Auth::Certificates,
+                "token agents need the control plane first"
+            );
+            options.uds = None;
+            options.bind = Some(net.server_v4().to_string());
+            options.args = args;
+            let server = Server::start(&pki, options).unwrap();
+            let egress = Egress::Tcp {
+                url: format!("https://{}", server.frontend_addr()),
+                ca: pki.path("ca.crt"),
+                cert: pki.path("client.crt"),
+                key: pki.path("client.key"),
+            };
+            let control_plane =
+                ControlPlane::start(binaries, &mut net, CONTROL_PLANE_HOST, egress, &[]).unwrap();
+            (server, control_plane)
+        } else {
+            let egress = Egress::Uds(socket);
+            let control_plane =
+                ControlPlane::start(binaries, &mut net, CONTROL_PLANE_HOST, egress, &[]).unwrap();
+            if let Auth::Tokens { bind } = auth {
+                args.extend(token_flags(&control_plane, bind));
+            }
+            options.args = args;
+            (Server::start(&pki, options).unwrap(), control_plane)
+        };
         let mut cluster = Cluster {
             nodes: Vec::new(),
             agents: Vec::new(),
@@ -191,6 +195,33 @@ impl Cluster {
             panic!("{error:#}\nserver log:\n{}", self.server.process.stderr())
         })
     }
+}
+
+/// The server's flags for token authentication of agents (and the agents' ServiceAccount).
+fn token_flags(control_plane: &ControlPlane, bind: bool) -> Vec<String> {
+    control_plane
+        .apply(&format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: {AGENT_ACCOUNT}\n  namespace: {AGENT_NAMESPACE}\n"
+        ))
+        .unwrap();
+    let kubeconfig = server_identity(control_plane);
+    let mut flags: Vec<String> = [
+        "--agent-namespace",
+        AGENT_NAMESPACE,
+        "--agent-service-account",
+        AGENT_ACCOUNT,
+        "--authentication-audience",
+        AUDIENCE,
+        "--token-review-cache-ttl",
+        "1s",
+    ]
+    .map(String::from)
+    .into();
+    flags.push(format!("--kubeconfig={}", kubeconfig.display()));
+    if bind {
+        flags.push("--bind-agent-identifiers".into());
+    }
+    flags
 }
 
 /// The server's own identity towards kube-apiserver, with the RBAC docs/kubernetes.md gives
@@ -592,4 +623,107 @@ fn an_agent_cannot_claim_another_nodes_identifiers() {
         ]);
         assert_eq!(answer.trim(), format!("kubelet {}: /who", victim.name));
     }
+}
+
+#[test]
+fn kubectl_names_the_cause_when_a_tunnel_fails() {
+    let Some(binaries) = kubernetes::require("kubectl_names_the_cause_when_a_tunnel_fails") else {
+        return;
+    };
+    let mut cluster =
+        Cluster::start_with(&binaries, 1, Auth::Certificates, &["--dial-timeout", "2s"]);
+    let stand_in = &cluster.nodes[0];
+    let failure = |args: &[&str]| {
+        let output = cluster.control_plane.kubectl(args).unwrap();
+        assert!(!output.status.success(), "kubectl {args:?} succeeded");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    // A node no agent announces.
+    cluster
+        .control_plane
+        .apply("apiVersion: v1\nkind: Node\nmetadata:\n  name: ghost\n")
+        .unwrap();
+    cluster.kubectl(&[
+        "patch",
+        "node",
+        "ghost",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"addresses":[{"type":"InternalIP","address":"192.0.2.1"}]}}"#,
+    ]);
+    let no_agent = failure(&["get", "--raw", "/api/v1/nodes/ghost/proxy/healthz"]);
+    assert!(
+        no_agent.contains("503") && no_agent.contains("no agent matches"),
+        "{no_agent}"
+    );
+    // A pod port where nothing listens.
+    let pod_port = |port: u16| {
+        format!(
+            "/api/v1/namespaces/{NAMESPACE}/pods/{}:{port}/proxy/",
+            stand_in.pod()
+        )
+    };
+    let refused = failure(&["get", "--raw", &pod_port(9)]);
+    assert!(
+        refused.contains("502") && refused.contains("refused"),
+        "{refused}"
+    );
+    // A port whose connects hang: the dial times out (2 s here).
+    let started = Instant::now();
+    let timed_out = failure(&["get", "--raw", &pod_port(9999)]);
+    assert!(timed_out.contains("504"), "{timed_out}");
+    bridgehead_e2e::timing::assert_about(
+        "the dial timeout",
+        started.elapsed(),
+        Duration::from_secs(2),
+    );
+
+    // The agent killed while kubectl follows a log. kube-apiserver copies a log stream until
+    // its upstream ends, however it ends, and then ends kubectl's stream cleanly: the reset
+    // Bridgehead gives kube-apiserver's connection is not passed on (kubectl exits 0, over the
+    // socket and over mTLS alike). What Bridgehead can show, it does: the stream stops at once
+    // and the server logs why.
+    let mut follow = cluster.kubectl_command(&["logs", "-f", "-n", NAMESPACE, &stand_in.pod()]);
+    let mut lines = BufReader::new(follow.stdout.take().unwrap()).lines();
+    for _ in 0..3 {
+        lines.next().expect("kubectl logs -f ended").unwrap();
+    }
+    cluster.agents[0].process.kill();
+    let killed = Instant::now();
+    let more = lines.map_while(Result::ok).count();
+    follow.wait().unwrap();
+    assert!(
+        killed.elapsed() < Duration::from_secs(10),
+        "kubectl logs -f went on for {:?} ({more} lines) after the agent died",
+        killed.elapsed()
+    );
+    cluster
+        .server
+        .process
+        .wait_log("tunnel failed", Duration::from_secs(10))
+        .unwrap();
+    let _ = &mut cluster;
+}
+
+#[test]
+fn kube_apiserver_reaches_nodes_through_the_mtls_frontend() {
+    let Some(binaries) =
+        kubernetes::require("kube_apiserver_reaches_nodes_through_the_mtls_frontend")
+    else {
+        return;
+    };
+    let cluster = Cluster::start_over(&binaries, 1, Auth::Certificates, &[], true);
+    let stand_in = &cluster.nodes[0];
+    let answer = cluster.kubectl(&[
+        "get",
+        "--raw",
+        &format!("/api/v1/nodes/{}/proxy/healthz", stand_in.name),
+    ]);
+    assert_eq!(
+        answer.trim(),
+        format!("kubelet {}: /healthz", stand_in.name)
+    );
+    let logs = cluster.kubectl(&["logs", "-n", NAMESPACE, &stand_in.pod()]);
+    assert_eq!(logs.lines().count(), 3, "{logs}");
 }

@@ -213,7 +213,7 @@ impl Tokens {
             let reason = review.error.as_deref().unwrap_or("not authenticated");
             return Err(AuthRefusal::Rejected(Printable::new(reason).to_string()));
         }
-        if !review.audiences.iter().any(|a| *a == self.policy.audience) {
+        if !review.audiences.contains(&self.policy.audience) {
             return Err(AuthRefusal::WrongAudience(self.policy.audience.clone()));
         }
         if review.username != self.username {

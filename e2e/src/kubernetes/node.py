@@ -13,11 +13,12 @@
 #   NAME";
 # - an aggregated API server, HTTPS on POD_IP:9443: /apis/bridgehead.test/v1 (discovery, one
 #   resource "greetings") and /apis/bridgehead.test/v1/greetings (a list whose one item names
-#   the node).
+#   the node);
+# - a black hole on POD_IP:9999: a listener whose accept queue is full, so connects hang.
 #
 # Prints "node NAME listening on NODE_IP" once every listener is up; exits when its parent (the
 # test) is gone.
-import http.server, json, os, ssl, sys, threading, time
+import http.server, json, os, socket, ssl, sys, threading, time
 
 name, cert, key, node_ip, pod_ip = sys.argv[1:6]
 
@@ -117,6 +118,21 @@ servers = [
 ]
 for server in servers:
     threading.Thread(target=server.serve_forever, daemon=True).start()
+
+# The black hole: backlog 0, never accepted, filled until a connect times out.
+hole = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+hole.bind((pod_ip, 9999))
+hole.listen(0)
+queued = []
+while True:
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    probe.settimeout(0.3)
+    try:
+        probe.connect((pod_ip, 9999))
+        queued.append(probe)
+    except OSError:
+        probe.close()
+        break
 print("node %s listening on %s" % (name, node_ip), flush=True)
 parent = os.getppid()
 while os.getppid() == parent:
