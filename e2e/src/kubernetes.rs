@@ -8,10 +8,12 @@
 //!   missing.
 //! - [`control_plane`]: [`ControlPlane`], the running etcd + kube-apiserver and kubectl.
 //! - [`node`]: [`node::NodeStandIn`], what kube-apiserver reaches on a node.
+//! - [`cluster`]: all of it together, with a bridgehead-server and agents.
 //!
 //! Everything runs in namespaces the test created, on their own addresses; kube-apiserver's
 //! resolver is the namespace's loopback, where nothing answers, so no query leaves the test.
 
+pub mod cluster;
 pub mod control_plane;
 pub mod node;
 
