@@ -145,11 +145,14 @@ impl Process {
         command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log)?)
-            .env(
+            .stderr(std::fs::File::create(&log)?);
+        // The test's RUST_LOG (debug when unset), unless the command chose its own.
+        if !command.get_envs().any(|(key, _)| key == "RUST_LOG") {
+            command.env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "debug".into()),
             );
+        }
         let mut child = command
             .spawn()
             .with_context(|| format!("spawning {command:?}"))?;
@@ -295,6 +298,8 @@ pub struct ServerOptions {
     pub wrapper: Option<Wrapper>,
     /// Leave `--cluster-ca-cert` out (agents authenticate by token alone).
     pub without_cluster_ca: bool,
+    /// Environment variables for the server (`RUST_LOG`, say).
+    pub env: Vec<(String, String)>,
 }
 
 /// A running `bridgehead-server`.
@@ -346,6 +351,7 @@ impl Server {
             }
         }
         command.args(&options.args);
+        command.envs(options.env.iter().map(|(k, v)| (k, v)));
         let patience = Wrapper::patience(options.wrapper.as_ref());
         let (process, addrs) = Process::spawn_within(
             command,
@@ -442,6 +448,8 @@ pub struct AgentOptions {
     pub token: Option<PathBuf>,
     /// The client certificate and key instead of the PKI's `agent.crt`; `Some(None)`: none.
     pub certificate: Option<Option<(PathBuf, PathBuf)>>,
+    /// Environment variables for the agent (`RUST_LOG`, say).
+    pub env: Vec<(String, String)>,
 }
 
 /// A running `bridgehead-agent`.
@@ -500,6 +508,7 @@ impl Agent {
             command.args(["--agent-identifiers", ids]);
         }
         command.args(&options.args);
+        command.envs(options.env.iter().map(|(k, v)| (k, v)));
         let startup = STARTUP * Wrapper::patience(options.wrapper.as_ref());
         let (process, addrs) = Process::spawn_within(command, &["health"], startup)?;
         Ok(Agent {

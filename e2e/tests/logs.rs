@@ -53,3 +53,54 @@ fn server_and_agent_log_json_lines() {
         "{connected}"
     );
 }
+
+/// At trace level, neither binary logs the agent's bearer token or a byte of tunnel data (the
+/// WebSocket and TLS libraries' trace output is capped).
+#[test]
+fn trace_logs_carry_no_token_and_no_payload() {
+    const TOKEN: &str = "token-marker-0123456789abcdef";
+    const PAYLOAD: &[u8] = b"payload-marker-fedcba9876543210";
+    let pki = Pki::new().unwrap();
+    let trace = vec![("RUST_LOG".to_owned(), "trace".to_owned())];
+    let server = Server::start(
+        &pki,
+        ServerOptions {
+            env: trace.clone(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let token = pki.dir().join("token");
+    std::fs::write(&token, TOKEN).unwrap();
+    let agent = Agent::start(
+        &pki,
+        &server,
+        AgentOptions {
+            token: Some(token),
+            env: trace,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    server.wait_agents(1).unwrap();
+    let echo = bridgehead_e2e::target::echo("127.0.0.1:0").unwrap();
+    let mut conn = bridgehead_e2e::client::tls_connect(&pki, server.frontend_addr()).unwrap();
+    let reply = bridgehead_e2e::client::kube_connect(conn.as_mut(), &echo.to_string()).unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    bridgehead_e2e::client::echo_round_trip(conn.as_mut(), PAYLOAD);
+    drop(conn);
+    let payload = String::from_utf8_lossy(PAYLOAD).into_owned();
+    for (what, log) in [
+        ("server", server.process.stderr()),
+        ("agent", agent.process.stderr()),
+    ] {
+        assert!(
+            log.contains("TRACE") || log.contains("DEBUG"),
+            "{what} logged nothing at trace"
+        );
+        for secret in [TOKEN, payload.as_str()] {
+            let line = log.lines().find(|line| line.contains(secret));
+            assert!(line.is_none(), "{what} logged {secret:?}: {line:?}");
+        }
+    }
+}

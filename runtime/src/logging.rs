@@ -26,11 +26,34 @@ impl FromStr for LogFormat {
     }
 }
 
+/// Libraries whose trace output carries secrets or tunnel bytes: tungstenite logs the upgrade
+/// request with the agent's `Authorization` header, the TLS and HTTP layers log records and
+/// headers (the server's own credentials towards kube-apiserver, an agent's token inside a
+/// TokenReview). They are capped at `debug`, whatever `RUST_LOG` asks.
+const CAPPED: [&str; 11] = [
+    "tungstenite",
+    "tokio_tungstenite",
+    "rustls",
+    "tokio_rustls",
+    "hyper",
+    "hyper_util",
+    "h2",
+    "tower",
+    "tower_http",
+    "kube",
+    "kube_client",
+];
+
 /// Installs the global subscriber. `RUST_LOG` overrides the default `info` filter. Text is
 /// colored only on a terminal (and not with `NO_COLOR` set): in a pod, stderr is a file or a
 /// pipe that log collectors read, where escape codes are noise.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    for target in CAPPED {
+        if let Ok(cap) = format!("{target}=debug").parse() {
+            filter = filter.add_directive(cap);
+        }
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colored(
