@@ -238,3 +238,25 @@ fn flags_read_the_environment() {
     assert_eq!(output.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&output.stderr).contains("shoe-size"));
 }
+
+#[test]
+fn a_missing_or_empty_token_file_is_an_error_at_startup() {
+    let f = Files::new();
+    let ca = f.file("ca.crt");
+    let missing = f.path.join("no-such-token").display().to_string();
+    let error = error_of(&["--ca-cert", &ca, "--service-account-token-path", &missing]);
+    assert!(
+        error.contains("--service-account-token-path") && error.contains("no-such-token"),
+        "{error}"
+    );
+    let empty = f.path.join("empty-token");
+    std::fs::write(&empty, "\n").unwrap();
+    let empty = empty.display().to_string();
+    let error = error_of(&["--ca-cert", &ca, "--service-account-token-path", &empty]);
+    assert!(error.contains("is empty"), "{error}");
+    let good = f.path.join("token");
+    std::fs::write(&good, "a-token\n").unwrap();
+    let good = good.display().to_string();
+    let config = parse(&["--ca-cert", &ca, "--service-account-token-path", &good]).unwrap();
+    assert_eq!(config.token_path.as_deref(), Some(Path::new(&good)));
+}

@@ -277,6 +277,39 @@ fn agents_are_refused_unless_their_token_is_right() {
         );
         assert!(reply.body.contains(reason), "{what}: {}", reply.body);
     }
+    // The agent reads its token file for every connection: refused with a wrong token, it
+    // connects once the file holds a right one (as when kubelet rotates the projected token).
+    let token_file = cluster.socket_dir.path().join("rotating-token");
+    std::fs::write(
+        &token_file,
+        token(AGENT_NAMESPACE, "someone-else", AUDIENCE),
+    )
+    .unwrap();
+    let agent = bridgehead_e2e::Agent::start(
+        &cluster.pki,
+        &cluster.server,
+        bridgehead_e2e::AgentOptions {
+            id: Some("rotating".into()),
+            args: vec!["--server-name".into(), "127.0.0.1".into()],
+            server: Some(cluster.server.agent_addr),
+            token: Some(token_file.clone()),
+            certificate: Some(None),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    agent
+        .process
+        .wait_log("someone-else", Duration::from_secs(20))
+        .unwrap();
+    std::fs::write(&token_file, &good).unwrap();
+    cluster.server.wait_agents(1).unwrap();
+    assert!(
+        !agent.process.stderr().contains(&good),
+        "the agent logged its token"
+    );
+    drop(agent);
+
     // A deleted account's tokens stop working once the cached review expires (1 s here).
     cluster.kubectl(&[
         "delete",
