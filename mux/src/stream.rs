@@ -131,7 +131,7 @@ impl MuxStream {
     }
 
     /// The send credit, or how the stream ended.
-    fn credit(&self, state: &Locked) -> Result<usize, StreamEnd> {
+    fn credit(&self, state: &mut Locked) -> Result<usize, StreamEnd> {
         if let Some(end) = self.reset_of(state) {
             return Err(end);
         }

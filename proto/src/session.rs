@@ -26,8 +26,14 @@ use stream::{Phase, Stream};
 
 /// Default receive window per stream and direction.
 pub const DEFAULT_WINDOW: u32 = 256 * 1024;
-/// Largest total credit a peer may grant on one stream.
-pub const MAX_CREDIT: u64 = (1 << 31) - 1;
+/// Largest credit a peer may hold out on one stream at any time (16 MiB): a DIAL or DIAL_OK
+/// window, or a WINDOW that would take the credit above it, resets the stream
+/// (`flow_control`). A peer granting more would only make this end read its client faster
+/// than the WebSocket drains.
+pub const MAX_CREDIT: u64 = 16 * 1024 * 1024;
+/// Default bound on DATA bytes queued for the WebSocket across all streams of a session:
+/// past it no stream may send until the writer drained some (backpressure to the sockets).
+pub const DEFAULT_MAX_QUEUED: usize = 1024 * 1024;
 /// Default limit of concurrent streams on one session.
 pub const DEFAULT_MAX_STREAMS: usize = 10_000;
 
@@ -50,6 +56,8 @@ pub struct SessionConfig {
     /// Most streams open at once; beyond it the agent answers `too_many_streams` and the
     /// server refuses to open.
     pub max_streams: usize,
+    /// Most DATA bytes queued for transmission at once, all streams together.
+    pub max_queued: usize,
 }
 
 impl SessionConfig {
@@ -59,6 +67,7 @@ impl SessionConfig {
             role,
             initial_window: DEFAULT_WINDOW,
             max_streams: DEFAULT_MAX_STREAMS,
+            max_queued: DEFAULT_MAX_QUEUED,
         }
     }
 }
@@ -128,6 +137,10 @@ pub struct Session {
     control: VecDeque<Frame>,
     /// DATA and FIN frames, in the order the streams sent them.
     data: VecDeque<Frame>,
+    /// DATA payload bytes in `data`.
+    queued: usize,
+    /// Streams that had credit but found the queue full: woken (Writable) when it drains.
+    queue_waiters: BTreeSet<StreamId>,
     events: VecDeque<Event>,
     draining: bool,
     peer_draining: bool,
@@ -143,6 +156,8 @@ impl Session {
             deadlines: BTreeSet::new(),
             control: VecDeque::new(),
             data: VecDeque::new(),
+            queued: 0,
+            queue_waiters: BTreeSet::new(),
             events: VecDeque::new(),
             draining: false,
             peer_draining: false,
@@ -227,11 +242,18 @@ impl Session {
         }
     }
 
-    /// Bytes `stream` may send now.
-    pub fn send_credit(&self, stream: StreamId) -> Result<usize, StreamError> {
+    /// Bytes `stream` may send now: its credit, within the room left in the session's
+    /// transmit queue. A stream that has credit but finds no room is woken with
+    /// [`Event::Writable`] once the queue drains.
+    pub fn send_credit(&mut self, stream: StreamId) -> Result<usize, StreamError> {
         let state = self.streams.get(&stream).ok_or(StreamError::Gone(stream))?;
         state.check_sendable(stream)?;
-        Ok(state.send_credit as usize)
+        let room = self.config.max_queued.saturating_sub(self.queued);
+        let credit = usize::try_from(state.send_credit).unwrap_or(usize::MAX);
+        if room == 0 && credit > 0 {
+            self.queue_waiters.insert(stream);
+        }
+        Ok(credit.min(room))
     }
 
     /// Queues as much of `data` as the stream's credit allows, split into DATA frames, and
@@ -242,8 +264,10 @@ impl Session {
             .get_mut(&stream)
             .ok_or(StreamError::Gone(stream))?;
         state.check_sendable(stream)?;
-        let take = data.len().min(state.send_credit as usize);
+        let room = self.config.max_queued.saturating_sub(self.queued);
+        let take = data.len().min(state.send_credit as usize).min(room);
         state.send_credit -= take as u64;
+        self.queued += take;
         let mut taken = data.split_to(take);
         while !taken.is_empty() {
             let payload = taken.split_to(taken.len().min(MAX_DATA_PAYLOAD));
@@ -401,7 +425,26 @@ impl Session {
 
     /// The next frame to transmit: control frames first, then DATA in order.
     pub fn poll_transmit(&mut self) -> Option<Frame> {
-        self.control.pop_front().or_else(|| self.data.pop_front())
+        if let Some(frame) = self.control.pop_front() {
+            return Some(frame);
+        }
+        let frame = self.data.pop_front()?;
+        if let Frame::Data { payload, .. } = &frame {
+            self.dequeued(payload.len());
+        }
+        Some(frame)
+    }
+
+    /// `len` DATA bytes left the transmit queue: streams that waited for room may send again.
+    fn dequeued(&mut self, len: usize) {
+        self.queued -= len;
+        if self.queued < self.config.max_queued {
+            for stream in std::mem::take(&mut self.queue_waiters) {
+                if self.streams.contains_key(&stream) {
+                    self.events.push_back(Event::Writable { stream });
+                }
+            }
+        }
     }
 
     /// Whether frames are waiting for [`Session::poll_transmit`].
@@ -446,7 +489,18 @@ impl Session {
             self.deadlines.remove(&(deadline, stream));
         }
         // DATA and FIN queued for a reset stream would be ignored by the peer; drop them now.
-        self.data.retain(|frame| frame.stream() != stream);
+        let mut dropped = 0;
+        self.data.retain(|frame| match frame {
+            Frame::Data { stream: s, payload } if *s == stream => {
+                dropped += payload.len();
+                false
+            }
+            other => other.stream() != stream,
+        });
+        if dropped > 0 {
+            self.dequeued(dropped);
+        }
+        self.queue_waiters.remove(&stream);
         Some(state)
     }
 

@@ -682,3 +682,76 @@ fn an_unread_stream_buffers_at_most_its_window_and_only_reading_grants_more() {
     );
     assert_eq!(agent.send_credit(id).unwrap(), read);
 }
+
+/// The transmit queue is bounded for the whole session: streams with credit stop when it is
+/// full and are woken once the writer drained it. A grant above the credit a peer may hold
+/// resets the stream.
+#[test]
+fn the_transmit_queue_is_bounded_and_credit_is_clamped() {
+    const QUEUE: usize = 100_000;
+    let config = |role| SessionConfig {
+        max_queued: QUEUE,
+        ..SessionConfig::new(role)
+    };
+    let mut server = Session::new(config(Role::Server));
+    let mut agent = Session::new(config(Role::Agent));
+    let mut open = |server: &mut Session, agent: &mut Session| {
+        let id = server.open("target", 1, 10_000, 0).unwrap();
+        while let Some(frame) = server.poll_transmit() {
+            agent.handle_frame(frame).unwrap();
+        }
+        agent.dial_succeeded(id).unwrap();
+        while let Some(frame) = agent.poll_transmit() {
+            server.handle_frame(frame).unwrap();
+        }
+        id
+    };
+    let (a, b) = (open(&mut server, &mut agent), open(&mut server, &mut agent));
+    // Each stream has 256 KiB of credit; together they may queue only QUEUE bytes.
+    let chunk = Bytes::from(vec![1u8; 70_000]);
+    assert_eq!(server.send(a, chunk.clone()).unwrap(), 70_000);
+    assert_eq!(server.send_credit(b).unwrap(), QUEUE - 70_000);
+    assert_eq!(server.send(b, chunk.clone()).unwrap(), QUEUE - 70_000);
+    assert_eq!(
+        server.send_credit(a).unwrap(),
+        0,
+        "a full queue still takes bytes"
+    );
+    assert_eq!(server.send(a, chunk.clone()).unwrap(), 0);
+    while server.poll_event().is_some() {}
+    // The writer drains one frame: the waiting stream may send again.
+    let frame = server.poll_transmit().unwrap();
+    assert!(
+        matches!(frame, Frame::Dial { .. } | Frame::Data { .. }),
+        "{frame:?}"
+    );
+    while !matches!(server.poll_transmit(), Some(Frame::Data { .. }) | None) {}
+    let events: Vec<Event> = std::iter::from_fn(|| server.poll_event()).collect();
+    assert!(
+        events.contains(&Event::Writable { stream: a }),
+        "{events:?}"
+    );
+    assert!(server.send_credit(a).unwrap() > 0);
+
+    // A grant that takes a stream's credit above MAX_CREDIT resets it, and only it.
+    let too_much = u32::try_from(bridgehead_proto::session::MAX_CREDIT).unwrap();
+    server
+        .handle_frame(Frame::Window {
+            stream: b,
+            increment: too_much,
+        })
+        .unwrap();
+    let events: Vec<Event> = std::iter::from_fn(|| server.poll_event()).collect();
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            Event::Reset {
+                stream,
+                code: ErrorCode::FlowControl,
+                ..
+            } if *stream == b
+        )),
+        "{events:?}"
+    );
+    assert!(server.contains(a) && !server.contains(b));
+}

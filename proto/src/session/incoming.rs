@@ -29,7 +29,7 @@ impl Session {
                     self.refuse(
                         stream,
                         ErrorCode::FlowControl,
-                        "DIAL grants more than 2^31-1 bytes of credit",
+                        "DIAL grants more than the 16 MiB of credit a peer may hold",
                     );
                 } else if self.draining {
                     self.refuse(stream, ErrorCode::Draining, "the agent is draining");
@@ -67,7 +67,7 @@ impl Session {
                 state.send_credit = u64::from(window);
                 self.deadlines.remove(&(deadline, stream));
                 if u64::from(window) > MAX_CREDIT {
-                    let reason = "DIAL_OK grants more than 2^31-1 bytes of credit";
+                    let reason = "DIAL_OK grants more than the 16 MiB of credit a peer may hold";
                     self.reset_stream(stream, ErrorCode::FlowControl, reason, false);
                     self.events.push_back(Event::DialFailed {
                         stream,
@@ -137,7 +137,7 @@ impl Session {
                 let before = state.send_credit;
                 state.send_credit += u64::from(increment);
                 if state.send_credit > MAX_CREDIT {
-                    let reason = "WINDOW grants more than 2^31-1 bytes of credit";
+                    let reason = "WINDOW takes the credit above the 16 MiB a peer may hold";
                     self.reset_stream(stream, ErrorCode::FlowControl, reason, false);
                 } else if before == 0 && matches!(state.phase, Phase::Open) {
                     self.events.push_back(Event::Writable { stream });
