@@ -695,7 +695,7 @@ fn the_transmit_queue_is_bounded_and_credit_is_clamped() {
     };
     let mut server = Session::new(config(Role::Server));
     let mut agent = Session::new(config(Role::Agent));
-    let mut open = |server: &mut Session, agent: &mut Session| {
+    let open = |server: &mut Session, agent: &mut Session| {
         let id = server.open("target", 1, 10_000, 0).unwrap();
         while let Some(frame) = server.poll_transmit() {
             agent.handle_frame(frame).unwrap();
