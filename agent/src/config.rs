@@ -16,6 +16,8 @@ use rustls_pki_types::ServerName;
 
 pub use crate::tls::ClientCert;
 
+use crate::policy::{parse_rules, Policy, Rule};
+
 /// The session is declared dead after this many keepalive intervals of silence.
 const KEEPALIVE_MISSES: u32 = 3;
 
@@ -156,6 +158,30 @@ pub struct Cli {
     #[arg(long, env = "BRIDGEHEAD_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
 
+    /// Destinations the agent may dial: comma-separated `CIDR`, `CIDR:PORT`, `CIDR:LOW-HIGH`
+    /// (`[IPv6/len]:PORT`); empty: any not denied. Checked on the resolved addresses. An exact
+    /// address listed here lifts a default denial (a link-local service on purpose).
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_ALLOWED_DESTINATIONS",
+        default_value = "",
+        hide_default_value = true,
+        value_name = "RULES"
+    )]
+    pub allowed_destinations: String,
+
+    /// Destinations the agent never dials, in the syntax of --allowed-destinations, on top of
+    /// the defaults: link-local and cloud metadata addresses, 0.0.0.0/8 and ::, and the
+    /// agent's own ports on this host.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_DENIED_DESTINATIONS",
+        default_value = "",
+        hide_default_value = true,
+        value_name = "RULES"
+    )]
+    pub denied_destinations: String,
+
     /// Name to verify in the server's certificate (DNS name or IP address)
     /// [default: --proxy-server-host].
     #[arg(long, env = "BRIDGEHEAD_SERVER_NAME", value_name = "NAME")]
@@ -194,12 +220,34 @@ pub struct Config {
     pub log_format: LogFormat,
     /// `--worker-threads`.
     pub worker_threads: usize,
+    /// `--allowed-destinations`.
+    pub allowed_destinations: Vec<Rule>,
+    /// `--denied-destinations`.
+    pub denied_destinations: Vec<Rule>,
 }
 
 impl Config {
     /// The agent's id.
     pub fn agent_id(&self) -> &str {
         self.identifiers.id.as_deref().unwrap_or_default()
+    }
+
+    /// The destination policy, with `own_ports` (the ports this agent listens on) denied on
+    /// this host: loopback, the unspecified address and the addresses it announces.
+    pub fn destination_policy(&self, own_ports: Vec<u16>) -> Policy {
+        let own_addresses = self
+            .identifiers
+            .ipv4
+            .iter()
+            .map(|ip| IpAddr::V4(*ip))
+            .chain(self.identifiers.ipv6.iter().map(|ip| IpAddr::V6(*ip)))
+            .collect();
+        Policy::new(
+            self.allowed_destinations.clone(),
+            self.denied_destinations.clone(),
+            own_ports,
+            own_addresses,
+        )
     }
 
     /// `host:port` of the server, with brackets around an IPv6 literal: for URLs and logs.
@@ -283,6 +331,10 @@ impl Cli {
             drain_grace_period: self.drain_grace_period,
             log_format: self.log_format,
             worker_threads: self.worker_threads,
+            allowed_destinations: parse_rules(&self.allowed_destinations)
+                .context("--allowed-destinations")?,
+            denied_destinations: parse_rules(&self.denied_destinations)
+                .context("--denied-destinations")?,
         };
         // Fail now, not on the first connect, if the token file or the CA or the client pair
         // does not load. The token is read again for every connection (kubelet rotates it).

@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bridgehead_proto::ErrorCode;
+
+use crate::policy::{Denied, Policy};
 use tokio::net::TcpStream;
 
 /// Why a dial failed.
@@ -34,6 +36,9 @@ pub enum DialError {
     /// The deadline passed first.
     #[error("no connection within {0:?}")]
     TimedOut(Duration),
+    /// The destination policy refused every address the target resolved to.
+    #[error("{0}")]
+    Denied(Denied),
 }
 
 impl DialError {
@@ -43,6 +48,7 @@ impl DialError {
             DialError::Resolve { .. } | DialError::NoAddress(_) => ErrorCode::NameNotResolved,
             DialError::Connect { source, .. } => code_of(source),
             DialError::TimedOut(_) => ErrorCode::TimedOut,
+            DialError::Denied(_) => ErrorCode::NotPermitted,
         }
     }
 }
@@ -61,9 +67,14 @@ pub fn code_of(error: &io::Error) -> ErrorCode {
 }
 
 /// Resolves `host` (an IP literal, IPv6 without brackets, or a name) and connects to each
-/// address in turn until one answers, all within `deadline`.
-pub async fn dial(host: &str, port: u16, deadline: Duration) -> Result<TcpStream, DialError> {
-    let socket = dial_with(host, port, deadline, TcpStream::connect).await?;
+/// address `policy` permits in turn until one answers, all within `deadline`.
+pub async fn dial(
+    host: &str,
+    port: u16,
+    deadline: Duration,
+    policy: &Policy,
+) -> Result<TcpStream, DialError> {
+    let socket = dial_with(host, port, deadline, policy, TcpStream::connect).await?;
     // Interactive protocols (kubectl exec) must not wait for Nagle.
     let _ = socket.set_nodelay(true);
     Ok(socket)
@@ -74,6 +85,7 @@ pub async fn dial_with<C, F, S>(
     host: &str,
     port: u16,
     deadline: Duration,
+    policy: &Policy,
     mut connect: C,
 ) -> Result<S, DialError>
 where
@@ -89,6 +101,13 @@ where
             })?;
         let mut last = None;
         for addr in addrs {
+            if let Err(denied) = policy.check(addr) {
+                // A refused connect says more than a policy refusal: keep it if there is one.
+                if !matches!(last, Some(DialError::Connect { .. })) {
+                    last = Some(DialError::Denied(denied));
+                }
+                continue;
+            }
             match connect(addr).await {
                 Ok(socket) => return Ok(socket),
                 Err(source) => last = Some(DialError::Connect { addr, source }),

@@ -19,11 +19,13 @@ pub mod backoff;
 pub mod config;
 pub mod dial;
 mod health;
+pub mod policy;
 mod server_connection;
 mod session;
 pub mod tls;
 mod token;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bridgehead_runtime::health::serve;
@@ -38,6 +40,7 @@ pub use config::{Cli, Config};
 
 use backoff::Backoff;
 use health::Health;
+use policy::Policy;
 use server_connection::ConnectError;
 
 /// A session that lasted this long was healthy: the next reconnect starts from the first delay.
@@ -73,7 +76,8 @@ pub async fn run(
         health_tasks.clone(),
     ));
 
-    reconnect_loop(&config, &health, &shutdown).await;
+    let policy = Arc::new(config.destination_policy(vec![health_address.port()]));
+    reconnect_loop(&config, &health, &policy, &shutdown).await;
 
     health_stop.cancel();
     let _ = health_server.await;
@@ -84,7 +88,12 @@ pub async fn run(
 }
 
 /// Connects, runs the session, and starts over with backoff, until shutdown.
-async fn reconnect_loop(config: &Config, health: &Health, shutdown: &CancellationToken) {
+async fn reconnect_loop(
+    config: &Config,
+    health: &Health,
+    policy: &Arc<Policy>,
+    shutdown: &CancellationToken,
+) {
     let mut backoff = Backoff::new(config.sync_interval, config.sync_interval_cap);
     let mut rng = StdRng::from_os_rng();
     let mut first = true;
@@ -108,7 +117,7 @@ async fn reconnect_loop(config: &Config, health: &Health, shutdown: &Cancellatio
                 );
                 health.set_connected(peer);
                 let span = info_span!("session", server = %peer);
-                let reason = session::run(connected, config, health, shutdown)
+                let reason = session::run(connected, config, health, policy, shutdown)
                     .instrument(span)
                     .await;
                 health.set_not_connected(format!("session with {peer} ended: {reason}"));

@@ -3,6 +3,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bridgehead_mux::splice::{self, AbortOnClose, Moved};
@@ -17,6 +18,7 @@ use tracing::{debug, debug_span, info, warn, Instrument};
 use crate::config::Config;
 use crate::dial::{self, DialError};
 use crate::health::{Health, Metrics};
+use crate::policy::Policy;
 use crate::server_connection::Connected;
 
 /// After the session ended, how long its tunnel tasks get to notice and finish.
@@ -28,6 +30,7 @@ pub(crate) async fn run(
     connected: Connected,
     config: &Config,
     health: &Health,
+    policy: &Arc<Policy>,
     shutdown: &CancellationToken,
 ) -> SessionEnd {
     let Connected { ws, peer: _ } = connected;
@@ -39,7 +42,7 @@ pub(crate) async fn run(
     let driver = mux.run(ws, config.keepalive, stop.clone());
     let background = async {
         tokio::join!(
-            accept_loop(&mux, &tracker, health),
+            accept_loop(&mux, &tracker, health, policy),
             drain_on_shutdown(
                 &mux,
                 &tracker,
@@ -75,7 +78,7 @@ pub(crate) async fn run(
 }
 
 /// Spawns a tunnel task for every dial the server asks for, until the session ends.
-async fn accept_loop(mux: &Mux, tracker: &TaskTracker, health: &Health) {
+async fn accept_loop(mux: &Mux, tracker: &TaskTracker, health: &Health, policy: &Arc<Policy>) {
     while let Some(request) = mux.accept().await {
         // At the level of the lines logged in it: an enabled span costs every tunnel memory
         // (its slab entry and formatted fields) for as long as the tunnel lives.
@@ -84,7 +87,7 @@ async fn accept_loop(mux: &Mux, tracker: &TaskTracker, health: &Health) {
             stream = request.id(),
             target = %HostPort(&request.host, request.port),
         );
-        tracker.spawn(tunnel(request, health.clone()).instrument(span));
+        tracker.spawn(tunnel(request, health.clone(), policy.clone()).instrument(span));
     }
 }
 
@@ -130,10 +133,14 @@ async fn drain_on_shutdown(
     clippy::manual_async_fn,
     reason = "an async fn keeps its arguments twice in the task"
 )]
-fn tunnel(request: DialRequest, health: Health) -> impl Future<Output = ()> {
+fn tunnel(request: DialRequest, health: Health, policy: Arc<Policy>) -> impl Future<Output = ()> {
     async move {
         let metrics = health.metrics();
-        let Some((mut socket, stream)) = dial_target(request, metrics).await else {
+        let dialed = {
+            let policy = policy;
+            dial_target(request, metrics, &policy).await
+        };
+        let Some((mut socket, stream)) = dialed else {
             return;
         };
         let _open = metrics.stream_opened();
@@ -162,10 +169,19 @@ fn tunnel(request: DialRequest, health: Health) -> impl Future<Output = ()> {
 
 /// Dials the target and answers the server: the connection and the stream, or `None` when
 /// the dial failed or the server gave up.
-async fn dial_target(request: DialRequest, metrics: &Metrics) -> Option<(TcpStream, MuxStream)> {
+async fn dial_target(
+    request: DialRequest,
+    metrics: &Metrics,
+    policy: &Policy,
+) -> Option<(TcpStream, MuxStream)> {
     let started = Instant::now();
     // Boxed: a large state, and needed only until the connection is up.
-    let dial = Box::pin(dial::dial(&request.host, request.port, request.timeout));
+    let dial = Box::pin(dial::dial(
+        &request.host,
+        request.port,
+        request.timeout,
+        policy,
+    ));
     let dialed = tokio::select! {
         dialed = dial => dialed,
         () = request.cancelled() => {

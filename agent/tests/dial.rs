@@ -5,6 +5,7 @@ use std::io;
 use std::time::Duration;
 
 use bridgehead_agent::dial::{code_of, dial, dial_with, DialError};
+use bridgehead_agent::policy::Policy;
 use bridgehead_proto::ErrorCode;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -23,15 +24,25 @@ async fn connects_to_a_listener() {
     bounded(async {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let socket = dial("127.0.0.1", port, Duration::from_secs(5))
-            .await
-            .unwrap();
+        let socket = dial(
+            "127.0.0.1",
+            port,
+            Duration::from_secs(5),
+            &Policy::default(),
+        )
+        .await
+        .unwrap();
         assert!(socket.nodelay().unwrap());
         // Names resolve on the agent; if "localhost" also resolves to ::1, where nothing listens,
         // the next address is tried.
-        dial("localhost", port, Duration::from_secs(5))
-            .await
-            .unwrap();
+        dial(
+            "localhost",
+            port,
+            Duration::from_secs(5),
+            &Policy::default(),
+        )
+        .await
+        .unwrap();
     })
     .await
 }
@@ -42,9 +53,14 @@ async fn closed_port_is_refused() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         drop(listener);
-        let error = dial("127.0.0.1", port, Duration::from_secs(5))
-            .await
-            .unwrap_err();
+        let error = dial(
+            "127.0.0.1",
+            port,
+            Duration::from_secs(5),
+            &Policy::default(),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(error.code(), ErrorCode::Refused, "{error}");
         assert!(error.to_string().contains("127.0.0.1"), "{error}");
     })
@@ -59,7 +75,9 @@ async fn ipv6_literal_without_brackets() {
             return;
         };
         let port = listener.local_addr().unwrap().port();
-        dial("::1", port, Duration::from_secs(5)).await.unwrap();
+        dial("::1", port, Duration::from_secs(5), &Policy::default())
+            .await
+            .unwrap();
     })
     .await
 }
@@ -70,7 +88,9 @@ async fn unknown_name_is_not_resolved() {
         // A 64-octet label is not a valid DNS name: the resolver refuses it without sending a
         // query, so this test sends no packet off the machine.
         let name = format!("{}.invalid", "a".repeat(64));
-        let error = dial(&name, 80, Duration::from_secs(10)).await.unwrap_err();
+        let error = dial(&name, 80, Duration::from_secs(10), &Policy::default())
+            .await
+            .unwrap_err();
         assert!(
             matches!(error, DialError::Resolve { .. } | DialError::NoAddress(_)),
             "{error:?}"
@@ -84,9 +104,13 @@ async fn unknown_name_is_not_resolved() {
 async fn deadline_passes() {
     bounded(async {
         let started = tokio::time::Instant::now();
-        let error = dial_with("127.0.0.1", 9, Duration::from_secs(3), |_| {
-            pending::<io::Result<TcpStream>>()
-        })
+        let error = dial_with(
+            "127.0.0.1",
+            9,
+            Duration::from_secs(3),
+            &Policy::default(),
+            |_| pending::<io::Result<TcpStream>>(),
+        )
         .await
         .unwrap_err();
         assert!(matches!(error, DialError::TimedOut(_)), "{error:?}");
@@ -101,12 +125,18 @@ async fn tries_each_address_and_reports_the_last_error() {
     bounded(async {
         // localhost may resolve to ::1 and 127.0.0.1: every one is tried.
         let mut tried = Vec::new();
-        let error = dial_with("localhost", 1, Duration::from_secs(5), |addr| {
-            tried.push(addr);
-            std::future::ready(Err::<TcpStream, _>(io::Error::from(
-                io::ErrorKind::HostUnreachable,
-            )))
-        })
+        let error = dial_with(
+            "localhost",
+            1,
+            Duration::from_secs(5),
+            &Policy::default(),
+            |addr| {
+                tried.push(addr);
+                std::future::ready(Err::<TcpStream, _>(io::Error::from(
+                    io::ErrorKind::HostUnreachable,
+                )))
+            },
+        )
         .await
         .unwrap_err();
         assert!(!tried.is_empty());
@@ -138,4 +168,33 @@ fn io_error_kinds_map_to_codes() {
         code_of(&io::Error::from_raw_os_error(101)), // ENETUNREACH
         ErrorCode::Unreachable
     );
+}
+
+#[tokio::test]
+async fn the_policy_applies_to_resolved_addresses() {
+    bounded(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let deny = Policy::new(
+            vec![],
+            bridgehead_agent::policy::parse_rules("127.0.0.0/8,::1/128").unwrap(),
+            vec![],
+            vec![],
+        );
+        // A name that resolves to a denied address is as denied as the address.
+        for host in ["127.0.0.1", "localhost"] {
+            let error = dial(host, port, Duration::from_secs(5), &deny)
+                .await
+                .unwrap_err();
+            assert!(matches!(error, DialError::Denied(_)), "{host}: {error}");
+            assert_eq!(error.code(), ErrorCode::NotPermitted);
+        }
+        // The agent's own port on this host is denied by default.
+        let own = Policy::new(vec![], vec![], vec![port], vec![]);
+        let error = dial("127.0.0.1", port, Duration::from_secs(5), &own)
+            .await
+            .unwrap_err();
+        assert!(error.to_string().contains("own port"), "{error}");
+    })
+    .await
 }

@@ -54,6 +54,11 @@ fn malformed_targets_get_400() {
         "-bad-:80",    // label starting with a dash
         "host:99999",  // port out of range
         "host:http",   // named port
+        // Spellings resolvers read as 127.0.0.1, which would sidestep name-based routing and
+        // any address policy as "names".
+        "2130706433:80",
+        "0x7f.1:80",
+        "0177.0.0.1:80",
     ] {
         let reply = ask(&pki, &server, &connect_request(target));
         assert_refusal(&reply, 400, "malformed");

@@ -19,6 +19,7 @@ pub enum NameError {
     LabelTooLong,
     Character,
     Hyphen,
+    Numeric,
 }
 
 impl std::error::Error for NameError {}
@@ -39,12 +40,19 @@ impl NameError {
             NameError::LabelTooLong => "host name (label longer than 63 bytes)",
             NameError::Character => "host name (letters, digits, '-', '_' and dots only)",
             NameError::Hyphen => "host name (a label starts or ends with '-')",
+            NameError::Numeric => {
+                "host name (ends in a numeric label: not an IP address in canonical form, and no DNS name)"
+            }
         }
     }
 }
 
 /// Checks a DNS or node name: labels of 1 to [`MAX_LABEL_LEN`] bytes of `[A-Za-z0-9_-]`, not
-/// starting or ending with `-`, at most [`MAX_NAME_LEN`] bytes, optionally one trailing dot.
+/// starting or ending with `-`, at most [`MAX_NAME_LEN`] bytes, optionally one trailing dot,
+/// and a last label that is not all digits. That last rule (RFC 1123's: no top-level domain is
+/// numeric) refuses the spellings resolvers read as IPv4 addresses — `2130706433`, `0x7f.1`,
+/// `0177.0.0.1`, `10.0.0.5.` — which would otherwise slip past name-based routing and any
+/// address policy as "names".
 pub fn check_name(name: &str) -> Result<(), NameError> {
     let name = name.strip_suffix('.').unwrap_or(name);
     if name.is_empty() {
@@ -53,7 +61,9 @@ pub fn check_name(name: &str) -> Result<(), NameError> {
     if name.len() > MAX_NAME_LEN {
         return Err(NameError::TooLong);
     }
+    let mut last = "";
     for label in name.split('.') {
+        last = label;
         if label.is_empty() {
             return Err(NameError::EmptyLabel);
         }
@@ -69,6 +79,9 @@ pub fn check_name(name: &str) -> Result<(), NameError> {
         if label.starts_with('-') || label.ends_with('-') {
             return Err(NameError::Hyphen);
         }
+    }
+    if last.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(NameError::Numeric);
     }
     Ok(())
 }
@@ -115,7 +128,7 @@ mod tests {
             "Node-1.example.com.",
             "a_b",
             &"a".repeat(63),
-            "10.0.0.5",
+            "1password.com",
         ] {
             assert_eq!(check_name(good), Ok(()), "{good:?}");
         }
@@ -130,11 +143,17 @@ mod tests {
             ("fd00::5", NameError::Character),
             ("-a", NameError::Hyphen),
             ("a-.b", NameError::Hyphen),
+            ("2130706433", NameError::Numeric),
+            ("0x7f.1", NameError::Numeric),
+            ("0177.0.0.1", NameError::Numeric),
+            ("10.0.0.5.", NameError::Numeric),
+            ("10.0.0.5", NameError::Numeric),
         ] {
             assert_eq!(check_name(bad), Err(error), "{bad:?}");
             assert_eq!(error.to_string(), error.message());
         }
         assert_eq!(check_host("fd00::5"), Ok(()));
+        assert_eq!(check_host("10.0.0.5"), Ok(()));
         assert_eq!(check_host("[fd00::5]"), Err(NameError::Character));
     }
 

@@ -186,6 +186,20 @@ fn host_length_limits() {
     parse(&format!("id={}", "x".repeat(253)));
 }
 
+/// Spellings a resolver reads as IPv4 addresses are no host names.
+#[test]
+fn host_names_are_not_numbers() {
+    for numeric in ["2130706433", "0x7f.1", "0177.0.0.1", "10.0.0.5.", "node.42"] {
+        let error = err(&format!("host={numeric}"));
+        assert!(
+            error.to_string().contains("numeric label"),
+            "{numeric}: {error}"
+        );
+    }
+    parse("host=10.0.0.5");
+    parse("host=node42");
+}
+
 fn err(query: &str) -> IdentError {
     match AgentIdentifiers::parse(query) {
         Ok(ids) => panic!("{query:?} should fail, parsed as {ids:?}"),
@@ -359,13 +373,20 @@ fn label() -> impl Strategy<Value = String> {
 }
 
 fn host() -> impl Strategy<Value = String> {
-    (prop::collection::vec(label(), 1..4), any::<bool>()).prop_map(|(labels, dot)| {
-        let mut name = labels.join(".");
-        if dot {
-            name.push('.');
-        }
-        name
-    })
+    (prop::collection::vec(label(), 1..4), any::<bool>())
+        // A numeric last label reads as an IPv4 address: refused (host_names_are_not_numbers).
+        .prop_filter("numeric last label", |(labels, _)| {
+            !labels
+                .last()
+                .is_some_and(|last| last.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .prop_map(|(labels, dot)| {
+            let mut name = labels.join(".");
+            if dot {
+                name.push('.');
+            }
+            name
+        })
 }
 
 fn ident() -> impl Strategy<Value = AgentIdentifiers> {

@@ -93,7 +93,8 @@ fn dial_failure(code: ErrorCode) -> (StatusCode, DialResult) {
         ErrorCode::Refused => (StatusCode::BAD_GATEWAY, DialResult::Refused),
         ErrorCode::Unreachable => (StatusCode::BAD_GATEWAY, DialResult::Unreachable),
         ErrorCode::NameNotResolved => (StatusCode::BAD_GATEWAY, DialResult::NameNotResolved),
-        ErrorCode::NotPermitted => (StatusCode::BAD_GATEWAY, DialResult::NotPermitted),
+        // The agent's destination policy refused it: the target exists, the client may not.
+        ErrorCode::NotPermitted => (StatusCode::FORBIDDEN, DialResult::NotPermitted),
         ErrorCode::TimedOut => (StatusCode::GATEWAY_TIMEOUT, DialResult::TimedOut),
         ErrorCode::Draining | ErrorCode::TooManyStreams => {
             (StatusCode::SERVICE_UNAVAILABLE, DialResult::Overloaded)

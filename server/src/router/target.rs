@@ -281,6 +281,11 @@ mod tests {
             "a..b:80",
             "host:80/path",
             "http://x:80",
+            // Spellings resolvers read as 127.0.0.1: no names, and no canonical addresses.
+            "2130706433:80",
+            "0x7f.1:80",
+            "0177.0.0.1:80",
+            "127.0.0.1.:80",
         ] {
             assert!(Target::parse(bad).is_err(), "{bad:?} should be rejected");
         }
