@@ -29,9 +29,14 @@ use tracing::{debug, info, warn, Instrument};
 use crate::agent_auth::{AgentIdentity, AuthRefusal, Presented};
 use crate::context::Context;
 use crate::http_head::{self, RawHead, MAX_HEADERS};
+use crate::registry::{RegisterError, Registration};
 
 /// Path of the upgrade request.
 pub const CONNECT_PATH: &str = "/connect";
+/// Most identifiers (`host`, `ipv4`, `ipv6`, `cidr` and unknown keys) one agent announces.
+pub const MAX_IDENTIFIERS: usize = 256;
+/// Longest identifier query, in bytes.
+pub const MAX_QUERY_BYTES: usize = 8 * 1024;
 
 /// Accepts agents until `shutdown`; each session runs until the agent leaves or `sessions`
 /// is cancelled.
@@ -97,22 +102,54 @@ async fn session(
     sessions: CancellationToken,
 ) {
     let _ = tcp.set_nodelay(true);
-    let handshake = handshake(tcp, acceptor, &ctx);
-    let (ws, identifiers, identity) =
+    let handshake = async {
+        let mut checked = handshake(tcp, acceptor, &ctx).await?;
+        let name = checked
+            .identifiers
+            .id
+            .clone()
+            .unwrap_or_else(|| peer.to_string());
+        let mux = Mux::new(SessionConfig {
+            max_streams: ctx.registry.max_tunnels_per_agent(),
+            ..SessionConfig::new(Role::Server)
+        });
+        let registration = Registration {
+            name: name.clone(),
+            identity: checked.identity.subject.clone(),
+            identifiers: checked.identifiers.clone(),
+            peer,
+            mux: mux.clone(),
+        };
+        let (key, replaced) = match ctx.registry.register(registration) {
+            Ok(registered) => registered,
+            Err(error) => {
+                let status = match error {
+                    RegisterError::IdTaken { .. } => StatusCode::CONFLICT,
+                    RegisterError::TooManySessions { .. } => StatusCode::TOO_MANY_REQUESTS,
+                };
+                let refused = Refused::Answered(status, error.to_string());
+                return Err(answer(&mut checked.tls, refused).await);
+            }
+        };
+        if let Some(old) = replaced {
+            info!(agent = %name, "a new session of the same agent replaces the old one");
+            old.close("replaced by a new session of the same agent");
+        }
+        match accept(checked.tls, &checked.key, checked.early).await {
+            Ok(ws) => Ok((ws, checked.identifiers, checked.identity, name, mux, key)),
+            Err(refused) => {
+                ctx.registry.unregister(key);
+                Err(refused)
+            }
+        }
+    };
+    let (ws, identifiers, identity, name, mux, key) =
         match tokio::time::timeout(ctx.handshake_timeout, handshake).await {
             Ok(Ok(done)) => done,
             Ok(Err(error)) => return info!(%error, "agent refused"),
             Err(_) => return info!("agent handshake timed out"),
         };
-    let name = identifiers.id.clone().unwrap_or_else(|| peer.to_string());
     tracing::Span::current().record("agent", tracing::field::display(&name));
-    let mux = Mux::new(SessionConfig {
-        max_streams: ctx.registry.max_tunnels_per_agent(),
-        ..SessionConfig::new(Role::Server)
-    });
-    let key = ctx
-        .registry
-        .register(name.clone(), identifiers.clone(), peer, mux.clone());
     ctx.metrics.agents_connected.inc();
     info!(identifiers = %identifiers, identity = %identity.subject, "agent connected");
     let watch_drain = {
@@ -134,20 +171,33 @@ async fn session(
     ctx.registry.unregister(key);
     ctx.metrics.agents_connected.dec();
     match result {
-        Ok(()) => info!("agent disconnected"),
+        Ok(()) => {
+            let reason = mux.closed().await;
+            info!(%reason, "agent disconnected");
+        }
         Err(error) => info!(%error, "agent session ended"),
     }
 }
 
 type Session = WebSocketStream<TlsStream<tokio::net::TcpStream>>;
 
-/// TLS, the upgrade request, authentication, the `101`: a WebSocket, or why not (answered to
-/// the agent where it still listens).
+/// An authenticated upgrade request, not answered yet.
+struct Checked {
+    tls: TlsStream<tokio::net::TcpStream>,
+    /// What the agent sent behind the request head.
+    early: bytes::Bytes,
+    key: String,
+    identifiers: AgentIdentifiers,
+    identity: AgentIdentity,
+}
+
+/// TLS, the upgrade request, authentication: everything but the answer, or why not (answered
+/// to the agent where it still listens).
 async fn handshake(
     tcp: tokio::net::TcpStream,
     acceptor: TlsAcceptor,
     ctx: &Context,
-) -> Result<(Session, AgentIdentifiers, AgentIdentity), Refused> {
+) -> Result<Checked, Refused> {
     let mut tls = acceptor.accept(tcp).await.map_err(Refused::Tls)?;
     let (buf, end) = match http_head::read(&mut tls).await {
         RawHead::Complete { buf, end } => (buf, end),
@@ -160,8 +210,7 @@ async fn handshake(
             return Err(answer(&mut tls, refused).await);
         }
     };
-    let checked = check_upgrade(&buf[..end]);
-    let upgrade = match checked {
+    let upgrade = match check_upgrade(&buf[..end]) {
         Ok(upgrade) => upgrade,
         Err(refused) => return Err(answer(&mut tls, refused).await),
     };
@@ -181,26 +230,34 @@ async fn handshake(
         Ok(identity) => identity,
         Err(refusal) => return Err(answer(&mut tls, refusal.into()).await),
     };
+    Ok(Checked {
+        tls,
+        early: buf.freeze().slice(end..),
+        key: upgrade.key,
+        identifiers: upgrade.identifiers,
+        identity,
+    })
+}
+
+/// Answers `101` and makes the WebSocket, starting with the `early` bytes.
+async fn accept(
+    mut tls: TlsStream<tokio::net::TcpStream>,
+    key: &str,
+    early: bytes::Bytes,
+) -> Result<Session, Refused> {
     let accept = format!(
         "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-accept: {}\r\nsec-websocket-protocol: {SUBPROTOCOL}\r\n\r\n",
-        derive_accept_key(upgrade.key.as_bytes())
+        derive_accept_key(key.as_bytes())
     );
     tls.write_all(accept.as_bytes())
         .await
         .map_err(|_| Refused::Closed)?;
-    let early = buf.freeze().slice(end..);
-    let ws = if early.is_empty() {
-        WebSocketStream::from_raw_socket(tls, WsRole::Server, Some(websocket_config())).await
+    let config = Some(websocket_config());
+    Ok(if early.is_empty() {
+        WebSocketStream::from_raw_socket(tls, WsRole::Server, config).await
     } else {
-        WebSocketStream::from_partially_read(
-            tls,
-            early.to_vec(),
-            WsRole::Server,
-            Some(websocket_config()),
-        )
-        .await
-    };
-    Ok((ws, upgrade.identifiers, identity))
+        WebSocketStream::from_partially_read(tls, early.to_vec(), WsRole::Server, config).await
+    })
 }
 
 /// Writes `refused`'s answer (if it has one) and closes; returns it for the log.
@@ -288,6 +345,22 @@ fn check_upgrade(head: &[u8]) -> Result<Upgrade, Refused> {
     });
     let identifiers = AgentIdentifiers::parse(query)
         .map_err(|error| Refused::bad(format!("bad agent identifiers: {error}")))?;
+    let count = identifiers.hosts.len()
+        + identifiers.ipv4.len()
+        + identifiers.ipv6.len()
+        + identifiers.cidrs.len()
+        + identifiers.unknown.len();
+    if count > MAX_IDENTIFIERS {
+        return Err(Refused::bad(format!(
+            "{count} identifiers: an agent may announce at most {MAX_IDENTIFIERS}"
+        )));
+    }
+    if query.len() > MAX_QUERY_BYTES {
+        return Err(Refused::bad(format!(
+            "identifier query of {} bytes: at most {MAX_QUERY_BYTES}",
+            query.len()
+        )));
+    }
     if !identifiers.unknown.is_empty() {
         let keys: Vec<&str> = identifiers
             .unknown

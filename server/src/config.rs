@@ -129,6 +129,15 @@ pub struct Cli {
     /// Most dials waiting for an agent's answer at once; beyond it clients get 503.
     #[arg(long, env = "BRIDGEHEAD_MAX_PENDING_DIALS", default_value_t = 1024)]
     pub max_pending_dials: usize,
+    /// Most agent sessions one identity (a certificate, a token's account and node) holds at
+    /// once; beyond it the agent gets 429. Give each node its own credential (`bridgehead-certs
+    /// agent --node`, or pod-bound tokens) and keep this low.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_MAX_SESSIONS_PER_IDENTITY",
+        default_value_t = 100
+    )]
+    pub max_sessions_per_identity: usize,
     /// Most tunnels one agent carries at once; beyond it the router picks another or 503.
     #[arg(
         long,
@@ -208,6 +217,7 @@ pub struct Config {
     pub keepalive: bridgehead_mux::Keepalive,
     pub max_pending_dials: usize,
     pub max_tunnels_per_agent: usize,
+    pub max_sessions_per_identity: usize,
     pub grace_period: Duration,
     pub target_bytes_hold: Duration,
     pub log_format: LogFormat,
@@ -294,8 +304,11 @@ impl Cli {
         if keepalive_time.is_zero() {
             bail!("--keepalive-time must be above 0");
         }
-        if self.max_pending_dials == 0 || self.max_tunnels_per_agent == 0 {
-            bail!("--max-pending-dials and --max-tunnels-per-agent must be at least 1");
+        if self.max_pending_dials == 0
+            || self.max_tunnels_per_agent == 0
+            || self.max_sessions_per_identity == 0
+        {
+            bail!("--max-pending-dials, --max-tunnels-per-agent and --max-sessions-per-identity must be at least 1");
         }
         Ok(Config {
             frontend,
@@ -317,6 +330,7 @@ impl Cli {
             },
             max_pending_dials: self.max_pending_dials,
             max_tunnels_per_agent: self.max_tunnels_per_agent,
+            max_sessions_per_identity: self.max_sessions_per_identity,
             grace_period: self.shutdown_grace_period,
             target_bytes_hold: self.target_bytes_hold,
             log_format: self.log_format,

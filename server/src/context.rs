@@ -35,7 +35,11 @@ impl Context {
     pub fn new(config: &Config, agent_auth: AgentAuth) -> Context {
         let metrics = Metrics::new();
         Context {
-            registry: Registry::new(config.strategies.clone(), config.max_tunnels_per_agent),
+            registry: Registry::with_limits(
+                config.strategies.clone(),
+                config.max_tunnels_per_agent,
+                config.max_sessions_per_identity,
+            ),
             admission: Admission::new(config.max_pending_dials, metrics.dials_pending.clone()),
             metrics,
             agent_auth,

@@ -13,16 +13,23 @@ use crate::router::{AgentKey, NoRoute, RouteTable, Strategy, TargetHost};
 
 /// Every connected agent, shared by the agent endpoint (which registers sessions) and the
 /// frontend (which routes tunnels). The lock is held only for table updates and lookups.
+///
+/// One live session per agent id: a new session with the id of a live one replaces it when it
+/// proves the same identity (a reconnect that came before the old session's death was noticed)
+/// and is refused otherwise. Sessions per identity are capped.
 #[derive(Debug, Clone)]
 pub struct Registry {
     inner: Arc<Mutex<State>>,
     max_tunnels_per_agent: usize,
+    max_sessions_per_identity: usize,
 }
 
 #[derive(Debug)]
 struct State {
     table: RouteTable,
     agents: HashMap<AgentKey, Agent>,
+    by_name: HashMap<String, AgentKey>,
+    per_identity: HashMap<String, usize>,
     next_key: AgentKey,
 }
 
@@ -30,10 +37,32 @@ struct State {
 struct Agent {
     mux: Mux,
     name: String,
-    identifiers: AgentIdentifiers,
+    identity: String,
+    identifiers: Arc<AgentIdentifiers>,
     peer: SocketAddr,
     since: SystemTime,
     draining: bool,
+}
+
+/// A session that asks to be registered.
+#[derive(Debug)]
+pub struct Registration {
+    /// The agent's id (or its peer address when it gave none).
+    pub name: String,
+    /// Who it proved to be (certificate, token): what a replacement must match.
+    pub identity: String,
+    pub identifiers: AgentIdentifiers,
+    pub peer: SocketAddr,
+    pub mux: Mux,
+}
+
+/// Why a session was not registered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegisterError {
+    #[error("agent id {id} is connected already as {existing}")]
+    IdTaken { id: String, existing: String },
+    #[error("{identity} holds its limit of {limit} sessions")]
+    TooManySessions { identity: String, limit: usize },
 }
 
 /// The agents chosen for one tunnel, best first.
@@ -75,14 +104,27 @@ pub struct IdentifiersView {
 }
 
 impl Registry {
+    /// A registry routing by `strategies`; sessions per identity unlimited.
     pub fn new(strategies: Vec<Strategy>, max_tunnels_per_agent: usize) -> Registry {
+        Registry::with_limits(strategies, max_tunnels_per_agent, usize::MAX)
+    }
+
+    /// A registry with `--max-sessions-per-identity`.
+    pub fn with_limits(
+        strategies: Vec<Strategy>,
+        max_tunnels_per_agent: usize,
+        max_sessions_per_identity: usize,
+    ) -> Registry {
         Registry {
             inner: Arc::new(Mutex::new(State {
                 table: RouteTable::new(strategies),
                 agents: HashMap::new(),
+                by_name: HashMap::new(),
+                per_identity: HashMap::new(),
                 next_key: 1,
             })),
             max_tunnels_per_agent,
+            max_sessions_per_identity,
         }
     }
 
@@ -92,36 +134,64 @@ impl Registry {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Adds a connected agent; returns its key for [`Registry::unregister`].
+    /// Adds a connected agent; returns its key for [`Registry::unregister`] and the session it
+    /// replaced (same id, same identity), which the caller closes.
     pub fn register(
         &self,
-        name: String,
-        identifiers: AgentIdentifiers,
-        peer: SocketAddr,
-        mux: Mux,
-    ) -> AgentKey {
+        registration: Registration,
+    ) -> Result<(AgentKey, Option<Mux>), RegisterError> {
         let mut state = self.lock();
+        let replaced = match state.by_name.get(&registration.name) {
+            Some(old) => {
+                let existing = &state.agents[old];
+                if existing.identity != registration.identity {
+                    return Err(RegisterError::IdTaken {
+                        id: registration.name,
+                        existing: format!("{} from {}", existing.identity, existing.peer),
+                    });
+                }
+                let old = *old;
+                state.remove(old).map(|agent| agent.mux)
+            }
+            None => None,
+        };
+        let sessions = state
+            .per_identity
+            .get(&registration.identity)
+            .copied()
+            .unwrap_or(0);
+        if sessions >= self.max_sessions_per_identity {
+            return Err(RegisterError::TooManySessions {
+                identity: registration.identity,
+                limit: self.max_sessions_per_identity,
+            });
+        }
         let key = state.next_key;
         state.next_key += 1;
-        state.table.insert(key, &identifiers);
+        state.table.insert(key, &registration.identifiers);
+        state.by_name.insert(registration.name.clone(), key);
+        *state
+            .per_identity
+            .entry(registration.identity.clone())
+            .or_default() += 1;
         state.agents.insert(
             key,
             Agent {
-                mux,
-                name,
-                identifiers,
-                peer,
+                mux: registration.mux,
+                name: registration.name,
+                identity: registration.identity,
+                identifiers: Arc::new(registration.identifiers),
+                peer: registration.peer,
                 since: SystemTime::now(),
                 draining: false,
             },
         );
-        key
+        Ok((key, replaced))
     }
 
+    /// Forgets the session `key` (a no-op when it is gone already, e.g. replaced).
     pub fn unregister(&self, key: AgentKey) {
-        let mut state = self.lock();
-        state.table.remove(key);
-        state.agents.remove(&key);
+        self.lock().remove(key);
     }
 
     /// The agent announced DRAIN: route nothing new to it.
@@ -180,35 +250,65 @@ impl Registry {
         self.lock().agents.values().map(|a| a.mux.clone()).collect()
     }
 
-    /// What `GET /agents` shows, ordered by key (connection order).
+    /// What `GET /agents` shows, ordered by key (connection order). The lock is held only to
+    /// copy handles (an `Arc` of each agent's identifiers); formatting happens after it.
     pub fn views(&self) -> Vec<AgentView> {
-        let state = self.lock();
-        let mut views: Vec<AgentView> = state
-            .agents
-            .iter()
-            .map(|(key, agent)| {
-                let ids = &agent.identifiers;
-                AgentView {
-                    key: *key,
-                    id: agent.name.clone(),
-                    peer: agent.peer.to_string(),
-                    connected_unix: agent
-                        .since
-                        .duration_since(SystemTime::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_secs()),
-                    identifiers: IdentifiersView {
-                        host: ids.hosts.clone(),
-                        ipv4: ids.ipv4.iter().map(ToString::to_string).collect(),
-                        ipv6: ids.ipv6.iter().map(ToString::to_string).collect(),
-                        cidr: ids.cidrs.iter().map(ToString::to_string).collect(),
-                        default_route: ids.default_route,
-                    },
-                    open_tunnels: agent.mux.open_streams(),
-                    draining: agent.draining || agent.mux.peer_draining(),
-                }
+        let snapshot: Vec<_> = {
+            let state = self.lock();
+            state
+                .agents
+                .iter()
+                .map(|(key, agent)| {
+                    (
+                        *key,
+                        agent.name.clone(),
+                        agent.peer,
+                        agent.since,
+                        agent.identifiers.clone(),
+                        agent.mux.clone(),
+                        agent.draining,
+                    )
+                })
+                .collect()
+        };
+        let mut views: Vec<AgentView> = snapshot
+            .into_iter()
+            .map(|(key, name, peer, since, ids, mux, draining)| AgentView {
+                key,
+                id: name,
+                peer: peer.to_string(),
+                connected_unix: since
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+                identifiers: IdentifiersView {
+                    host: ids.hosts.clone(),
+                    ipv4: ids.ipv4.iter().map(ToString::to_string).collect(),
+                    ipv6: ids.ipv6.iter().map(ToString::to_string).collect(),
+                    cidr: ids.cidrs.iter().map(ToString::to_string).collect(),
+                    default_route: ids.default_route,
+                },
+                open_tunnels: mux.open_streams(),
+                draining: draining || mux.peer_draining(),
             })
             .collect();
         views.sort_by_key(|view| view.key);
         views
+    }
+}
+
+impl State {
+    fn remove(&mut self, key: AgentKey) -> Option<Agent> {
+        let agent = self.agents.remove(&key)?;
+        self.table.remove(key);
+        if self.by_name.get(&agent.name) == Some(&key) {
+            self.by_name.remove(&agent.name);
+        }
+        if let Some(count) = self.per_identity.get_mut(&agent.identity) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_identity.remove(&agent.identity);
+            }
+        }
+        Some(agent)
     }
 }

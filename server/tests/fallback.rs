@@ -8,7 +8,7 @@ use bridgehead_mux::{Keepalive, Mux};
 use bridgehead_proto::ident::AgentIdentifiers;
 use bridgehead_server::dial;
 use bridgehead_server::refusal::Refusal;
-use bridgehead_server::registry::Registry;
+use bridgehead_server::registry::{Registration, Registry};
 use bridgehead_server::router::Strategy;
 use bridgehead_server::router::Target;
 use tokio_tungstenite::tungstenite::protocol::Role;
@@ -38,6 +38,16 @@ async fn session(shutdown: &CancellationToken) -> (Mux, Mux) {
     (server, agent)
 }
 
+fn registration(name: &str, identifiers: AgentIdentifiers, mux: Mux) -> Registration {
+    Registration {
+        name: name.to_owned(),
+        identity: format!("certificate CN={name}"),
+        identifiers,
+        peer: peer(),
+        mux,
+    }
+}
+
 fn peer() -> SocketAddr {
     "127.0.0.1:1".parse().unwrap()
 }
@@ -55,7 +65,9 @@ async fn a_session_lost_before_the_answer_moves_the_dial_to_the_next_agent() {
 
         // "doomed" carries no tunnel, so it is the first candidate; it dies on the first dial.
         let (doomed_server, doomed_agent) = session(&shutdown).await;
-        registry.register("doomed".into(), ids.clone(), peer(), doomed_server);
+        registry
+            .register(registration("doomed", ids.clone(), doomed_server))
+            .unwrap();
         tokio::spawn(async move {
             let _dial = doomed_agent.accept().await;
             doomed_agent.close("agent crashed");
@@ -63,7 +75,9 @@ async fn a_session_lost_before_the_answer_moves_the_dial_to_the_next_agent() {
 
         // "healthy" already carries one tunnel, so it comes second; it accepts every dial.
         let (healthy_server, healthy_agent) = session(&shutdown).await;
-        registry.register("healthy".into(), ids, peer(), healthy_server.clone());
+        registry
+            .register(registration("healthy", ids, healthy_server.clone()))
+            .unwrap();
         tokio::spawn(async move {
             let mut held = Vec::new();
             while let Some(dial) = healthy_agent.accept().await {
@@ -93,7 +107,9 @@ async fn every_candidate_lost_is_a_502_naming_the_agent() {
         let shutdown = CancellationToken::new();
         let registry = Registry::new(vec![Strategy::Default], 100);
         let (server, agent) = session(&shutdown).await;
-        registry.register("only".into(), AgentIdentifiers::default(), peer(), server);
+        registry
+            .register(registration("only", AgentIdentifiers::default(), server))
+            .unwrap();
         tokio::spawn(async move {
             let _dial = agent.accept().await;
             agent.close("agent crashed");

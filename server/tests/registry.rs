@@ -1,0 +1,70 @@
+//! The registry's rules for who may register: one live session per agent id (replaced only by
+//! the same identity), and a cap on sessions per identity.
+
+use std::net::SocketAddr;
+
+use bridgehead_mux::Mux;
+use bridgehead_proto::ident::AgentIdentifiers;
+use bridgehead_server::registry::{RegisterError, Registration, Registry};
+use bridgehead_server::router::Strategy;
+
+fn registration(name: &str, identity: &str) -> Registration {
+    Registration {
+        name: name.to_owned(),
+        identity: identity.to_owned(),
+        identifiers: AgentIdentifiers::default(),
+        peer: SocketAddr::from(([127, 0, 0, 1], 1)),
+        mux: Mux::server(),
+    }
+}
+
+fn names(registry: &Registry) -> Vec<String> {
+    registry.views().into_iter().map(|view| view.id).collect()
+}
+
+#[test]
+fn an_id_is_replaced_only_by_the_same_identity() {
+    let registry = Registry::new(vec![Strategy::Default], 100);
+    let (first, replaced) = registry.register(registration("node-a", "cert A")).unwrap();
+    assert!(replaced.is_none());
+    // An impostor with the same id: refused, the original stays.
+    let error = registry
+        .register(registration("node-a", "cert B"))
+        .unwrap_err();
+    assert!(matches!(error, RegisterError::IdTaken { .. }), "{error}");
+    assert!(error.to_string().contains("cert A"), "{error}");
+    assert_eq!(names(&registry), ["node-a"]);
+    // The same agent reconnecting before its old session died: the new one replaces it.
+    let (second, replaced) = registry.register(registration("node-a", "cert A")).unwrap();
+    assert!(
+        replaced.is_some(),
+        "the old session is handed back to be closed"
+    );
+    assert_ne!(first, second);
+    assert_eq!(names(&registry), ["node-a"]);
+    // The old session's end does not unregister its replacement.
+    registry.unregister(first);
+    assert_eq!(names(&registry), ["node-a"]);
+    registry.unregister(second);
+    assert!(names(&registry).is_empty());
+}
+
+#[test]
+fn sessions_per_identity_are_capped() {
+    let registry = Registry::with_limits(vec![Strategy::Default], 100, 2);
+    let (b, _) = registry.register(registration("b", "shared")).unwrap();
+    registry.register(registration("c", "shared")).unwrap();
+    let error = registry.register(registration("d", "shared")).unwrap_err();
+    assert_eq!(
+        error,
+        RegisterError::TooManySessions {
+            identity: "shared".into(),
+            limit: 2
+        }
+    );
+    // Other identities are not affected; a freed place is taken again.
+    registry.register(registration("e", "other")).unwrap();
+    registry.unregister(b);
+    registry.register(registration("d", "shared")).unwrap();
+    assert_eq!(names(&registry), ["c", "e", "d"]);
+}
