@@ -1,9 +1,9 @@
-//! What can go wrong making or writing a PKI.
+//! What can go wrong making, writing or loading a PKI.
 
 use std::io;
 use std::path::PathBuf;
 
-/// An error from generating a PKI, issuing a certificate or writing the files.
+/// An error from generating a PKI, issuing a certificate, writing the files or loading a CA.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CertError {
@@ -31,5 +31,48 @@ pub enum CertError {
         san: String,
         /// Why it was rejected.
         reason: &'static str,
+    },
+    /// A node name for an agent certificate is not a DNS name (an IP address, a wildcard, or
+    /// malformed).
+    #[error("invalid node name {name:?}: {reason}")]
+    InvalidNodeName {
+        /// The name as given.
+        name: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// A CA certificate or key read from `path` cannot sign: not PEM, not a CA, expired.
+    #[error("{}: {reason}", path.display())]
+    InvalidCa {
+        /// The certificate or key file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The CA key file does not hold the private key of the CA certificate beside it.
+    #[error("{} is not the private key of {}", key.display(), cert.display())]
+    CaKeyMismatch {
+        /// The CA certificate.
+        cert: PathBuf,
+        /// The key file that does not match it.
+        key: PathBuf,
+    },
+    /// `dir` holds the PKI of an older `bridgehead-certs`: one `ca.crt`/`ca.key` that signed
+    /// every certificate. The message explains the migration to two CAs.
+    #[error(
+        "{} holds an old one-CA PKI (ca.crt, ca.key): that CA signed every certificate, so the \
+         agent certificate on every node is also accepted by the CONNECT frontend. Make a new \
+         PKI with two CAs (`bridgehead-certs init` into a new directory, or into this one with \
+         --force, which leaves ca.crt and ca.key for you to delete) and roll it out: \
+         bridgehead-server --server-cert/--server-key/--server-ca-cert (frontend-ca.crt) and \
+         --cluster-cert/--cluster-key/--cluster-ca-cert (cluster-ca.crt); every agent's \
+         --ca-cert (cluster-ca.crt) and --agent-cert/--agent-key; kube-apiserver's caBundle \
+         (frontend-ca.crt) and clientCert/clientKey. Until then, keep running the old PKI with \
+         bridgehead-server --allow-shared-ca",
+        dir.display()
+    )]
+    OldLayout {
+        /// The directory holding `ca.crt` or `ca.key`.
+        dir: PathBuf,
     },
 }

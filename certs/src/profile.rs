@@ -6,7 +6,7 @@ use rcgen::{
 };
 use time::{Duration, OffsetDateTime};
 
-use crate::{CertError, CertKey};
+use crate::{san, CertError, CertKey};
 
 /// How long the CA is valid.
 const CA_LIFETIME: Duration = Duration::days(3653);
@@ -17,7 +17,7 @@ const LEAF_LIFETIME: Duration = Duration::days(365);
 /// How far into the past validity starts, so that clocks a little behind still accept it.
 const BACKDATE: Duration = Duration::hours(1);
 
-/// The CA that signs every leaf, and its certificate.
+/// A CA that signs leaves, and its certificate.
 pub(crate) struct Ca {
     pub(crate) cert_key: CertKey,
     pub(crate) issuer: Issuer<'static, KeyPair>,
@@ -93,6 +93,18 @@ pub(crate) fn leaf(
         cert_pem: cert.pem(),
         key_pem: key.serialize_pem(),
     })
+}
+
+/// Node `node`'s agent certificate (`clientAuth`, `CN=node`, the SANs `node` and each of
+/// `addresses`): the names and addresses the server's `--bind-agent-identifiers` lets that agent
+/// announce. `node` must be a DNS name ([`CertError::InvalidNodeName`]).
+pub(crate) fn agent(
+    issuer: &Issuer<'static, KeyPair>,
+    node: &str,
+    addresses: &[String],
+) -> Result<CertKey, CertError> {
+    let sans = san::agent_sans(node, addresses)?;
+    leaf(issuer, node, &[], Role::Client, &sans)
 }
 
 fn new_key() -> Result<KeyPair, CertError> {

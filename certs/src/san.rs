@@ -1,4 +1,5 @@
-//! Subject alternative names for the server-side certificates: parsing and checking.
+//! Subject alternative names for the server-side certificates and the per-node agent
+//! certificates: parsing and checking.
 
 use std::net::{IpAddr, Ipv6Addr};
 
@@ -19,6 +20,35 @@ pub(crate) fn server_sans(extra: &[String]) -> Result<Vec<SanType>, CertError> {
     let mut names: Vec<String> = ["localhost", "127.0.0.1", "::1"].map(String::from).into();
     names.extend_from_slice(extra);
     sans(&names)
+}
+
+/// The SANs of node `node`'s agent certificate: `node`, which must be a DNS name
+/// ([`CertError::InvalidNodeName`] otherwise), then each of `addresses` (IP literals or DNS
+/// names), without duplicates.
+pub(crate) fn agent_sans(node: &str, addresses: &[String]) -> Result<Vec<SanType>, CertError> {
+    node_name(node)?;
+    let mut names = vec![node.to_owned()];
+    names.extend_from_slice(addresses);
+    sans(&names)
+}
+
+/// Checks that `node` is a DNS name (no IP literal, no wildcard): it names one node.
+fn node_name(node: &str) -> Result<(), CertError> {
+    let invalid = |reason| CertError::InvalidNodeName {
+        name: node.to_owned(),
+        reason,
+    };
+    if parse(node).is_ok_and(|san| matches!(san, SanType::IpAddress(_))) {
+        return Err(invalid("an IP address; a node name is a DNS name"));
+    }
+    if node.starts_with("*.") {
+        return Err(invalid("a wildcard; a node name names one node"));
+    }
+    match dns_name(node) {
+        Ok(_) => Ok(()),
+        Err(CertError::InvalidSan { reason, .. }) => Err(invalid(reason)),
+        Err(other) => Err(other),
+    }
 }
 
 /// Each of `names` as a SAN ([`parse`]), without duplicates and without implicit ones.
@@ -208,6 +238,59 @@ mod tests {
                 other => panic!("{bad:?} gave {other:?}"),
             }
         }
+    }
+
+    fn agent(node: &str, addresses: &[&str]) -> Result<Vec<SanType>, CertError> {
+        let addresses = addresses.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        agent_sans(node, &addresses)
+    }
+
+    #[test]
+    fn agent_sans_are_the_node_then_its_addresses() {
+        assert_eq!(
+            agent(
+                "node-1",
+                &["10.0.0.5", "fd00::5", "node-1.example", "NODE-1"]
+            )
+            .unwrap(),
+            [
+                dns("node-1"),
+                ip("10.0.0.5"),
+                ip("fd00::5"),
+                dns("node-1.example")
+            ]
+        );
+        assert_eq!(agent("node-1", &[]).unwrap(), [dns("node-1")]);
+    }
+
+    #[test]
+    fn a_node_name_must_be_one_dns_name() {
+        for (bad, reason) in [
+            ("10.0.0.5", "an IP address; a node name is a DNS name"),
+            ("[fd00::5]", "an IP address; a node name is a DNS name"),
+            ("::1", "an IP address; a node name is a DNS name"),
+            ("*.example", "a wildcard; a node name names one node"),
+            ("", "empty"),
+            (
+                "node/1",
+                "DNS names may only hold letters, digits, '-', '_' and '.' (and a leading '*.')",
+            ),
+            (
+                "node..1",
+                "empty label (two dots in a row, or a leading dot)",
+            ),
+        ] {
+            match agent(bad, &[]) {
+                Err(CertError::InvalidNodeName { name, reason: got }) => {
+                    assert_eq!((name.as_str(), got), (bad, reason))
+                }
+                other => panic!("{bad:?} gave {other:?}"),
+            }
+        }
+        assert!(matches!(
+            agent("node-1", &["bad..address"]),
+            Err(CertError::InvalidSan { san, .. }) if san == "bad..address"
+        ));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! `Pki::write_dir`: the files, their modes and contents, and the refusal to overwrite.
+//! `Pki::write_dir`: the files, their modes and contents, the refusal to overwrite, and the
+//! refusal of a directory holding the old one-CA layout.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -6,15 +7,18 @@ use std::path::Path;
 
 use bridgehead_certs::{CertError, Pki};
 
-const NAMES: [&str; 10] = [
-    "ca.crt",
-    "ca.key",
+/// The file names, a contract with the scripts that deploy them, in the order written.
+const NAMES: [&str; 12] = [
+    "frontend-ca.crt",
+    "frontend-ca.key",
     "server.crt",
     "server.key",
-    "cluster.crt",
-    "cluster.key",
     "client.crt",
     "client.key",
+    "cluster-ca.crt",
+    "cluster-ca.key",
+    "cluster.crt",
+    "cluster.key",
     "agent.crt",
     "agent.key",
 ];
@@ -42,9 +46,16 @@ fn writes_every_file_with_its_pem_and_mode() {
     expected.sort();
     assert_eq!(listed, expected);
 
-    let contents = [&pki.ca, &pki.server, &pki.cluster, &pki.client, &pki.agent]
-        .into_iter()
-        .flat_map(|ck| [&ck.cert_pem, &ck.key_pem]);
+    let contents = [
+        &pki.frontend_ca,
+        &pki.server,
+        &pki.client,
+        &pki.cluster_ca,
+        &pki.cluster,
+        &pki.agent,
+    ]
+    .into_iter()
+    .flat_map(|ck| [&ck.cert_pem, &ck.key_pem]);
     for (path, content) in written.iter().zip(contents) {
         assert_eq!(&fs::read_to_string(path).unwrap(), content);
         let expected_mode = if path.extension().unwrap() == "key" {
@@ -104,8 +115,8 @@ fn a_second_pki_replaces_the_first_with_force() {
 
     assert_eq!(written.len(), NAMES.len());
     assert_eq!(
-        fs::read_to_string(tmp.path().join("ca.crt")).unwrap(),
-        second.ca.cert_pem
+        fs::read_to_string(tmp.path().join("cluster-ca.crt")).unwrap(),
+        second.cluster_ca.cert_pem
     );
     assert_eq!(
         fs::read_to_string(&server_key).unwrap(),
@@ -154,4 +165,83 @@ fn a_file_in_the_way_of_the_directory_is_an_io_error_naming_it() {
         "{err:?}"
     );
     assert!(err.to_string().contains(&file.display().to_string()));
+}
+
+/// Writes what an older bridgehead-certs left: one `ca.crt`/`ca.key` and the four leaves.
+fn old_layout(dir: &Path) {
+    for name in ["ca", "server", "cluster", "client", "agent"] {
+        fs::write(
+            dir.join(format!("{name}.crt")),
+            format!("old {name} certificate"),
+        )
+        .unwrap();
+        fs::write(dir.join(format!("{name}.key")), format!("old {name} key")).unwrap();
+    }
+}
+
+#[test]
+fn refuses_a_directory_with_the_old_one_ca_layout_and_explains_the_migration() {
+    let tmp = tempfile::tempdir().unwrap();
+    old_layout(tmp.path());
+    let pki = Pki::generate(&[]).unwrap();
+
+    let err = pki.write_dir(tmp.path(), false).unwrap_err();
+
+    assert!(
+        matches!(&err, CertError::OldLayout { dir } if dir == tmp.path()),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    for expected in [
+        &format!(
+            "{} holds an old one-CA PKI (ca.crt, ca.key)",
+            tmp.path().display()
+        ),
+        "--server-ca-cert (frontend-ca.crt)",
+        "--cluster-ca-cert (cluster-ca.crt)",
+        "--ca-cert (cluster-ca.crt)",
+        "caBundle (frontend-ca.crt) and clientCert/clientKey",
+        "--force",
+        "bridgehead-server --allow-shared-ca",
+    ] {
+        assert!(message.contains(expected), "{expected:?} not in {message}");
+    }
+    assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 10);
+    assert_eq!(
+        fs::read_to_string(tmp.path().join("server.key")).unwrap(),
+        "old server key"
+    );
+
+    for name in ["ca.crt", "ca.key"] {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::write(tmp.path().join(name), "old").unwrap();
+        assert!(matches!(
+            pki.write_dir(tmp.path(), false),
+            Err(CertError::OldLayout { .. })
+        ));
+    }
+}
+
+#[test]
+fn force_writes_the_new_layout_over_the_old_and_leaves_the_old_ca_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    old_layout(tmp.path());
+    let pki = Pki::generate(&[]).unwrap();
+
+    pki.write_dir(tmp.path(), true).unwrap();
+
+    assert_eq!(
+        fs::read_to_string(tmp.path().join("server.key")).unwrap(),
+        pki.server.key_pem
+    );
+    assert_eq!(
+        fs::read_to_string(tmp.path().join("ca.key")).unwrap(),
+        "old ca key"
+    );
+    // Migrated: a second run without --force is refused for the new files, not the old ones.
+    let again = Pki::generate(&[]).unwrap().write_dir(tmp.path(), false);
+    assert!(
+        matches!(&again, Err(CertError::Exists(path)) if path == &tmp.path().join("frontend-ca.crt")),
+        "{again:?}"
+    );
 }
