@@ -57,9 +57,9 @@ target=$(address_of "$demo/target.out" "demo target")
   --agent-bind-address 127.0.0.1 --agent-port 0 \
   --health-bind-address 127.0.0.1 --health-port 0 \
   --server-cert "$demo/pki/server.crt" --server-key "$demo/pki/server.key" \
-  --server-ca-cert "$demo/pki/ca.crt" \
+  --server-ca-cert "$demo/pki/frontend-ca.crt" \
   --cluster-cert "$demo/pki/cluster.crt" --cluster-key "$demo/pki/cluster.key" \
-  --cluster-ca-cert "$demo/pki/ca.crt" \
+  --cluster-ca-cert "$demo/pki/cluster-ca.crt" \
   --proxy-strategies destHost,default \
   > "$demo/server.out" 2> "$demo/server.log" &
 pids+=($!)
@@ -69,7 +69,7 @@ health=$(address_of "$demo/server.out" "health")
 
 "$bin/bridgehead-agent" \
   --proxy-server-host 127.0.0.1 --proxy-server-port "${agent_port##*:}" \
-  --ca-cert "$demo/pki/ca.crt" \
+  --ca-cert "$demo/pki/cluster-ca.crt" \
   --agent-cert "$demo/pki/agent.crt" --agent-key "$demo/pki/agent.key" \
   --agent-id demo-agent \
   --agent-identifiers "host=localhost&ipv4=127.0.0.1&default-route=true" \
@@ -96,7 +96,7 @@ Bridgehead is running (logs in $demo/*.log):
 Paste this into another terminal:
 
   curl -p -x https://$frontend \\
-    --proxy-cacert $demo/pki/ca.crt \\
+    --proxy-cacert $demo/pki/frontend-ca.crt \\
     --proxy-cert $demo/pki/client.crt --proxy-key $demo/pki/client.key \\
     http://$target/
 
@@ -112,7 +112,7 @@ egressSelections:
       tcp:
         url: "https://$frontend"
         tlsConfig:
-          caBundle: $demo/pki/ca.crt
+          caBundle: $demo/pki/frontend-ca.crt
           clientCert: $demo/pki/client.crt
           clientKey: $demo/pki/client.key
 
@@ -121,7 +121,7 @@ MSG
 
 if [[ "${QUICKSTART_EXIT:-}" == 1 ]]; then
   # Used by the tests: run the printed curl once and stop.
-  curl -fsS -p -x "https://$frontend" --proxy-cacert "$demo/pki/ca.crt" \
+  curl -fsS -p -x "https://$frontend" --proxy-cacert "$demo/pki/frontend-ca.crt" \
     --proxy-cert "$demo/pki/client.crt" --proxy-key "$demo/pki/client.key" "http://$target/"
   exit 0
 fi

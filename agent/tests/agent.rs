@@ -103,7 +103,7 @@ async fn health_while_the_server_is_unreachable() {
         let port = closed_port().await.to_string();
         let config = config(&[
             "--ca-cert",
-            &pki.file("ca.crt"),
+            &pki.file("cluster-ca.crt"),
             "--proxy-server-port",
             &port,
             "--sync-interval",
@@ -165,7 +165,7 @@ struct Upgrade {
 }
 
 fn server_tls(pki: &Pkidir) -> tokio_rustls::TlsAcceptor {
-    let roots = tls::load_roots(Path::new(&pki.file("ca.crt"))).unwrap();
+    let roots = tls::load_roots(Path::new(&pki.file("cluster-ca.crt"))).unwrap();
     let verifier =
         rustls::server::WebPkiClientVerifier::builder_with_provider(roots, tls::provider())
             .build()
@@ -276,7 +276,7 @@ async fn session_with_a_fake_server() {
 
         let config = config(&[
             "--ca-cert",
-            &pki.file("ca.crt"),
+            &pki.file("cluster-ca.crt"),
             "--agent-cert",
             &pki.file("agent.crt"),
             "--agent-key",
@@ -431,7 +431,7 @@ async fn refused_upgrade_shows_status_and_reason() {
         });
         let config = config(&[
             "--ca-cert",
-            &pki.file("ca.crt"),
+            &pki.file("cluster-ca.crt"),
             "--agent-cert",
             &pki.file("agent.crt"),
             "--agent-key",

@@ -38,7 +38,7 @@ fn error_of(args: &[&str]) -> String {
 #[test]
 fn defaults() {
     let f = Files::new();
-    let ca = f.file("ca.crt");
+    let ca = f.file("cluster-ca.crt");
     let config = parse(&["--ca-cert", &ca, "--agent-id", "a1"]).unwrap();
     assert_eq!(config.server_host, "127.0.0.1");
     assert_eq!(config.server_port, 8132);
@@ -58,7 +58,11 @@ fn defaults() {
 #[test]
 fn identifiers_and_server_name() {
     let f = Files::new();
-    let (ca, crt, key) = (f.file("ca.crt"), f.file("agent.crt"), f.file("agent.key"));
+    let (ca, crt, key) = (
+        f.file("cluster-ca.crt"),
+        f.file("agent.crt"),
+        f.file("agent.key"),
+    );
     let config = parse(&[
         "--ca-cert",
         &ca,
@@ -99,7 +103,7 @@ fn id_from_the_identifiers() {
     let f = Files::new();
     let config = parse(&[
         "--ca-cert",
-        &f.file("ca.crt"),
+        &f.file("cluster-ca.crt"),
         "--agent-identifiers",
         "host=a&id=from-query",
     ])
@@ -111,14 +115,18 @@ fn id_from_the_identifiers() {
 #[test]
 fn default_agent_id_is_set() {
     let f = Files::new();
-    let config = parse(&["--ca-cert", &f.file("ca.crt")]).unwrap();
+    let config = parse(&["--ca-cert", &f.file("cluster-ca.crt")]).unwrap();
     assert!(!config.agent_id().is_empty());
 }
 
 #[test]
 fn invalid_configs() {
     let f = Files::new();
-    let (ca, crt, key) = (f.file("ca.crt"), f.file("agent.crt"), f.file("agent.key"));
+    let (ca, crt, key) = (
+        f.file("cluster-ca.crt"),
+        f.file("agent.crt"),
+        f.file("agent.key"),
+    );
     let cases: &[(&[&str], &str)] = &[
         (
             &["--agent-identifiers", "host=a&zone=b"],
@@ -192,7 +200,7 @@ fn assert_usage_error(args: &[&str], want: &str) {
 #[test]
 fn binary_exits_64_on_bad_config() {
     let f = Files::new();
-    let (ca, crt) = (f.file("ca.crt"), f.file("agent.crt"));
+    let (ca, crt) = (f.file("cluster-ca.crt"), f.file("agent.crt"));
     assert_usage_error(
         &[
             "--ca-cert",
@@ -231,7 +239,7 @@ fn binary_help_and_version_exit_0() {
 fn flags_read_the_environment() {
     let f = Files::new();
     let output = Command::new(env!("CARGO_BIN_EXE_bridgehead-agent"))
-        .env("BRIDGEHEAD_CA_CERT", f.file("ca.crt"))
+        .env("BRIDGEHEAD_CA_CERT", f.file("cluster-ca.crt"))
         .env("BRIDGEHEAD_AGENT_IDENTIFIERS", "host=a&shoe-size=9")
         .output()
         .unwrap();
@@ -242,7 +250,7 @@ fn flags_read_the_environment() {
 #[test]
 fn a_missing_or_empty_token_file_is_an_error_at_startup() {
     let f = Files::new();
-    let ca = f.file("ca.crt");
+    let ca = f.file("cluster-ca.crt");
     let missing = f.path.join("no-such-token").display().to_string();
     let error = error_of(&["--ca-cert", &ca, "--service-account-token-path", &missing]);
     assert!(

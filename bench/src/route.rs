@@ -34,7 +34,7 @@ impl Route {
     /// settings.
     pub fn mtls(pki: &Pki, frontend: SocketAddr) -> anyhow::Result<Route> {
         let config = tls::config(
-            &pki.path("ca.crt"),
+            &pki.path("frontend-ca.crt"),
             Some((&pki.path("client.crt"), &pki.path("client.key"))),
         )?;
         Ok(Route::Bridgehead(Frontend::mtls(frontend, config)))

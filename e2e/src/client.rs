@@ -38,14 +38,32 @@ pub struct ConnectReply {
     pub extra: Vec<u8>,
 }
 
-/// TLS client config with `pki`'s CA and, unless `cert` is `None`, a client certificate
-/// (`("client.crt", "client.key")`); kube-apiserver's settings ([`tls::config`]).
+/// TLS client config towards the frontend: `pki`'s frontend CA and, unless `cert` is `None`, a
+/// client certificate (`("client.crt", "client.key")`); kube-apiserver's settings
+/// ([`tls::config`]).
 pub fn tls_config(pki: &Pki, cert: Option<(&str, &str)>) -> anyhow::Result<Arc<ClientConfig>> {
+    config_trusting(pki, "frontend-ca.crt", cert)
+}
+
+/// TLS client config towards the agent endpoint: `pki`'s cluster CA and, unless `cert` is
+/// `None`, a client certificate (`("agent.crt", "agent.key")`).
+pub fn agent_tls_config(
+    pki: &Pki,
+    cert: Option<(&str, &str)>,
+) -> anyhow::Result<Arc<ClientConfig>> {
+    config_trusting(pki, "cluster-ca.crt", cert)
+}
+
+fn config_trusting(
+    pki: &Pki,
+    ca: &str,
+    cert: Option<(&str, &str)>,
+) -> anyhow::Result<Arc<ClientConfig>> {
     let (crt, key) = match cert {
         Some((crt, key)) => (Some(pki.path(crt)), Some(pki.path(key))),
         None => (None, None),
     };
-    tls::config(&pki.path("ca.crt"), crt.as_deref().zip(key.as_deref()))
+    tls::config(&pki.path(ca), crt.as_deref().zip(key.as_deref()))
 }
 
 /// Opens an mTLS connection to the frontend as kube-apiserver does (fresh connection, no
@@ -255,7 +273,9 @@ pub fn curl(pki: &Pki, frontend: &str, url: &str, extra: &[&str]) -> anyhow::Res
         "-x",
         &format!("https://{frontend}"),
     ]);
-    command.arg("--proxy-cacert").arg(pki.path("ca.crt"));
+    command
+        .arg("--proxy-cacert")
+        .arg(pki.path("frontend-ca.crt"));
     command.arg("--proxy-cert").arg(pki.path("client.crt"));
     command.arg("--proxy-key").arg(pki.path("client.key"));
     command.args(extra).arg(url);

@@ -24,7 +24,7 @@ impl Pki {
         Ok(Pki { dir, pki })
     }
 
-    /// `ca.crt`, `client.key`, ... in the PKI directory.
+    /// `frontend-ca.crt`, `cluster-ca.crt`, `client.key`, ... in the PKI directory.
     pub fn path(&self, file: &str) -> PathBuf {
         self.dir.path().join(file)
     }

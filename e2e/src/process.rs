@@ -334,7 +334,9 @@ impl Server {
         command.arg("--cluster-cert").arg(pki.path("cluster.crt"));
         command.arg("--cluster-key").arg(pki.path("cluster.key"));
         if !options.without_cluster_ca {
-            command.arg("--cluster-ca-cert").arg(pki.path("ca.crt"));
+            command
+                .arg("--cluster-ca-cert")
+                .arg(pki.path("cluster-ca.crt"));
         }
         match &options.uds {
             Some(path) => {
@@ -347,7 +349,9 @@ impl Server {
                 command.args(["--server-port", "0", "--server-bind-address", &bind]);
                 command.arg("--server-cert").arg(pki.path("server.crt"));
                 command.arg("--server-key").arg(pki.path("server.key"));
-                command.arg("--server-ca-cert").arg(pki.path("ca.crt"));
+                command
+                    .arg("--server-ca-cert")
+                    .arg(pki.path("frontend-ca.crt"));
             }
         }
         command.args(&options.args);
@@ -472,7 +476,7 @@ impl Agent {
         let mut command = prefixed(&prefix, binary("bridgehead-agent")?);
         command.args(["--proxy-server-host", &addr.ip().to_string()]);
         command.args(["--proxy-server-port", &addr.port().to_string()]);
-        command.arg("--ca-cert").arg(pki.path("ca.crt"));
+        command.arg("--ca-cert").arg(pki.path("cluster-ca.crt"));
         let certificate = match &options.certificate {
             Some(chosen) => chosen.clone(),
             None => Some((pki.path("agent.crt"), pki.path("agent.key"))),

@@ -185,7 +185,7 @@ fn client_certificate_from_another_ca_is_refused() {
     let (server, _agent) = start_pair(&pki, ServerOptions::default()).unwrap();
     let echo = target::echo("127.0.0.1:0").unwrap();
     let config = tls::config(
-        &pki.path("ca.crt"),
+        &pki.path("frontend-ca.crt"),
         Some((&other.path("client.crt"), &other.path("client.key"))),
     )
     .unwrap();

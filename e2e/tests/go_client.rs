@@ -30,7 +30,7 @@ fn run_tcp(client: &Path, pki: &Pki, server: &Server, target: &str, message: &st
     Command::new(client)
         .arg("tcp")
         .arg(server.frontend_addr().to_string())
-        .arg(pki.path("ca.crt"))
+        .arg(pki.path("frontend-ca.crt"))
         .arg(pki.path("client.crt"))
         .arg(pki.path("client.key"))
         .args([target, message])

@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bridgehead_e2e::client::{kube_connect, tls_config, tls_connect, Conn, IO_TIMEOUT};
+use bridgehead_e2e::client::{agent_tls_config, kube_connect, tls_connect, Conn, IO_TIMEOUT};
 use bridgehead_e2e::process::start_pair;
 use bridgehead_e2e::{target, Pki, Server, ServerOptions};
 use futures_util::{SinkExt, StreamExt};
@@ -104,7 +104,7 @@ async fn agent_upgrade(
     tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
     WsError,
 > {
-    let mut config = (*tls_config(pki, Some(cert)).unwrap()).clone();
+    let mut config = (*agent_tls_config(pki, Some(cert)).unwrap()).clone();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let tcp = tokio::net::TcpStream::connect(server.agent_addr)
         .await
@@ -193,7 +193,7 @@ async fn an_agent_certificate_from_another_ca_is_refused() {
         let server = server_with(&pki, &[]);
         // The other PKI's agent certificate, trusting this PKI's CA for the server.
         let foreign = tempfile::tempdir().unwrap();
-        std::fs::copy(pki.path("ca.crt"), foreign.path().join("ca.crt")).unwrap();
+        std::fs::copy(pki.path("cluster-ca.crt"), foreign.path().join("ca.crt")).unwrap();
         std::fs::write(foreign.path().join("agent.crt"), &other.pki.agent.cert_pem).unwrap();
         std::fs::write(foreign.path().join("agent.key"), &other.pki.agent.key_pem).unwrap();
         let config = bridgehead_e2e::client::tls::config(

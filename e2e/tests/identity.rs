@@ -24,7 +24,7 @@ fn a_certificate_agent_may_announce_only_its_sans() {
     let (cert, key) = (pki.dir().join("node-1.crt"), pki.dir().join("node-1.key"));
     std::fs::write(&cert, &agent.cert_pem).unwrap();
     std::fs::write(&key, &agent.key_pem).unwrap();
-    let config = tls::config(&pki.path("ca.crt"), Some((&cert, &key))).unwrap();
+    let config = tls::config(&pki.path("cluster-ca.crt"), Some((&cert, &key))).unwrap();
     let upgrade =
         |query: &str| agent_upgrade(config.clone(), server.agent_addr, None, query).unwrap();
     for own in [
@@ -50,7 +50,7 @@ fn a_certificate_agent_may_announce_only_its_sans() {
     }
     // The PKI's plain agent certificate names no node: it may announce no host or address.
     let plain = tls::config(
-        &pki.path("ca.crt"),
+        &pki.path("cluster-ca.crt"),
         Some((&pki.path("agent.crt"), &pki.path("agent.key"))),
     )
     .unwrap();
@@ -88,14 +88,14 @@ fn an_agent_id_cannot_be_taken_over_by_another_identity() {
     )
     .unwrap();
     server.wait_agents(1).unwrap();
-    let impostor = tls::config(&pki.path("ca.crt"), Some((&node_b.0, &node_b.1))).unwrap();
+    let impostor = tls::config(&pki.path("cluster-ca.crt"), Some((&node_b.0, &node_b.1))).unwrap();
     let reply = agent_upgrade(impostor, server.agent_addr, None, "id=node-a&host=node-a").unwrap();
     assert_eq!(reply.status, 409, "{}{}", reply.head, reply.body);
     assert!(reply.body.contains("CN=node-a"), "{}", reply.body);
     let agents = server.agents().unwrap();
     assert_eq!(agents.len(), 1, "{agents:?}");
     // Identifiers per agent are capped.
-    let honest = tls::config(&pki.path("ca.crt"), Some((&node_b.0, &node_b.1))).unwrap();
+    let honest = tls::config(&pki.path("cluster-ca.crt"), Some((&node_b.0, &node_b.1))).unwrap();
     let many: Vec<String> = (0..300)
         .map(|i| format!("cidr=10.{}.{}.0/24", i / 256, i % 256))
         .collect();

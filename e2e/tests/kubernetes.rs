@@ -192,7 +192,8 @@ fn agents_are_refused_unless_their_token_is_right() {
     };
     let cluster = Cluster::start(&binaries, 0, Auth::Tokens { bind: false });
     let cp = &cluster.control_plane;
-    let config = bridgehead_e2e::client::tls::config(&cluster.pki.path("ca.crt"), None).unwrap();
+    let config =
+        bridgehead_e2e::client::tls::config(&cluster.pki.path("cluster-ca.crt"), None).unwrap();
     let upgrade = |token: Option<&str>| {
         bridgehead_e2e::client::agent_upgrade(
             config.clone(),
@@ -392,7 +393,8 @@ fn an_agent_cannot_claim_another_nodes_identifiers() {
     let cluster = Cluster::start(&binaries, 2, Auth::Tokens { bind: true });
     let (honest, victim) = (&cluster.nodes[0], &cluster.nodes[1]);
     // With node-1's token, an upgrade claiming node-2 is refused, naming the claim.
-    let config = bridgehead_e2e::client::tls::config(&cluster.pki.path("ca.crt"), None).unwrap();
+    let config =
+        bridgehead_e2e::client::tls::config(&cluster.pki.path("cluster-ca.crt"), None).unwrap();
     let stolen = cluster.agent_token(&honest.name);
     for claim in [
         format!("host={}", victim.name),

@@ -276,7 +276,7 @@ fn a_frozen_agent_is_dropped_within_its_keepalive_and_its_tunnels_fail() {
             (pki.dir().to_owned(), server.frontend_addr(), echo.clone());
         move || {
             let config = bridgehead_e2e::client::tls::config(
-                &pki_dir.join("ca.crt"),
+                &pki_dir.join("frontend-ca.crt"),
                 Some((&pki_dir.join("client.crt"), &pki_dir.join("client.key"))),
             )
             .unwrap();

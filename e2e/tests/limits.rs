@@ -35,13 +35,13 @@ fn server_raises_a_low_open_files_limit_to_the_hard_limit() {
         .arg("--server-key")
         .arg(pki.path("server.key"))
         .arg("--server-ca-cert")
-        .arg(pki.path("ca.crt"))
+        .arg(pki.path("frontend-ca.crt"))
         .arg("--cluster-cert")
         .arg(pki.path("cluster.crt"))
         .arg("--cluster-key")
         .arg(pki.path("cluster.key"))
         .arg("--cluster-ca-cert")
-        .arg(pki.path("ca.crt"));
+        .arg(pki.path("cluster-ca.crt"));
     let (server, _) = Process::spawn(command, &["health"]).unwrap();
     let (soft, hard) = nofile_of(server.pid()).unwrap();
     assert_eq!(soft, hard, "soft limit not raised");

@@ -15,8 +15,6 @@
 //! who it is.
 
 use std::collections::{HashMap, HashSet};
-use std::fmt;
-use std::net::IpAddr;
 use std::time::Duration;
 
 use bridgehead_proto::ident::AgentIdentifiers;
@@ -25,6 +23,7 @@ use http::StatusCode;
 use rustls::pki_types::CertificateDer;
 use tokio::time::Instant;
 
+use crate::certificate::certificate_names;
 use crate::kubernetes::{ApiError, KubeApi, Review};
 use crate::metrics::Metrics;
 use crate::router::HostKey;
@@ -324,54 +323,6 @@ impl Owned {
             }
         }
         Ok(())
-    }
-}
-
-/// A certificate's subject and SANs (DNS names and IP addresses as text).
-struct CertificateNames {
-    subject: String,
-    sans: Vec<String>,
-}
-
-impl fmt::Debug for CertificateNames {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CertificateNames")
-            .field("subject", &self.subject)
-            .field("sans", &self.sans)
-            .finish()
-    }
-}
-
-fn certificate_names(certificate: &CertificateDer<'_>) -> CertificateNames {
-    use x509_parser::extensions::GeneralName;
-    let Ok((_, parsed)) = x509_parser::parse_x509_certificate(certificate.as_ref()) else {
-        // The handshake verified it; a certificate webpki accepts but this parser does not
-        // vouches for nothing.
-        return CertificateNames {
-            subject: "(unparsable)".to_owned(),
-            sans: Vec::new(),
-        };
-    };
-    let mut sans = Vec::new();
-    if let Ok(Some(extension)) = parsed.subject_alternative_name() {
-        for name in &extension.value.general_names {
-            match name {
-                GeneralName::DNSName(dns) => sans.push((*dns).to_owned()),
-                GeneralName::IPAddress(bytes) => {
-                    let ip = match bytes.len() {
-                        4 => <[u8; 4]>::try_from(*bytes).ok().map(IpAddr::from),
-                        16 => <[u8; 16]>::try_from(*bytes).ok().map(IpAddr::from),
-                        _ => None,
-                    };
-                    sans.extend(ip.map(|ip| ip.to_string()));
-                }
-                _ => {}
-            }
-        }
-    }
-    CertificateNames {
-        subject: Printable::new(&parsed.subject().to_string()).to_string(),
-        sans,
     }
 }
 

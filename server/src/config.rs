@@ -20,7 +20,7 @@ use crate::router::{parse_strategies, Strategy};
 /// bridgehead-agents connect to the agent port with a WebSocket over TLS. Every flag can also
 /// be set through the environment variable named in its help.
 #[derive(Debug, Parser)]
-#[command(name = "bridgehead-server", version)]
+#[command(name = "bridgehead-server", version, args_override_self = true)]
 pub struct Cli {
     /// Frontend (CONNECT) TCP port; 0 binds an ephemeral port. Ignored (must be 0 or default)
     /// with --uds-name.
@@ -43,6 +43,21 @@ pub struct Cli {
     /// the TCP frontend: clients without a valid certificate are refused.
     #[arg(long, env = "BRIDGEHEAD_SERVER_CA_CERT")]
     pub server_ca_cert: Option<PathBuf>,
+    /// CONNECT clients allowed on the mTLS frontend, by their certificate's common name or a
+    /// DNS SAN (comma-separated); empty: any certificate from --server-ca-cert. Name
+    /// kube-apiserver's client certificate here.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_ALLOWED_CLIENTS",
+        value_delimiter = ',',
+        value_name = "NAMES"
+    )]
+    pub allowed_clients: Vec<String>,
+    /// Start even though --server-ca-cert and --cluster-ca-cert hold the same CA (a PKI made
+    /// by an older bridgehead-certs): every agent certificate is then a valid CONNECT client
+    /// certificate too. Warned about at every start; make a new PKI instead.
+    #[arg(long, env = "BRIDGEHEAD_ALLOW_SHARED_CA")]
+    pub allow_shared_ca: bool,
     /// Serve plain HTTP CONNECT on this Unix socket instead of the TCP frontend (mode 0660;
     /// a stale socket file is replaced).
     #[arg(long, env = "BRIDGEHEAD_UDS_NAME")]
@@ -175,6 +190,8 @@ pub enum FrontendConfig {
         cert: PathBuf,
         key: PathBuf,
         client_ca: PathBuf,
+        /// `--allowed-clients`: certificate names let in (empty: all).
+        allowed_clients: Vec<String>,
     },
     /// Plain HTTP CONNECT on a Unix socket.
     Unix { path: PathBuf },
@@ -209,6 +226,9 @@ pub struct Config {
     pub cluster_key: PathBuf,
     /// How agents authenticate.
     pub agent_auth: AgentAuthConfig,
+    /// The frontend's and the agents' CA are one (allowed by `--allow-shared-ca`): warned
+    /// about at startup.
+    pub shared_ca: bool,
     pub health_bind: std::net::SocketAddr,
     pub strategies: Vec<Strategy>,
     pub server_id: String,
@@ -271,6 +291,12 @@ impl Cli {
                     cert,
                     key,
                     client_ca,
+                    allowed_clients: self
+                        .allowed_clients
+                        .iter()
+                        .map(|name| name.trim().to_owned())
+                        .filter(|name| !name.is_empty())
+                        .collect(),
                 }
             }
         };
@@ -310,12 +336,23 @@ impl Cli {
         {
             bail!("--max-pending-dials, --max-tunnels-per-agent and --max-sessions-per-identity must be at least 1");
         }
+        // Files last: every flag error is reported before a file is read.
+        let shared_ca = match (&frontend, &agent_auth.cluster_ca) {
+            (FrontendConfig::Tcp { client_ca, .. }, Some(cluster_ca)) => {
+                shares_a_ca(client_ca, cluster_ca)?
+            }
+            _ => false,
+        };
+        if shared_ca && !self.allow_shared_ca {
+            bail!("--server-ca-cert and --cluster-ca-cert hold the same CA, so every agent certificate would open CONNECT tunnels: make a two-CA PKI with bridgehead-certs init (frontend-ca.crt, cluster-ca.crt), or pass --allow-shared-ca until you have rolled it out");
+        }
         Ok(Config {
             frontend,
             agent_bind: (self.agent_bind_address, self.agent_port).into(),
             cluster_cert: self.cluster_cert,
             cluster_key: self.cluster_key,
             agent_auth,
+            shared_ca,
             health_bind: (self.health_bind_address, self.health_port).into(),
             strategies,
             server_id: self
@@ -340,30 +377,91 @@ impl Cli {
     }
 }
 
+/// Whether the CA bundles at `a` and `b` hold a certificate in common.
+fn shares_a_ca(a: &std::path::Path, b: &std::path::Path) -> anyhow::Result<bool> {
+    let certs = |path: &std::path::Path| {
+        bridgehead_runtime::tls::load_certs(path).with_context(|| path.display().to_string())
+    };
+    let (a, b) = (certs(a)?, certs(b)?);
+    Ok(a.iter().any(|cert| b.contains(cert)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A two-CA PKI on disk, made once: validation reads the CA bundles.
+    fn pki() -> &'static std::path::Path {
+        static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+        DIR.get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            bridgehead_certs::Pki::generate(&[])
+                .unwrap()
+                .write_dir(dir.path(), true)
+                .unwrap();
+            dir
+        })
+        .path()
+    }
+
+    fn file(name: &str) -> String {
+        pki().join(name).display().to_string()
+    }
+
     fn validate(extra: &[&str]) -> anyhow::Result<Config> {
+        let cluster_ca = format!("--cluster-ca-cert={}", file("cluster-ca.crt"));
         let mut args = vec![
             "bridgehead-server",
             "--cluster-cert=c.crt",
             "--cluster-key=c.key",
-            "--cluster-ca-cert=ca.crt",
+            &cluster_ca,
         ];
         args.extend_from_slice(extra);
         Cli::try_parse_from(args)?.validate()
     }
 
-    const TCP: [&str; 3] = [
-        "--server-cert=s.crt",
-        "--server-key=s.key",
-        "--server-ca-cert=ca.crt",
-    ];
+    fn tcp() -> [String; 3] {
+        [
+            "--server-cert=s.crt".to_owned(),
+            "--server-key=s.key".to_owned(),
+            format!("--server-ca-cert={}", file("frontend-ca.crt")),
+        ]
+    }
+
+    /// As Go's pflag: a flag given twice takes its last value (chart and kubeadm extraArgs
+    /// append overrides).
+    #[test]
+    fn a_repeated_flag_takes_its_last_value() {
+        let tcp = tcp();
+        let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
+        let repeated = [&tcp[..], &["--dial-timeout=1s", "--dial-timeout", "2s"]].concat();
+        assert_eq!(
+            validate(&repeated).unwrap().dial_timeout,
+            Duration::from_secs(2)
+        );
+    }
+
+    #[test]
+    fn one_ca_for_both_ends_needs_allow_shared_ca() {
+        let shared = format!("--server-ca-cert={}", file("cluster-ca.crt"));
+        let args = ["--server-cert=s.crt", "--server-key=s.key", shared.as_str()];
+        let error = format!("{:#}", validate(&args).unwrap_err());
+        assert!(
+            error.contains("same CA") && error.contains("--allow-shared-ca"),
+            "{error}"
+        );
+        let config = validate(&[&args[..], &["--allow-shared-ca"]].concat()).unwrap();
+        assert!(config.shared_ca);
+        let tcp = tcp();
+        let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
+        assert!(!validate(&tcp).unwrap().shared_ca);
+    }
 
     #[test]
     fn valid_configurations() {
-        let config = validate(&TCP).unwrap();
+        let tcp = tcp();
+        let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
+        let config = validate(&tcp).unwrap();
         assert_eq!(config.strategies, vec![Strategy::Default]);
         assert_eq!(config.dial_timeout, Duration::from_secs(10));
         assert!(matches!(config.frontend, FrontendConfig::Tcp { bind, .. } if bind.port() == 8131));
@@ -377,7 +475,7 @@ mod tests {
         );
         let config = validate(
             &[
-                &TCP[..],
+                &tcp[..],
                 &["--proxy-strategies=destHost,", "--dial-timeout=1m30s"],
             ]
             .concat(),
@@ -389,6 +487,8 @@ mod tests {
 
     #[test]
     fn invalid_configurations_name_the_problem() {
+        let tcp = tcp();
+        let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
         let cases: &[(&[&str], &str)] = &[
             (&[], "--server-cert"),
             (
@@ -400,17 +500,17 @@ mod tests {
                 "--uds-name",
             ),
             (
-                &[&TCP[..], &["--proxy-strategies=destHost,nearest"]].concat(),
+                &[&tcp[..], &["--proxy-strategies=destHost,nearest"]].concat(),
                 "destHost, destCIDR, defaultRoute, default",
             ),
             (
-                &[&TCP[..], &["--dial-timeout=10"]].concat(),
+                &[&tcp[..], &["--dial-timeout=10"]].concat(),
                 "--dial-timeout",
             ),
-            (&[&TCP[..], &["--mode=grpc"]].concat(), "http-connect"),
-            (&[&TCP[..], &["--log-format=xml"]].concat(), "text, json"),
+            (&[&tcp[..], &["--mode=grpc"]].concat(), "http-connect"),
+            (&[&tcp[..], &["--log-format=xml"]].concat(), "text, json"),
             (
-                &[&TCP[..], &["--keepalive-time=0s"]].concat(),
+                &[&tcp[..], &["--keepalive-time=0s"]].concat(),
                 "--keepalive-time",
             ),
         ];

@@ -22,7 +22,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn, Instrument};
 
+use crate::certificate::certificate_names;
 use crate::context::Context;
+use crate::refusal::Refusal;
 
 mod connection;
 mod head;
@@ -39,6 +41,7 @@ impl<T: AsyncRead + AsyncWrite + AbortOnClose + Unpin + Send + 'static> ClientSo
 pub async fn serve_tcp(
     listener: TcpListener,
     tls: Arc<ServerConfig>,
+    allowed_clients: Arc<[String]>,
     ctx: Arc<Context>,
     shutdown: CancellationToken,
     connections: TaskTracker,
@@ -54,6 +57,7 @@ pub async fn serve_tcp(
         let span = tracing::debug_span!("client", peer = %peer, target = tracing::field::Empty, agent = tracing::field::Empty);
         let tls = tls.clone();
         let ctx = ctx.clone();
+        let allowed_clients = allowed_clients.clone();
         connections.spawn(
             async move {
                 let _ = tcp.set_nodelay(true);
@@ -63,10 +67,31 @@ pub async fn serve_tcp(
                     Ok(Err(error)) => return debug!(%error, "TLS handshake failed"),
                     Err(_) => return debug!("TLS handshake timed out"),
                 };
-                connection::serve(Box::new(tls), ctx).await;
+                let mut tls = Box::new(tls);
+                if let Err(refusal) = check_client(&tls, &allowed_clients) {
+                    return connection::refuse(&mut *tls, &ctx, refusal).await;
+                }
+                connection::serve(tls, ctx).await;
             }
             .instrument(span),
         );
+    }
+}
+
+/// With `--allowed-clients`, the client certificate must name one of them (its common name or
+/// a DNS SAN).
+fn check_client(tls: &TlsStream, allowed: &[String]) -> Result<(), Refusal> {
+    if allowed.is_empty() {
+        return Ok(());
+    }
+    let names = tls
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .map(certificate_names);
+    match names {
+        Some(names) if allowed.iter().any(|name| names.names(name)) => Ok(()),
+        Some(names) => Err(Refusal::ClientNotAllowed(names.subject)),
+        None => Err(Refusal::ClientNotAllowed("(no certificate)".to_owned())),
     }
 }
 

@@ -19,6 +19,7 @@
 pub mod admission;
 pub mod agent_auth;
 pub mod agent_endpoint;
+pub mod certificate;
 pub mod config;
 pub mod context;
 pub mod dial;
@@ -107,6 +108,9 @@ pub async fn run(
         )
         .context("agent endpoint TLS")?,
     );
+    if config.shared_ca {
+        warn!("--server-ca-cert and --cluster-ca-cert hold the same CA (--allow-shared-ca): every agent certificate is also a valid CONNECT client certificate; make a two-CA PKI with bridgehead-certs init");
+    }
     let agent_auth = agent_auth(&config.agent_auth).await?;
     let ctx = Arc::new(Context::new(&config, agent_auth));
     let connections = TaskTracker::new();
@@ -130,6 +134,7 @@ pub async fn run(
                 cert,
                 key,
                 client_ca,
+                allowed_clients,
                 ..
             } = &config.frontend
             else {
@@ -141,6 +146,7 @@ pub async fn run(
             background.spawn(frontend::serve_tcp(
                 listener,
                 tls,
+                allowed_clients.as_slice().into(),
                 ctx.clone(),
                 shutdown.clone(),
                 connections.clone(),

@@ -24,6 +24,8 @@ pub enum Refusal {
     Incomplete,
     #[error("only CONNECT is served here")]
     NotConnect,
+    #[error("client certificate {0} is not among --allowed-clients")]
+    ClientNotAllowed(String),
     #[error(transparent)]
     BadTarget(#[from] BadTarget),
     #[error(transparent)]
@@ -62,6 +64,7 @@ impl Refusal {
                 StatusCode::BAD_REQUEST
             }
             Refusal::NotConnect => StatusCode::METHOD_NOT_ALLOWED,
+            Refusal::ClientNotAllowed(_) => StatusCode::FORBIDDEN,
             Refusal::NoAgent(_) | Refusal::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::Dial { code, .. } => dial_failure(*code).0,
             Refusal::TimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -78,6 +81,7 @@ impl Refusal {
             | Refusal::Incomplete
             | Refusal::NotConnect
             | Refusal::BadTarget(_) => DialResult::BadRequest,
+            Refusal::ClientNotAllowed(_) => DialResult::NotPermitted,
             Refusal::NoAgent(_) => DialResult::NoAgent,
             Refusal::Overloaded(_) => DialResult::Overloaded,
             Refusal::Dial { code, .. } => dial_failure(*code).1,

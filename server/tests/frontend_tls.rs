@@ -45,7 +45,7 @@ fn client_config_for(
     let builder = ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(versions)
         .unwrap()
-        .with_root_certificates(load_roots(&dir.join("ca.crt")).unwrap());
+        .with_root_certificates(load_roots(&dir.join("frontend-ca.crt")).unwrap());
     let config = match cert {
         Some((cert, key)) => builder
             .with_client_auth_cert(
@@ -67,7 +67,7 @@ async fn rig() -> Rig {
     let config = bridgehead_server::tls_config::server_config(
         &dir.path().join("server.crt"),
         &dir.path().join("server.key"),
-        Some(&dir.path().join("ca.crt")),
+        Some(&dir.path().join("frontend-ca.crt")),
     )
     .unwrap();
     Rig {

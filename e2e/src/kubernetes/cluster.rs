@@ -94,7 +94,7 @@ impl Cluster {
             let server = Server::start(&pki, options).unwrap();
             let egress = Egress::Tcp {
                 url: format!("https://{}", server.frontend_addr()),
-                ca: pki.path("ca.crt"),
+                ca: pki.path("frontend-ca.crt"),
                 cert: pki.path("client.crt"),
                 key: pki.path("client.key"),
             };

@@ -118,7 +118,7 @@ async fn client_gone<S: ClientSocket>(socket: &mut S, early: &mut BytesMut) {
 }
 
 /// Answers `refusal` with its status and reason, counts it, and closes the connection.
-async fn refuse<S: ClientSocket>(socket: &mut S, ctx: &Context, refusal: Refusal) {
+pub(super) async fn refuse<S: ClientSocket>(socket: &mut S, ctx: &Context, refusal: Refusal) {
     ctx.metrics.dial(refusal.result());
     let status = refusal.status();
     if status.is_server_error() {

@@ -475,6 +475,11 @@ impl TlsStream {
     }
 
     /// The TCP socket, for socket options.
+    /// The client's certificate chain, as the handshake verified it.
+    pub fn peer_certificates(&self) -> Option<&[rustls::pki_types::CertificateDer<'static>]> {
+        self.conn.peer_certificates()
+    }
+
     pub fn tcp(&self) -> &TcpStream {
         &self.io
     }
