@@ -267,3 +267,193 @@ async fn garbage_frames_end_only_that_agents_session() {
     })
     .await
 }
+
+/// A hostile agent: the DIAL it is sent, after its upgrade.
+async fn next_dial(
+    ws: &mut tokio_tungstenite::WebSocketStream<
+        tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    >,
+) -> u32 {
+    loop {
+        match ws.next().await.expect("session open").expect("a message") {
+            Message::Binary(bytes) => {
+                for frame in bridgehead_proto::Frame::decode_all(bytes) {
+                    if let bridgehead_proto::Frame::Dial { stream, .. } = frame.unwrap() {
+                        return stream;
+                    }
+                }
+            }
+            _ => continue,
+        }
+    }
+}
+
+/// Sends `frame` on the hostile agent's WebSocket.
+async fn send_frame(
+    ws: &mut tokio_tungstenite::WebSocketStream<
+        tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    >,
+    frame: bridgehead_proto::Frame,
+) {
+    let mut buf = bytes::BytesMut::new();
+    frame.encode(&mut buf);
+    ws.send(Message::Binary(buf.freeze())).await.unwrap();
+}
+
+/// An agent's words reach a log line or a client's answer only escaped: a dial error with a
+/// newline and terminal escapes forges no log line.
+#[tokio::test]
+async fn an_agents_dial_error_cannot_forge_a_log_line() {
+    bounded(async {
+        let pki = Pki::new().unwrap();
+        let server = server_with(&pki, &[]);
+        let agent = ("agent.crt", "agent.key");
+        let mut ws = agent_upgrade(&pki, &server, agent, "id=liar", Some("bridgehead.v1"))
+            .await
+            .unwrap();
+        server.wait_agents(1).unwrap();
+        let (pki, frontend) = (Arc::new(pki), server.frontend_addr());
+        let client = {
+            let pki = pki.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut conn = tls_connect(&pki, frontend).unwrap();
+                bridgehead_e2e::client::request_reply(
+                    conn.as_mut(),
+                    bridgehead_e2e::client::kube::connect_head("10.1.2.3:80").as_bytes(),
+                )
+                .unwrap()
+            })
+        };
+        let stream = next_dial(&mut ws).await;
+        let forged =
+            "refused\n2026-12-01T00:00:00.000000Z  INFO agent connected identity=forged\x1b[2J";
+        send_frame(
+            &mut ws,
+            bridgehead_proto::Frame::DialErr {
+                stream,
+                code: bridgehead_proto::ErrorCode::Refused,
+                message: forged.to_owned(),
+            },
+        )
+        .await;
+        let reply = client.await.unwrap();
+        assert_eq!(reply.status, 502, "{}{}", reply.head, reply.body);
+        assert!(reply.body.contains("refused\\n2026"), "{}", reply.body);
+        assert!(
+            !reply.head.contains('\x1b') && !reply.body.contains('\x1b'),
+            "{reply:?}"
+        );
+        let log = server.process.stderr();
+        assert!(
+            log.contains("refused\\n2026"),
+            "the refusal is logged, escaped:\n{log}"
+        );
+        assert!(!log.contains("identity=forged\u{1b}"), "{log}");
+        assert!(
+            !log.lines()
+                .any(|line| line.starts_with("2026-12-01T00:00:00.000000Z")),
+            "a forged line:\n{log}"
+        );
+    })
+    .await
+}
+
+/// An agent that grants more credit than the protocol allows gets the stream reset; one that
+/// grants the most and then stops reading its WebSocket holds the server to the bounded
+/// transmit queue, however much the client sends.
+#[tokio::test]
+async fn a_greedy_agent_cannot_grow_the_server() {
+    bounded(async {
+        let pki = Pki::new().unwrap();
+        let server = server_with(&pki, &[]);
+        let agent = ("agent.crt", "agent.key");
+        let mut ws = agent_upgrade(&pki, &server, agent, "id=greedy", Some("bridgehead.v1"))
+            .await
+            .unwrap();
+        server.wait_agents(1).unwrap();
+        let (pki, frontend) = (Arc::new(pki), server.frontend_addr());
+        let connect = |pki: Arc<Pki>| {
+            tokio::task::spawn_blocking(move || {
+                let mut conn = tls_connect(&pki, frontend).unwrap();
+                let reply = kube_connect(conn.as_mut(), "10.1.2.3:80").unwrap();
+                (reply.status, conn)
+            })
+        };
+        // Credit beyond the protocol's bound: the dial fails.
+        let client = connect(pki.clone());
+        let stream = next_dial(&mut ws).await;
+        let max = u32::try_from(bridgehead_proto::session::MAX_CREDIT).unwrap();
+        send_frame(
+            &mut ws,
+            bridgehead_proto::Frame::DialOk {
+                stream,
+                window: max + 1,
+            },
+        )
+        .await;
+        assert_eq!(client.await.unwrap().0, 502);
+        // The most credit allowed on several streams, then silence: the clients' uploads
+        // stall, and the server holds its bounded transmit queue and the socket buffers, not
+        // the uploads (four streams' credit would be 64 MiB).
+        let mut conns = Vec::new();
+        for _ in 0..4 {
+            let client = connect(pki.clone());
+            let stream = next_dial(&mut ws).await;
+            send_frame(
+                &mut ws,
+                bridgehead_proto::Frame::DialOk {
+                    stream,
+                    window: max,
+                },
+            )
+            .await;
+            let (status, conn) = client.await.unwrap();
+            assert_eq!(status, 200);
+            conns.push(conn);
+        }
+        let pid = server.process.pid();
+        let before = bridgehead_e2e::procfs::rss_bytes(pid).unwrap();
+        let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let writers: Vec<_> = conns
+            .into_iter()
+            .map(|mut conn| {
+                let counter = written.clone();
+                std::thread::spawn(move || {
+                    let block = vec![0x42u8; 64 * 1024];
+                    // Stops when the server stops reading (the write times out) or at 64 MiB.
+                    for _ in 0..1024 {
+                        if conn.write_all(&block).is_err() {
+                            break;
+                        }
+                        counter.fetch_add(block.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        // Until the uploads have stalled: no progress for a second.
+        let mut last = 0;
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let now = written.load(std::sync::atomic::Ordering::Relaxed);
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        let grown = bridgehead_e2e::procfs::rss_bytes(pid)
+            .unwrap()
+            .saturating_sub(before);
+        assert!(
+            grown < 24 << 20,
+            "the server grew by {grown} bytes (the clients sent {last})"
+        );
+        drop(ws);
+        let _ = tokio::task::spawn_blocking(move || {
+            writers.into_iter().for_each(|writer| {
+                let _ = writer.join();
+            })
+        })
+        .await;
+    })
+    .await
+}

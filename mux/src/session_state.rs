@@ -6,6 +6,7 @@ use std::task::{Context, Waker};
 use std::time::Duration;
 
 use bridgehead_proto::session::{Event, Session, SessionConfig};
+use bridgehead_proto::text::Printable;
 use bridgehead_proto::{ErrorCode, StreamId};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -164,7 +165,7 @@ impl SessionState {
                         stream,
                         Ending::Reset {
                             code,
-                            reason: message,
+                            reason: Printable::new(&message).to_string(),
                             by_peer: true,
                         },
                     );
@@ -180,7 +181,8 @@ impl SessionState {
                     stream,
                     Ending::Reset {
                         code,
-                        reason,
+                        // The peer's words: escaped before any log line or answer shows them.
+                        reason: Printable::new(&reason).to_string(),
                         by_peer,
                     },
                 ),

@@ -7,9 +7,10 @@ use std::fmt;
 /// Longest text shown by default, in characters.
 pub const MAX_SHOWN: usize = 256;
 
-/// Shows `text` on one line: printable characters as they are; `\n`, `\r`, `\t`, `\\` and
-/// every other control character escaped (`\n`, `\x1b`, `\u{85}`); at most `max` characters of
-/// it, then `…`. Escaping makes it unable to forge a log line or a header.
+/// Shows `text` on one line: printable characters as they are (a backslash too, so that
+/// escaping twice changes nothing); `\n`, `\r`, `\t` and every other control character
+/// escaped (`\n`, `\x1b`, `\u{85}`); at most `max` characters of it, then `…`. Escaping
+/// makes it unable to forge a log line or a header.
 #[derive(Debug, Clone, Copy)]
 pub struct Printable<'a> {
     text: &'a str,
@@ -41,7 +42,6 @@ impl<'a> Printable<'a> {
                 '\n' => f.write_str("\\n")?,
                 '\r' => f.write_str("\\r")?,
                 '\t' => f.write_str("\\t")?,
-                '\\' => f.write_str("\\\\")?,
                 c if (c as u32) < 0x80 && !c.is_ascii_control() => write!(f, "{c}")?,
                 c if (c as u32) < 0x80 => write!(f, "\\x{:02x}", c as u32)?,
                 c if ascii || c.is_control() => write!(f, "\\u{{{:x}}}", c as u32)?,
@@ -75,9 +75,15 @@ mod tests {
     #[test]
     fn control_characters_are_escaped_and_long_text_is_cut() {
         let forged = "refused\n2026-12-01T00:00:00Z INFO agent connected\x1b[2J\\";
+        let once = Printable::new(forged).to_string();
         assert_eq!(
-            Printable::new(forged).to_string(),
-            "refused\\n2026-12-01T00:00:00Z INFO agent connected\\x1b[2J\\\\"
+            once,
+            "refused\\n2026-12-01T00:00:00Z INFO agent connected\\x1b[2J\\"
+        );
+        assert_eq!(
+            Printable::new(&once).to_string(),
+            once,
+            "escaping twice changes nothing"
         );
         assert_eq!(Printable::cut("abcdef", 3).to_string(), "abc…");
         assert_eq!(Printable::cut("abc", 3).to_string(), "abc");
