@@ -457,3 +457,144 @@ async fn a_greedy_agent_cannot_grow_the_server() {
     })
     .await
 }
+
+/// A tarpit agent (it takes every DIAL and never answers) beside an honest one, both behind
+/// `destHost`: the tarpit holds at most its per-agent share of pending dials, and one client
+/// at most its per-client share.
+#[tokio::test]
+async fn a_tarpit_agent_or_a_greedy_client_cannot_take_every_dial() {
+    bounded(async {
+        let pki = Pki::new().unwrap();
+        let server = server_with(
+            &pki,
+            &[
+                "--proxy-strategies",
+                "destHost",
+                "--max-pending-dials-per-agent",
+                "4",
+                "--max-pending-dials-per-client",
+                "6",
+                "--dial-timeout",
+                "60s",
+            ],
+        );
+        let agent = ("agent.crt", "agent.key");
+        let mut tarpit = agent_upgrade(
+            &pki,
+            &server,
+            agent,
+            "id=tarpit&ipv4=10.255.0.1",
+            Some("bridgehead.v1"),
+        )
+        .await
+        .unwrap();
+        // It reads (so its pongs keep the session alive) and answers no DIAL.
+        let _tarpit = tokio::spawn(async move { while tarpit.next().await.is_some() {} });
+        let _honest = bridgehead_e2e::Agent::start(
+            &pki,
+            &server,
+            bridgehead_e2e::AgentOptions {
+                id: Some("honest".into()),
+                identifiers: Some("ipv4=127.0.0.1".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        server.wait_agents(2).unwrap();
+        let echo = target::echo("127.0.0.1:0").unwrap().to_string();
+        let pki = Arc::new(pki);
+        let frontend = server.frontend_addr();
+        let pending = Arc::new(std::sync::Mutex::new(Vec::new()));
+        // Opens a CONNECT and leaves it waiting (the tarpit never answers).
+        let hang = |config: Arc<rustls::ClientConfig>| {
+            let pending = pending.clone();
+            move || {
+                let mut conn = bridgehead_e2e::client::tls_connect_with(config, frontend).unwrap();
+                conn.write_all(
+                    bridgehead_e2e::client::kube::connect_head("10.255.0.1:80").as_bytes(),
+                )
+                .unwrap();
+                conn.flush().unwrap();
+                pending.lock().unwrap().push(conn);
+            }
+        };
+        let ask = |config: Arc<rustls::ClientConfig>, target: String| {
+            tokio::task::spawn_blocking(move || {
+                let mut conn = bridgehead_e2e::client::tls_connect_with(config, frontend).unwrap();
+                bridgehead_e2e::client::request_reply(
+                    conn.as_mut(),
+                    bridgehead_e2e::client::kube::connect_head(&target).as_bytes(),
+                )
+                .unwrap()
+            })
+        };
+        // Only the status: a tunnel to the echo target stays open.
+        let status = |config: Arc<rustls::ClientConfig>, target: String| {
+            tokio::task::spawn_blocking(move || {
+                let mut conn = bridgehead_e2e::client::tls_connect_with(config, frontend).unwrap();
+                kube_connect(conn.as_mut(), &target).unwrap().status
+            })
+        };
+        let client_a =
+            bridgehead_e2e::client::tls_config(&pki, Some(("client.crt", "client.key"))).unwrap();
+        let other = pki.pki.issue_client("another-apiserver").unwrap();
+        std::fs::write(pki.dir().join("b.crt"), &other.cert_pem).unwrap();
+        std::fs::write(pki.dir().join("b.key"), &other.key_pem).unwrap();
+        let client_b = bridgehead_e2e::client::tls_config(&pki, Some(("b.crt", "b.key"))).unwrap();
+        // A bounded poll of the gauge (blocking this test's own thread only).
+        let wait_pending = |n: f64| {
+            bridgehead_e2e::process::wait_until(IO_TIMEOUT, || {
+                server
+                    .metric("bridgehead_server_dials_pending")
+                    .unwrap_or(-1.0)
+                    == n
+            })
+            .unwrap_or_else(|_| panic!("{n} dials pending"))
+        };
+        // Client A fills the tarpit's share.
+        for _ in 0..4 {
+            tokio::task::spawn_blocking(hang(client_a.clone()))
+                .await
+                .unwrap();
+        }
+        wait_pending(4.0);
+        let reply = ask(client_a.clone(), "10.255.0.1:80".into()).await.unwrap();
+        assert_eq!(reply.status, 503, "{}{}", reply.head, reply.body);
+        assert!(
+            reply.body.contains("limit of 4 dials pending"),
+            "{}",
+            reply.body
+        );
+        // The honest agent still serves.
+        assert_eq!(status(client_a.clone(), echo.clone()).await.unwrap(), 200);
+        // Client A at its own limit (4 pending + 2 more that the honest agent holds open).
+        let slow = tokio::task::spawn_blocking(|| target::black_hole(Duration::from_millis(300)))
+            .await
+            .unwrap()
+            .unwrap();
+        for _ in 0..2 {
+            let pending = pending.clone();
+            let config = client_a.clone();
+            let target = slow.addr.to_string();
+            tokio::task::spawn_blocking(move || {
+                let mut conn = bridgehead_e2e::client::tls_connect_with(config, frontend).unwrap();
+                conn.write_all(bridgehead_e2e::client::kube::connect_head(&target).as_bytes())
+                    .unwrap();
+                pending.lock().unwrap().push(conn);
+            })
+            .await
+            .unwrap();
+        }
+        wait_pending(6.0);
+        let reply = ask(client_a.clone(), echo.clone()).await.unwrap();
+        assert_eq!(reply.status, 503, "{}{}", reply.head, reply.body);
+        assert!(
+            reply.body.contains("this client has its limit of 6"),
+            "{}",
+            reply.body
+        );
+        // Another client is not affected.
+        assert_eq!(status(client_b, echo).await.unwrap(), 200);
+    })
+    .await
+}

@@ -76,6 +76,11 @@ impl Mux {
         self.shared.open_streams()
     }
 
+    /// Streams open or dialing, and of those the dials waiting for the agent's answer.
+    pub fn load(&self) -> (usize, usize) {
+        self.shared.load()
+    }
+
     /// Whether the peer announced that it drains.
     pub fn peer_draining(&self) -> bool {
         self.shared.peer_draining()

@@ -202,6 +202,11 @@ impl SessionState {
         self.lock().session.stream_count()
     }
 
+    pub(crate) fn load(&self) -> (usize, usize) {
+        let state = self.lock();
+        (state.session.stream_count(), state.session.dialing())
+    }
+
     pub(crate) fn peer_draining(&self) -> bool {
         self.lock().session.peer_draining()
     }

@@ -169,6 +169,11 @@ impl Session {
         self.streams.len()
     }
 
+    /// Server: streams waiting for the agent's answer to their DIAL.
+    pub fn dialing(&self) -> usize {
+        self.deadlines.len()
+    }
+
     /// Whether `stream` still exists.
     pub fn contains(&self, stream: StreamId) -> bool {
         self.streams.contains_key(&stream)

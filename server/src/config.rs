@@ -153,6 +153,22 @@ pub struct Cli {
         default_value_t = 100
     )]
     pub max_sessions_per_identity: usize,
+    /// Most dials waiting for one agent's answer; beyond it the router picks another agent or
+    /// 503 (an agent that never answers holds no more than this).
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_MAX_PENDING_DIALS_PER_AGENT",
+        default_value_t = 256
+    )]
+    pub max_pending_dials_per_agent: usize,
+    /// Most dials one CONNECT client (by its certificate; all Unix-socket clients together)
+    /// has waiting; beyond it that client gets 503.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_MAX_PENDING_DIALS_PER_CLIENT",
+        default_value_t = 512
+    )]
+    pub max_pending_dials_per_client: usize,
     /// Most tunnels one agent carries at once; beyond it the router picks another or 503.
     #[arg(
         long,
@@ -238,6 +254,8 @@ pub struct Config {
     pub max_pending_dials: usize,
     pub max_tunnels_per_agent: usize,
     pub max_sessions_per_identity: usize,
+    pub max_pending_dials_per_agent: usize,
+    pub max_pending_dials_per_client: usize,
     pub grace_period: Duration,
     pub target_bytes_hold: Duration,
     pub log_format: LogFormat,
@@ -333,8 +351,10 @@ impl Cli {
         if self.max_pending_dials == 0
             || self.max_tunnels_per_agent == 0
             || self.max_sessions_per_identity == 0
+            || self.max_pending_dials_per_agent == 0
+            || self.max_pending_dials_per_client == 0
         {
-            bail!("--max-pending-dials, --max-tunnels-per-agent and --max-sessions-per-identity must be at least 1");
+            bail!("--max-pending-dials(-per-agent, -per-client), --max-tunnels-per-agent and --max-sessions-per-identity must be at least 1");
         }
         // Files last: every flag error is reported before a file is read.
         let shared_ca = match (&frontend, &agent_auth.cluster_ca) {
@@ -368,6 +388,8 @@ impl Cli {
             max_pending_dials: self.max_pending_dials,
             max_tunnels_per_agent: self.max_tunnels_per_agent,
             max_sessions_per_identity: self.max_sessions_per_identity,
+            max_pending_dials_per_agent: self.max_pending_dials_per_agent,
+            max_pending_dials_per_client: self.max_pending_dials_per_client,
             grace_period: self.shutdown_grace_period,
             target_bytes_hold: self.target_bytes_hold,
             log_format: self.log_format,

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn, Instrument};
 
+use crate::admission::ClientKey;
 use crate::certificate::certificate_names;
 use crate::context::Context;
 use crate::refusal::Refusal;
@@ -71,7 +72,14 @@ pub async fn serve_tcp(
                 if let Err(refusal) = check_client(&tls, &allowed_clients) {
                     return connection::refuse(&mut *tls, &ctx, refusal).await;
                 }
-                connection::serve(tls, ctx).await;
+                let client = tls
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .map_or_else(
+                        || ClientKey::from(&[][..]),
+                        |cert| ClientKey::from(cert.as_ref()),
+                    );
+                connection::serve(tls, client, ctx).await;
             }
             .instrument(span),
         );
@@ -116,7 +124,10 @@ pub async fn serve_unix(
             target = tracing::field::Empty,
             agent = tracing::field::Empty
         );
-        connections.spawn(connection::serve(Box::new(socket), ctx.clone()).instrument(span));
+        // Every client of the socket is one client: its file mode is the access control.
+        let client = ClientKey::from(&b"unix socket"[..]);
+        connections
+            .spawn(connection::serve(Box::new(socket), client, ctx.clone()).instrument(span));
     }
 }
 

@@ -32,6 +32,8 @@ pub enum Refusal {
     NoAgent(#[from] RouteError),
     #[error("overloaded: {0} dials already pending")]
     Overloaded(usize),
+    #[error("overloaded: this client has its limit of {0} dials pending")]
+    ClientOverloaded(usize),
     #[error("agent {agent} could not dial {target}: {code}: {message}")]
     Dial {
         agent: String,
@@ -65,7 +67,9 @@ impl Refusal {
             }
             Refusal::NotConnect => StatusCode::METHOD_NOT_ALLOWED,
             Refusal::ClientNotAllowed(_) => StatusCode::FORBIDDEN,
-            Refusal::NoAgent(_) | Refusal::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::NoAgent(_) | Refusal::Overloaded(_) | Refusal::ClientOverloaded(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Refusal::Dial { code, .. } => dial_failure(*code).0,
             Refusal::TimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
             Refusal::AgentLost { .. } => StatusCode::BAD_GATEWAY,
@@ -83,7 +87,7 @@ impl Refusal {
             | Refusal::BadTarget(_) => DialResult::BadRequest,
             Refusal::ClientNotAllowed(_) => DialResult::NotPermitted,
             Refusal::NoAgent(_) => DialResult::NoAgent,
-            Refusal::Overloaded(_) => DialResult::Overloaded,
+            Refusal::Overloaded(_) | Refusal::ClientOverloaded(_) => DialResult::Overloaded,
             Refusal::Dial { code, .. } => dial_failure(*code).1,
             Refusal::TimedOut { .. } => DialResult::TimedOut,
             Refusal::AgentLost { .. } => DialResult::AgentLost,

@@ -22,6 +22,7 @@ pub struct Registry {
     inner: Arc<Mutex<State>>,
     max_tunnels_per_agent: usize,
     max_sessions_per_identity: usize,
+    max_pending_dials_per_agent: usize,
 }
 
 #[derive(Debug)]
@@ -79,6 +80,8 @@ pub enum RouteError {
     NoRoute(#[from] NoRoute),
     #[error("every matching agent carries its limit of {0} tunnels")]
     Full(usize),
+    #[error("every matching agent has its limit of {0} dials pending")]
+    Busy(usize),
 }
 
 /// One agent as `GET /agents` shows it.
@@ -104,16 +107,18 @@ pub struct IdentifiersView {
 }
 
 impl Registry {
-    /// A registry routing by `strategies`; sessions per identity unlimited.
+    /// A registry routing by `strategies`; sessions per identity and dials per agent
+    /// unlimited.
     pub fn new(strategies: Vec<Strategy>, max_tunnels_per_agent: usize) -> Registry {
-        Registry::with_limits(strategies, max_tunnels_per_agent, usize::MAX)
+        Registry::with_limits(strategies, max_tunnels_per_agent, usize::MAX, usize::MAX)
     }
 
-    /// A registry with `--max-sessions-per-identity`.
+    /// A registry with `--max-sessions-per-identity` and `--max-pending-dials-per-agent`.
     pub fn with_limits(
         strategies: Vec<Strategy>,
         max_tunnels_per_agent: usize,
         max_sessions_per_identity: usize,
+        max_pending_dials_per_agent: usize,
     ) -> Registry {
         Registry {
             inner: Arc::new(Mutex::new(State {
@@ -125,6 +130,7 @@ impl Registry {
             })),
             max_tunnels_per_agent,
             max_sessions_per_identity,
+            max_pending_dials_per_agent,
         }
     }
 
@@ -203,30 +209,42 @@ impl Registry {
         }
     }
 
-    /// The agents that may carry a tunnel to `target`, best first, skipping full ones.
+    /// The agents that may carry a tunnel to `target`, best first, skipping full ones and
+    /// those with their limit of dials pending (an agent that never answers cannot take every
+    /// dial).
     pub fn route(&self, target: &TargetHost) -> Result<Candidates, RouteError> {
         let state = self.lock();
-        // A full agent ranks last, so a sample with room anywhere yields that agent first.
+        let usable = |load: (usize, usize)| {
+            load.0 < self.max_tunnels_per_agent && load.1 < self.max_pending_dials_per_agent
+        };
+        // An agent without room ranks last, so a sample with room anywhere yields that agent
+        // first.
         let loads = |key: AgentKey| {
             state
                 .agents
                 .get(&key)
-                .map(|agent| agent.mux.open_streams())
-                .filter(|&open| open < self.max_tunnels_per_agent)
-                .unwrap_or(usize::MAX)
+                .map(|agent| agent.mux.load())
+                .filter(|&load| usable(load))
+                .map_or(usize::MAX, |(open, _)| open)
         };
         let route = state.table.route(target, loads, &mut rand::rng())?;
+        let mut full = false;
         let agents: Vec<_> = route
             .candidates
             .iter()
             .filter_map(|key| {
                 let agent = state.agents.get(key)?;
-                (agent.mux.open_streams() < self.max_tunnels_per_agent)
-                    .then(|| (*key, agent.name.clone(), agent.mux.clone()))
+                let load = agent.mux.load();
+                full |= load.0 >= self.max_tunnels_per_agent;
+                usable(load).then(|| (*key, agent.name.clone(), agent.mux.clone()))
             })
             .collect();
         if agents.is_empty() {
-            return Err(RouteError::Full(self.max_tunnels_per_agent));
+            return Err(if full {
+                RouteError::Full(self.max_tunnels_per_agent)
+            } else {
+                RouteError::Busy(self.max_pending_dials_per_agent)
+            });
         }
         Ok(Candidates {
             strategy: route.strategy,

@@ -51,7 +51,7 @@ fn an_id_is_replaced_only_by_the_same_identity() {
 
 #[test]
 fn sessions_per_identity_are_capped() {
-    let registry = Registry::with_limits(vec![Strategy::Default], 100, 2);
+    let registry = Registry::with_limits(vec![Strategy::Default], 100, 2, usize::MAX);
     let (b, _) = registry.register(registration("b", "shared")).unwrap();
     registry.register(registration("c", "shared")).unwrap();
     let error = registry.register(registration("d", "shared")).unwrap_err();

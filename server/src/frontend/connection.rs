@@ -15,6 +15,7 @@ use tracing::{debug, info};
 use super::head::{self, Head};
 use super::hold::Held;
 use super::ClientSocket;
+use crate::admission::ClientKey;
 use crate::context::Context;
 use crate::dial;
 use crate::metrics::{DialResult, Direction};
@@ -52,8 +53,12 @@ struct Opened {
 /// The socket comes boxed: an async fn keeps a by-value parameter twice in its state (as
 /// argument and as local), and this task lives as long as the tunnel — a TLS stream is
 /// 1.2 KiB.
-pub(super) async fn serve<S: ClientSocket>(mut socket: Box<S>, ctx: Arc<Context>) {
-    let opened = match open(&mut *socket, &ctx).await {
+pub(super) async fn serve<S: ClientSocket>(
+    mut socket: Box<S>,
+    client: ClientKey,
+    ctx: Arc<Context>,
+) {
+    let opened = match open(&mut *socket, client, &ctx).await {
         Ok(opened) => opened,
         Err(Failure::Gone(why)) => return debug!("{why}"),
         Err(Failure::Refused(refusal)) => return refuse(&mut *socket, &ctx, refusal).await,
@@ -70,7 +75,11 @@ pub(super) async fn serve<S: ClientSocket>(mut socket: Box<S>, ctx: Arc<Context>
 }
 
 /// Head, admission, route, dial: a stream to the target, or why not.
-async fn open<S: ClientSocket>(socket: &mut S, ctx: &Context) -> Result<Opened, Failure> {
+async fn open<S: ClientSocket>(
+    socket: &mut S,
+    client: ClientKey,
+    ctx: &Context,
+) -> Result<Opened, Failure> {
     let (target, early) =
         match tokio::time::timeout(ctx.handshake_timeout, head::read(socket)).await {
             Ok(Head::Connect(target, early)) => (target, early),
@@ -80,7 +89,8 @@ async fn open<S: ClientSocket>(socket: &mut S, ctx: &Context) -> Result<Opened, 
         };
     let span = tracing::Span::current();
     span.record("target", tracing::field::display(&target));
-    let _slot = ctx.admission.admit()?;
+    let _slot = ctx.admission.admit(&client)?;
+    drop(client);
     let candidates = ctx.registry.route(&target.host).map_err(Refusal::from)?;
     let started = Instant::now();
     // A client that leaves while its dial is pending gets nothing more: dropping the dial
