@@ -56,6 +56,7 @@ target=$(address_of "$demo/target.out" "demo target")
   --server-bind-address 127.0.0.1 --server-port 0 \
   --agent-bind-address 127.0.0.1 --agent-port 0 \
   --health-bind-address 127.0.0.1 --health-port 0 \
+  --admin-bind-address 127.0.0.1 --admin-port 0 \
   --server-cert "$demo/pki/server.crt" --server-key "$demo/pki/server.key" \
   --server-ca-cert "$demo/pki/frontend-ca.crt" \
   --cluster-cert "$demo/pki/cluster.crt" --cluster-key "$demo/pki/cluster.key" \
@@ -66,6 +67,7 @@ pids+=($!)
 frontend=$(address_of "$demo/server.out" "frontend")
 agent_port=$(address_of "$demo/server.out" "agent endpoint")
 health=$(address_of "$demo/server.out" "health")
+admin=$(address_of "$demo/server.out" "admin")
 
 "$bin/bridgehead-agent" \
   --proxy-server-host 127.0.0.1 --proxy-server-port "${agent_port##*:}" \
@@ -73,7 +75,7 @@ health=$(address_of "$demo/server.out" "health")
   --agent-cert "$demo/pki/agent.crt" --agent-key "$demo/pki/agent.key" \
   --agent-id demo-agent \
   --agent-identifiers "host=localhost&ipv4=127.0.0.1&default-route=true" \
-  --health-server-port 0 --health-bind-address 127.0.0.1 \
+  --health-server-port 0 --health-bind-address 127.0.0.1 --admin-server-port 0 \
   > "$demo/agent.out" 2> "$demo/agent.log" &
 pids+=($!)
 address_of "$demo/agent.out" "health" > /dev/null
@@ -90,7 +92,8 @@ cat <<MSG
 Bridgehead is running (logs in $demo/*.log):
   frontend (mTLS CONNECT)  https://$frontend
   agent endpoint           wss://$agent_port/connect
-  health / metrics         http://$health/readyz  http://$health/metrics  http://$health/agents
+  health / metrics         http://$health/readyz  http://$health/metrics
+  admin (agents)           http://$admin/agents
   demo target              http://$target  (reached only through the tunnel)
 
 Paste this into another terminal:

@@ -93,6 +93,25 @@ pub struct Cli {
     )]
     pub health_server_port: u16,
 
+    /// Admin port: what an operator debugs with (`/status`: the session, open tunnels;
+    /// `/config`); 0 picks a free port.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_ADMIN_SERVER_PORT",
+        default_value_t = 8094,
+        value_name = "PORT"
+    )]
+    pub admin_server_port: u16,
+
+    /// Address the admin port binds.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_ADMIN_BIND_ADDRESS",
+        default_value = "127.0.0.1",
+        value_name = "IP"
+    )]
+    pub admin_bind_address: IpAddr,
+
     /// Address the health server binds.
     #[arg(
         long,
@@ -208,6 +227,8 @@ pub struct Config {
     pub token_path: Option<PathBuf>,
     /// Where the health server binds.
     pub health_address: SocketAddr,
+    /// Where the admin server binds.
+    pub admin_address: SocketAddr,
     /// Session keepalive.
     pub keepalive: Keepalive,
     /// First reconnect delay.
@@ -322,6 +343,7 @@ impl Cli {
             identifiers,
             token_path: self.service_account_token_path,
             health_address: SocketAddr::new(self.health_bind_address, self.health_server_port),
+            admin_address: SocketAddr::new(self.admin_bind_address, self.admin_server_port),
             keepalive: Keepalive {
                 interval: self.keepalive_time,
                 timeout: self.keepalive_time * KEEPALIVE_MISSES,

@@ -157,6 +157,29 @@ impl Health {
     }
 
     /// The health server's routes.
+    /// Answers one GET on the admin port; `config` is the configuration as text (paths, never
+    /// keys or tokens).
+    pub(crate) fn admin(&self, path: &str, config: &str) -> Reply {
+        match path {
+            "/status" => {
+                let status = match self.status() {
+                    Status::Connected(server) => format!("connected to {server}"),
+                    Status::NotConnected(reason) => format!("not connected: {reason}"),
+                    Status::ShuttingDown => "shutting down".to_owned(),
+                };
+                Reply::text(
+                    StatusCode::OK,
+                    format!(
+                        "{status}\nopen tunnels: {}",
+                        self.inner.metrics.streams_open.get()
+                    ),
+                )
+            }
+            "/config" => Reply::text(StatusCode::OK, config),
+            _ => Reply::text(StatusCode::NOT_FOUND, "not found (try /status, /config)"),
+        }
+    }
+
     pub(crate) fn reply(&self, path: &str) -> Reply {
         match path {
             "/healthz" | "/livez" => Reply::text(StatusCode::OK, "ok"),

@@ -46,15 +46,46 @@ use server_connection::ConnectError;
 /// A session that lasted this long was healthy: the next reconnect starts from the first delay.
 const HEALTHY_SESSION: Duration = Duration::from_secs(10);
 
+/// The agent's two HTTP listeners, bound before [`run`].
+#[derive(Debug)]
+pub struct Listeners {
+    /// `/healthz`, `/readyz`, `/metrics`.
+    pub health: TcpListener,
+    /// `/status`, `/config` (loopback by default).
+    pub admin: TcpListener,
+}
+
+impl Listeners {
+    /// Binds what `config` asks for (port 0 binds an ephemeral port).
+    pub async fn bind(config: &Config) -> anyhow::Result<Listeners> {
+        let bind = |address: std::net::SocketAddr, what: &'static str| async move {
+            TcpListener::bind(address)
+                .await
+                .map_err(|e| anyhow::anyhow!("binding the {what} to {address}: {e}"))
+        };
+        Ok(Listeners {
+            health: bind(config.health_address, "health server").await?,
+            admin: bind(config.admin_address, "admin server").await?,
+        })
+    }
+}
+
 /// Runs the agent until `shutdown` is cancelled and the live session (if any) drained. Serves
-/// `/healthz`, `/readyz` and `/metrics` on `health`.
+/// `/healthz`, `/readyz` and `/metrics` on the health listener, `/status` and `/config` on the
+/// admin listener.
 pub async fn run(
     config: Config,
-    health_listener: TcpListener,
+    listeners: Listeners,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let Listeners {
+        health: health_listener,
+        admin: admin_listener,
+    } = listeners;
     let health_address = health_listener.local_addr()?;
+    let admin_address = admin_listener.local_addr()?;
     info!(address = %health_address, "health server listening");
+    info!(address = %admin_address, "admin server listening");
     info!(
         server = %config.server_authority(),
         agent = %config.agent_id(),
@@ -75,12 +106,25 @@ pub async fn run(
         health_stop.clone(),
         health_tasks.clone(),
     ));
+    let admin_routes = {
+        let health = health.clone();
+        let shown = format!("{config:#?}");
+        move |path: &str| health.admin(path, &shown)
+    };
+    let admin_server = tokio::spawn(serve(
+        admin_listener,
+        admin_routes,
+        health_stop.clone(),
+        health_tasks.clone(),
+    ));
 
-    let policy = Arc::new(config.destination_policy(vec![health_address.port()]));
+    let policy =
+        Arc::new(config.destination_policy(vec![health_address.port(), admin_address.port()]));
     reconnect_loop(&config, &health, &policy, &shutdown).await;
 
     health_stop.cancel();
     let _ = health_server.await;
+    let _ = admin_server.await;
     health_tasks.close();
     let _ = tokio::time::timeout(Duration::from_secs(1), health_tasks.wait()).await;
     info!("stopped");

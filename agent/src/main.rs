@@ -8,7 +8,6 @@ use bridgehead_runtime::threads::start_process;
 use bridgehead_runtime::{signal, EX_USAGE};
 use clap::error::ErrorKind;
 use clap::Parser;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::error;
 
@@ -37,24 +36,22 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        let health = TcpListener::bind(config.health_address)
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "binding the health server to {}: {e}",
-                    config.health_address
-                )
-            })?;
-        let address = health.local_addr()?;
+        let listeners = bridgehead_agent::Listeners::bind(&config).await?;
         let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "bridgehead-agent health listening on {address}")?;
+        for (what, listener) in [("health", &listeners.health), ("admin", &listeners.admin)] {
+            writeln!(
+                stdout,
+                "bridgehead-agent {what} listening on {}",
+                listener.local_addr()?
+            )?;
+        }
         stdout.flush()?;
         drop(stdout);
         let shutdown = CancellationToken::new();
         signal::cancel_on_signal(shutdown.clone())?;
         // On a worker thread, not the main thread `block_on` parks: the session driver and
         // the tunnel tasks then hand work to each other without crossing threads.
-        tokio::spawn(bridgehead_agent::run(config, health, shutdown))
+        tokio::spawn(bridgehead_agent::run(config, listeners, shutdown))
             .await
             .map_err(|e| anyhow::anyhow!("agent task failed: {e}"))?
     });

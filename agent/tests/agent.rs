@@ -30,6 +30,14 @@ async fn bounded<F: std::future::Future>(body: F) -> F::Output {
     timeout(TEST_TIMEOUT, body).await.expect("test timed out")
 }
 
+/// Health and admin listeners on ephemeral loopback ports.
+async fn listeners() -> bridgehead_agent::Listeners {
+    bridgehead_agent::Listeners {
+        health: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        admin: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    }
+}
+
 /// A bounded poll: the last resort for waiting on the agent's state from outside.
 async fn eventually<F, Fut>(what: &str, mut check: F)
 where
@@ -90,9 +98,14 @@ fn config(args: &[&str]) -> Config {
         .unwrap()
 }
 
+/// A loopback port that refuses connections: a bound socket that never listens, held for the
+/// test's lifetime (leaked), so no other test can take the port meanwhile.
 async fn closed_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap().port()
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = socket.local_addr().unwrap().port();
+    std::mem::forget(socket);
+    port
 }
 
 #[tokio::test]
@@ -111,10 +124,10 @@ async fn health_while_the_server_is_unreachable() {
             "--sync-interval-cap",
             "50ms",
         ]);
-        let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let health_addr = health.local_addr().unwrap();
+        let listeners = listeners().await;
+        let health_addr = listeners.health.local_addr().unwrap();
         let shutdown = CancellationToken::new();
-        let agent = tokio::spawn(bridgehead_agent::run(config, health, shutdown.clone()));
+        let agent = tokio::spawn(bridgehead_agent::run(config, listeners, shutdown.clone()));
 
         timeout(TEST_TIMEOUT, async {
             assert_eq!(get(health_addr, "/healthz").await, (200, "ok\n".to_owned()));
@@ -294,10 +307,10 @@ async fn session_with_a_fake_server() {
             "--drain-grace-period",
             "20s",
         ]);
-        let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let health_addr = health.local_addr().unwrap();
+        let listeners = listeners().await;
+        let health_addr = listeners.health.local_addr().unwrap();
         let shutdown = CancellationToken::new();
-        let agent = tokio::spawn(bridgehead_agent::run(config, health, shutdown.clone()));
+        let agent = tokio::spawn(bridgehead_agent::run(config, listeners, shutdown.clone()));
 
         timeout(TEST_TIMEOUT, async {
             let upgrade = seen_rx.await.unwrap();
@@ -443,10 +456,10 @@ async fn refused_upgrade_shows_status_and_reason() {
             "--sync-interval-cap",
             "50ms",
         ]);
-        let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let health_addr = health.local_addr().unwrap();
+        let listeners = listeners().await;
+        let health_addr = listeners.health.local_addr().unwrap();
         let shutdown = CancellationToken::new();
-        let agent = tokio::spawn(bridgehead_agent::run(config, health, shutdown.clone()));
+        let agent = tokio::spawn(bridgehead_agent::run(config, listeners, shutdown.clone()));
         timeout(TEST_TIMEOUT, async {
             eventually("/readyz to show the refusal", || async {
                 let (status, body) = get(health_addr, "/readyz").await;

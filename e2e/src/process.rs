@@ -310,6 +310,8 @@ pub struct Server {
     pub frontend: String,
     pub agent_addr: SocketAddr,
     pub health: SocketAddr,
+    /// The admin port (`/agents`, `/config`).
+    pub admin: SocketAddr,
     /// Registration timeouts are multiplied by this (the wrapper's patience).
     patience: u32,
 }
@@ -323,12 +325,21 @@ impl Server {
         let prefix = options.wrapper.as_ref().map_or(&[][..], |w| &w.command[..]);
         let mut command = prefixed(prefix, binary("bridgehead-server")?);
         let agent_port = options.agent_port.unwrap_or(0).to_string();
-        command.args(["--agent-port", &agent_port, "--health-port", "0"]);
+        command.args([
+            "--agent-port",
+            &agent_port,
+            "--health-port",
+            "0",
+            "--admin-port",
+            "0",
+        ]);
         let agent_bind = options.agent_bind.as_deref().unwrap_or(&bind);
         command.args([
             "--agent-bind-address",
             agent_bind,
             "--health-bind-address",
+            &bind,
+            "--admin-bind-address",
             &bind,
         ]);
         command.arg("--cluster-cert").arg(pki.path("cluster.crt"));
@@ -359,7 +370,7 @@ impl Server {
         let patience = Wrapper::patience(options.wrapper.as_ref());
         let (process, addrs) = Process::spawn_within(
             command,
-            &["frontend", "agent endpoint", "health"],
+            &["frontend", "agent endpoint", "health", "admin"],
             STARTUP * patience,
         )?;
         Ok(Server {
@@ -368,6 +379,7 @@ impl Server {
             frontend: addrs[0].clone(),
             agent_addr: addrs[1].parse()?,
             health: addrs[2].parse()?,
+            admin: addrs[3].parse()?,
         })
     }
 
@@ -406,9 +418,9 @@ impl Server {
         }
     }
 
-    /// The `agents` array of `GET /agents`.
+    /// The `agents` array of `GET /agents` (on the admin port).
     pub fn agents(&self) -> anyhow::Result<Vec<serde_json::Value>> {
-        let (_, body) = self.get("/agents")?;
+        let (_, body) = crate::client::http_get(self.admin, "/agents")?;
         let json: serde_json::Value = serde_json::from_str(&body)?;
         Ok(json["agents"].as_array().cloned().unwrap_or_default())
     }
@@ -496,6 +508,8 @@ impl Agent {
             "0",
             "--health-bind-address",
             "127.0.0.1",
+            "--admin-server-port",
+            "0",
         ]);
         command.args([
             "--keepalive-time",

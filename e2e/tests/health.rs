@@ -1,4 +1,5 @@
-//! The health ports: liveness, readiness that follows the agent session, metrics, /agents.
+//! The health ports (liveness, readiness that follows the agent session, metrics) and the
+//! admin port (/agents), each serving only its own routes.
 
 use bridgehead_e2e::client::{http_get, kube_connect, tls_connect, IO_TIMEOUT};
 use bridgehead_e2e::process::wait_until;
@@ -40,6 +41,8 @@ fn health_readiness_metrics_and_agents() {
     assert_eq!(agent.get("/healthz").unwrap().0, 200);
     assert_eq!(agent.get("/readyz").unwrap().0, 200);
 
+    // Endpoints by audience: the agents' addresses are on the admin port only.
+    assert_eq!(server.get("/agents").unwrap().0, 404);
     let agents = server.agents().unwrap();
     assert_eq!(agents.len(), 1, "{agents:?}");
     let listed = &agents[0];

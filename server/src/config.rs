@@ -111,7 +111,8 @@ pub struct Cli {
     /// any agent can claim another node's name and receive its kubelet traffic.
     #[arg(long, env = "BRIDGEHEAD_BIND_AGENT_IDENTIFIERS")]
     pub bind_agent_identifiers: bool,
-    /// Health, readiness, metrics and /agents port; 0 binds an ephemeral port.
+    /// Health, readiness and metrics port (`/healthz`, `/readyz`, `/metrics`); 0 binds an
+    /// ephemeral port.
     #[arg(long, env = "BRIDGEHEAD_HEALTH_PORT", default_value_t = 8092)]
     pub health_port: u16,
     /// Address the health port binds.
@@ -121,6 +122,17 @@ pub struct Cli {
         default_value = "0.0.0.0"
     )]
     pub health_bind_address: IpAddr,
+    /// Admin port: what an operator debugs with (`/agents`: every agent, its peer address and
+    /// identifiers; `/config`); 0 binds an ephemeral port.
+    #[arg(long, env = "BRIDGEHEAD_ADMIN_PORT", default_value_t = 8095)]
+    pub admin_port: u16,
+    /// Address the admin port binds: loopback, since it shows every node's addresses.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_ADMIN_BIND_ADDRESS",
+        default_value = "127.0.0.1"
+    )]
+    pub admin_bind_address: IpAddr,
     /// Ordered, comma-separated routing strategies; the first that finds a usable agent wins.
     /// Valid: destHost, destCIDR, defaultRoute, default.
     #[arg(long, env = "BRIDGEHEAD_PROXY_STRATEGIES", default_value = "default")]
@@ -246,6 +258,7 @@ pub struct Config {
     /// about at startup.
     pub shared_ca: bool,
     pub health_bind: std::net::SocketAddr,
+    pub admin_bind: std::net::SocketAddr,
     pub strategies: Vec<Strategy>,
     pub server_id: String,
     pub dial_timeout: Duration,
@@ -271,6 +284,7 @@ impl fmt::Debug for Config {
             .field("frontend", &self.frontend)
             .field("agent_bind", &self.agent_bind)
             .field("health_bind", &self.health_bind)
+            .field("admin_bind", &self.admin_bind)
             .field("agent_auth", &self.agent_auth)
             .field("strategies", &self.strategies)
             .field("server_id", &self.server_id)
@@ -374,6 +388,7 @@ impl Cli {
             agent_auth,
             shared_ca,
             health_bind: (self.health_bind_address, self.health_port).into(),
+            admin_bind: (self.admin_bind_address, self.admin_port).into(),
             strategies,
             server_id: self
                 .server_id

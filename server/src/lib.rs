@@ -60,6 +60,7 @@ pub struct Listeners {
     pub frontend: FrontendListener,
     pub agent: TcpListener,
     pub health: TcpListener,
+    pub admin: TcpListener,
 }
 
 impl Listeners {
@@ -81,10 +82,14 @@ impl Listeners {
         let health = TcpListener::bind(config.health_bind)
             .await
             .with_context(|| format!("binding the health port on {}", config.health_bind))?;
+        let admin = TcpListener::bind(config.admin_bind)
+            .await
+            .with_context(|| format!("binding the admin port on {}", config.admin_bind))?;
         Ok(Listeners {
             frontend,
             agent,
             health,
+            admin,
         })
     }
 }
@@ -128,6 +133,7 @@ pub async fn run(
     }
     let agent_addr = listeners.agent.local_addr()?;
     let health_addr = listeners.health.local_addr()?;
+    let admin_addr = listeners.admin.local_addr()?;
     match listeners.frontend {
         FrontendListener::Tcp(listener) => {
             let FrontendConfig::Tcp {
@@ -164,6 +170,7 @@ pub async fn run(
     }
     announce("agent endpoint", &agent_addr.to_string());
     announce("health", &health_addr.to_string());
+    announce("admin", &admin_addr.to_string());
     background.spawn(agent_endpoint::serve(
         listeners.agent,
         cluster_tls,
@@ -176,6 +183,14 @@ pub async fn run(
     background.spawn(bridgehead_runtime::health::serve(
         listeners.health,
         move |path| health::route(&health_ctx, path),
+        shutdown.clone(),
+        TaskTracker::new(),
+    ));
+    let admin_ctx = ctx.clone();
+    let admin_config = format!("{config:#?}");
+    background.spawn(bridgehead_runtime::health::serve(
+        listeners.admin,
+        move |path| health::admin(&admin_ctx, &admin_config, path),
         shutdown.clone(),
         TaskTracker::new(),
     ));

@@ -60,7 +60,7 @@ fn main() -> anyhow::Result<()> {
         );
         println!("  $kubectl logs -f -n {NAMESPACE} {}", node.pod());
     }
-    println!("  curl -s http://{}/agents", cluster.server.health);
+    println!("  curl -s http://{}/agents", cluster.server.admin);
     println!("\nserver log: {}", cluster.server.process.log.display());
     println!("Ctrl-C stops everything and removes it.");
     tokio::runtime::Builder::new_current_thread()
