@@ -103,10 +103,10 @@ fn handshake_timeout_cuts_a_client_that_never_finishes_its_head() {
 }
 
 #[test]
-fn handshake_timeout_cuts_an_agent_that_never_starts_tls() {
+fn agent_handshake_timeout_cuts_an_agent_that_never_starts_tls() {
     let pki = Pki::new().unwrap();
     let options = ServerOptions {
-        args: args(&["--handshake-timeout", "1s"]),
+        args: args(&["--agent-handshake-timeout", "1s"]),
         ..Default::default()
     };
     let server = Server::start(&pki, options).unwrap();
@@ -221,4 +221,66 @@ fn worker_threads_sets_the_runtimes_threads() {
             "--worker-threads {flag}"
         );
     }
+}
+
+/// A flood of connections that never start TLS, with the server's descriptors capped: past
+/// each listener's handshake limit they are closed at once, so an honest CONNECT still gets
+/// through quickly instead of waiting for descriptors the flood holds.
+#[test]
+fn a_flood_of_stalled_handshakes_leaves_room_for_an_honest_connect() {
+    const FLOOD: usize = 1500;
+    bridgehead_runtime::limits::raise_nofile_to(Some(FLOOD as u64 * 2 + 512));
+    let pki = Pki::new().unwrap();
+    let capped = bridgehead_e2e::Wrapper {
+        command: ["sh", "-c", "ulimit -n 1024 && exec \"$0\" \"$@\""]
+            .map(Into::into)
+            .into(),
+        patience: 1,
+    };
+    let (server, _agent) = start_pair(
+        &pki,
+        ServerOptions {
+            args: args(&["--max-handshakes", "128", "--max-agent-handshakes", "128"]),
+            wrapper: Some(capped),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let echo = target::echo("127.0.0.1:0").unwrap().to_string();
+    let mut flood = Vec::new();
+    for i in 0..FLOOD {
+        let addr = if i % 2 == 0 {
+            server.frontend_addr()
+        } else {
+            server.agent_addr
+        };
+        if let Ok(tcp) = TcpStream::connect(addr) {
+            flood.push(tcp);
+        }
+    }
+    let started = Instant::now();
+    let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+    let reply = kube_connect(conn.as_mut(), &echo).unwrap();
+    let took = started.elapsed();
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    assert!(
+        took < Duration::from_secs(2),
+        "an honest CONNECT took {took:?} in the flood"
+    );
+    let refused = server
+        .metric("bridgehead_server_handshakes_refused_total{listener=\"frontend\"}")
+        .unwrap()
+        + server
+            .metric("bridgehead_server_handshakes_refused_total{listener=\"agent\"}")
+            .unwrap();
+    assert!(refused > 0.0, "the flood was not refused");
+    // The refusals are logged a few a second, not one line each.
+    let lines = server
+        .process
+        .stderr()
+        .lines()
+        .filter(|line| line.contains("in their handshake: the oldest was closed"))
+        .count();
+    assert!(lines < 100, "{lines} refusal lines for {refused} refusals");
+    drop(flood);
 }

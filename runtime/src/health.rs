@@ -76,12 +76,13 @@ pub async fn serve<F>(
     F: Fn(&str) -> Reply + Send + Sync + 'static,
 {
     let routes = Arc::new(routes);
+    let errors = crate::accept::RateLimit::new(1);
     loop {
         let (socket, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
-                    debug!(%error, "health accept failed");
+                    crate::accept::failed("health", &error, &errors).await;
                     continue;
                 }
             },

@@ -1,5 +1,6 @@
 //! What `bridgehead-server` and `bridgehead-agent` share at run time.
 //!
+//! - [`accept`]: accept loops that back off on errors, rate-limited logs.
 //! - [`duration`]: durations written as ANP writes them (`10s`, `500ms`, `1m30s`).
 //! - [`logging`]: tracing setup, text or JSON.
 //! - [`tls`]: loading PEM certificates and keys, the one rustls crypto provider.
@@ -11,6 +12,7 @@
 //!
 //! Nothing here knows about tunnels.
 
+pub mod accept;
 pub mod duration;
 pub mod health;
 pub mod host;

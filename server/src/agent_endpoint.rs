@@ -28,6 +28,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::agent_auth::{AgentIdentity, AuthRefusal, Presented};
 use crate::context::Context;
+use crate::handshakes::Handshake;
 use crate::http_head::{self, RawHead, MAX_HEADERS};
 use crate::registry::{RegisterError, Registration};
 
@@ -53,16 +54,36 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
-                    warn!(%error, "agent accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    bridgehead_runtime::accept::failed("agent endpoint", &error, &ctx.refusal_log)
+                        .await;
                     continue;
                 }
             },
             () = shutdown.cancelled() => return,
         };
+        // Before authentication, nothing is known of the peer: only so many may handshake,
+        // the oldest cut to make room.
+        let (handshaking, evicted) = ctx.agent_handshakes.begin();
+        if evicted {
+            ctx.metrics.handshake_refused("agent");
+            if let Some(suppressed) = ctx.refusal_log.admit() {
+                warn!(
+                    suppressed,
+                    "too many agents in their handshake: the oldest was closed"
+                );
+            }
+        }
         let span = tracing::info_span!("agent", peer = %peer, agent = tracing::field::Empty);
         tracker.spawn(
-            session(tcp, peer, acceptor.clone(), ctx.clone(), sessions.clone()).instrument(span),
+            session(
+                tcp,
+                peer,
+                acceptor.clone(),
+                ctx.clone(),
+                sessions.clone(),
+                handshaking,
+            )
+            .instrument(span),
         );
     }
 }
@@ -74,6 +95,10 @@ enum Refused {
     Tls(std::io::Error),
     #[error("connection closed during the upgrade")]
     Closed,
+    #[error("no TLS handshake and upgrade request within {0:?}")]
+    PreAuthTimeout(std::time::Duration),
+    #[error("handshake cut to make room for a newer agent")]
+    Cut,
     /// Answered with this status and reason.
     #[error("{1}")]
     Answered(StatusCode, String),
@@ -100,6 +125,7 @@ async fn session(
     acceptor: TlsAcceptor,
     ctx: Arc<Context>,
     sessions: CancellationToken,
+    handshaking: Handshake,
 ) {
     let _ = tcp.set_nodelay(true);
     let handshake = async {
@@ -143,12 +169,26 @@ async fn session(
             }
         }
     };
-    let (ws, identifiers, identity, name, mux, key) =
-        match tokio::time::timeout(ctx.handshake_timeout, handshake).await {
-            Ok(Ok(done)) => done,
-            Ok(Err(error)) => return info!(%error, "agent refused"),
-            Err(_) => return info!("agent handshake timed out"),
-        };
+    let outcome = tokio::select! {
+        outcome = tokio::time::timeout(ctx.handshake_timeout, handshake) => outcome,
+        () = handshaking.cut() => Ok(Err(Refused::Cut)),
+    };
+    drop(handshaking);
+    let (ws, identifiers, identity, name, mux, key) = match outcome {
+        Ok(Ok(done)) => done,
+        Ok(Err(error)) => {
+            if let Some(suppressed) = ctx.refusal_log.admit() {
+                info!(%error, suppressed, "agent refused");
+            }
+            return;
+        }
+        Err(_) => {
+            if let Some(suppressed) = ctx.refusal_log.admit() {
+                info!(suppressed, "agent handshake timed out");
+            }
+            return;
+        }
+    };
     tracing::Span::current().record("agent", tracing::field::display(&name));
     ctx.metrics.agents_connected.inc();
     info!(identifiers = %identifiers, identity = %identity.subject, "agent connected");
@@ -198,8 +238,16 @@ async fn handshake(
     acceptor: TlsAcceptor,
     ctx: &Context,
 ) -> Result<Checked, Refused> {
-    let mut tls = acceptor.accept(tcp).await.map_err(Refused::Tls)?;
-    let (buf, end) = match http_head::read(&mut tls).await {
+    // Before authentication, the shorter bound: TLS and the upgrade request.
+    let pre_auth = async {
+        let mut tls = acceptor.accept(tcp).await.map_err(Refused::Tls)?;
+        let head = http_head::read(&mut tls).await;
+        Ok::<_, Refused>((tls, head))
+    };
+    let (mut tls, head) = tokio::time::timeout(ctx.agent_handshake_timeout, pre_auth)
+        .await
+        .map_err(|_| Refused::PreAuthTimeout(ctx.agent_handshake_timeout))??;
+    let (buf, end) = match head {
         RawHead::Complete { buf, end } => (buf, end),
         RawHead::Closed => return Err(Refused::Closed),
         RawHead::TooLarge => {
@@ -265,7 +313,9 @@ async fn answer(tls: &mut TlsStream<tokio::net::TcpStream>, refused: Refused) ->
     let status = match &refused {
         Refused::Answered(status, _) => *status,
         Refused::Auth(refusal) => refusal.status(),
-        Refused::Tls(_) | Refused::Closed => return refused,
+        Refused::Tls(_) | Refused::Closed | Refused::PreAuthTimeout(_) | Refused::Cut => {
+            return refused
+        }
     };
     let _ = tls
         .write_all(&http_head::answer(

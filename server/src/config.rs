@@ -150,6 +150,18 @@ pub struct Cli {
     /// Time allowed for a client's TLS handshake and CONNECT header, and an agent's handshake.
     #[arg(long, env = "BRIDGEHEAD_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = duration::parse, value_name = "DURATION")]
     pub handshake_timeout: Duration,
+    /// Time an agent gets for its TLS handshake and upgrade request, before it has proved who
+    /// it is (its token review then has its own bound).
+    #[arg(long, env = "BRIDGEHEAD_AGENT_HANDSHAKE_TIMEOUT", default_value = "5s", value_parser = duration::parse, value_name = "DURATION")]
+    pub agent_handshake_timeout: Duration,
+    /// Most CONNECT clients in their TLS handshake at once; a newer one cuts the oldest (a flood
+    /// of stalled handshakes cannot take the server's descriptors, nor lock honest clients
+    /// out).
+    #[arg(long, env = "BRIDGEHEAD_MAX_HANDSHAKES", default_value_t = 512)]
+    pub max_handshakes: usize,
+    /// Most agents in their TLS handshake and upgrade at once; a newer one cuts the oldest.
+    #[arg(long, env = "BRIDGEHEAD_MAX_AGENT_HANDSHAKES", default_value_t = 128)]
+    pub max_agent_handshakes: usize,
     /// WebSocket ping interval towards agents; an agent silent for 3 intervals is dropped.
     #[arg(long, env = "BRIDGEHEAD_KEEPALIVE_TIME", default_value = "5s", value_parser = duration::parse, value_name = "DURATION")]
     pub keepalive_time: Duration,
@@ -263,6 +275,9 @@ pub struct Config {
     pub server_id: String,
     pub dial_timeout: Duration,
     pub handshake_timeout: Duration,
+    pub agent_handshake_timeout: Duration,
+    pub max_handshakes: usize,
+    pub max_agent_handshakes: usize,
     pub keepalive: bridgehead_mux::Keepalive,
     pub max_pending_dials: usize,
     pub max_tunnels_per_agent: usize,
@@ -367,6 +382,8 @@ impl Cli {
             || self.max_sessions_per_identity == 0
             || self.max_pending_dials_per_agent == 0
             || self.max_pending_dials_per_client == 0
+            || self.max_handshakes == 0
+            || self.max_agent_handshakes == 0
         {
             bail!("--max-pending-dials(-per-agent, -per-client), --max-tunnels-per-agent and --max-sessions-per-identity must be at least 1");
         }
@@ -396,6 +413,9 @@ impl Cli {
                 .unwrap_or_else(|| "bridgehead-server".to_owned()),
             dial_timeout: self.dial_timeout,
             handshake_timeout: self.handshake_timeout,
+            agent_handshake_timeout: self.agent_handshake_timeout,
+            max_handshakes: self.max_handshakes,
+            max_agent_handshakes: self.max_agent_handshakes,
             keepalive: bridgehead_mux::Keepalive {
                 interval: keepalive_time,
                 timeout: keepalive_time * 3,

@@ -2,14 +2,20 @@
 
 use std::time::Duration;
 
+use bridgehead_runtime::accept::RateLimit;
+
 use bridgehead_mux::Keepalive;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::Admission;
 use crate::agent_auth::AgentAuth;
 use crate::config::Config;
+use crate::handshakes::Handshakes;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
+
+/// Lines about refused or failed connections logged per second at most.
+const REFUSALS_LOGGED_PER_SECOND: u32 = 10;
 
 /// The server's shared state: the agents, the metrics, the dial admission, and the settings
 /// connection tasks read. Each limit has one owner: the registry the tunnels per agent,
@@ -24,6 +30,13 @@ pub struct Context {
     pub server_id: String,
     pub dial_timeout: Duration,
     pub handshake_timeout: Duration,
+    /// TLS and upgrade of an agent, before authentication.
+    pub agent_handshake_timeout: Duration,
+    /// Connections in their handshake, per listener: the pre-authentication bound.
+    pub frontend_handshakes: Handshakes,
+    pub agent_handshakes: Handshakes,
+    /// Lines about refused connections, at most a few a second whatever a flood does.
+    pub refusal_log: RateLimit,
     pub keepalive: Keepalive,
     /// Every spliced tunnel, so shutdown can wait for them.
     pub tunnels: TaskTracker,
@@ -51,6 +64,10 @@ impl Context {
             server_id: config.server_id.clone(),
             dial_timeout: config.dial_timeout,
             handshake_timeout: config.handshake_timeout,
+            agent_handshake_timeout: config.agent_handshake_timeout,
+            frontend_handshakes: Handshakes::new(config.max_handshakes),
+            agent_handshakes: Handshakes::new(config.max_agent_handshakes),
+            refusal_log: RateLimit::new(REFUSALS_LOGGED_PER_SECOND),
             keepalive: config.keepalive,
             tunnels: TaskTracker::new(),
             target_bytes_hold: config.target_bytes_hold,

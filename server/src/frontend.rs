@@ -9,10 +9,8 @@
 //! held until the client speaks ([`hold`]). A connection carries one request: anything else
 //! gets its status and a one-line reason, and the connection closes.
 
-use std::io;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bridgehead_mux::splice::AbortOnClose;
 use rustls::ServerConfig;
@@ -51,10 +49,25 @@ pub async fn serve_tcp(
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
-                Err(error) => { accept_failed(error).await; continue; }
+                Err(error) => {
+                    bridgehead_runtime::accept::failed("frontend", &error, &ctx.refusal_log).await;
+                    continue;
+                }
             },
             () = shutdown.cancelled() => return,
         };
+        // Before TLS, nothing is known of the client: only so many may be in their handshake,
+        // the oldest cut to make room.
+        let (handshaking, evicted) = ctx.frontend_handshakes.begin();
+        if evicted {
+            ctx.metrics.handshake_refused("frontend");
+            if let Some(suppressed) = ctx.refusal_log.admit() {
+                warn!(
+                    suppressed,
+                    "too many CONNECT clients in their handshake: the oldest was closed"
+                );
+            }
+        }
         let span = tracing::debug_span!("client", peer = %peer, target = tracing::field::Empty, agent = tracing::field::Empty);
         let tls = tls.clone();
         let ctx = ctx.clone();
@@ -63,11 +76,15 @@ pub async fn serve_tcp(
             async move {
                 let _ = tcp.set_nodelay(true);
                 let handshake = TlsStream::accept(tls, tcp);
-                let tls = match tokio::time::timeout(ctx.handshake_timeout, handshake).await {
-                    Ok(Ok(tls)) => tls,
-                    Ok(Err(error)) => return debug!(%error, "TLS handshake failed"),
-                    Err(_) => return debug!("TLS handshake timed out"),
+                let tls = tokio::select! {
+                    done = tokio::time::timeout(ctx.handshake_timeout, handshake) => match done {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(error)) => return debug!(%error, "TLS handshake failed"),
+                        Err(_) => return debug!("TLS handshake timed out"),
+                    },
+                    () = handshaking.cut() => return debug!("TLS handshake cut for a newer client"),
                 };
+                drop(handshaking);
                 let mut tls = Box::new(tls);
                 if let Err(refusal) = check_client(&tls, &allowed_clients) {
                     return connection::refuse(&mut *tls, &ctx, refusal).await;
@@ -114,7 +131,10 @@ pub async fn serve_unix(
         let socket = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((socket, _)) => socket,
-                Err(error) => { accept_failed(error).await; continue; }
+                Err(error) => {
+                    bridgehead_runtime::accept::failed("frontend", &error, &ctx.refusal_log).await;
+                    continue;
+                }
             },
             () = shutdown.cancelled() => return,
         };
@@ -150,11 +170,4 @@ pub fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
         .with_context(|| format!("setting mode 0660 on {}", path.display()))?;
     Ok(listener)
-}
-
-async fn accept_failed(error: io::Error) {
-    // Out of file descriptors and the like: log and give the system a moment instead of
-    // spinning on the same error.
-    warn!(%error, "accept failed");
-    tokio::time::sleep(Duration::from_millis(50)).await;
 }

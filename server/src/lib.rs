@@ -24,6 +24,7 @@ pub mod config;
 pub mod context;
 pub mod dial;
 pub mod frontend;
+pub mod handshakes;
 pub mod health;
 pub mod http_head;
 pub mod kubernetes;

@@ -82,6 +82,12 @@ pub struct Metrics {
     pub dial_duration: Histogram,
     bytes: Family<DirectionLabel, Counter>,
     token_reviews: Family<ResultLabel, Counter>,
+    handshakes_refused: Family<ListenerLabel, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabel {
+    listener: &'static str,
 }
 
 impl Metrics {
@@ -94,6 +100,7 @@ impl Metrics {
         let dial_duration = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let bytes = Family::<DirectionLabel, Counter>::default();
         let token_reviews = Family::<ResultLabel, Counter>::default();
+        let handshakes_refused = Family::<ListenerLabel, Counter>::default();
         registry.register(
             "agents_connected",
             "Agents with a live session",
@@ -121,6 +128,11 @@ impl Metrics {
             "Agent token checks by result: authenticated, rejected (by kube-apiserver), error (no answer), cached",
             token_reviews.clone(),
         );
+        registry.register(
+            "handshakes_refused",
+            "Handshakes cut because their listener had its limit in progress and a newer connection came (listener: frontend, agent)",
+            handshakes_refused.clone(),
+        );
         Metrics {
             registry,
             agents_connected,
@@ -130,6 +142,7 @@ impl Metrics {
             dial_duration,
             bytes,
             token_reviews,
+            handshakes_refused,
         }
     }
 
@@ -142,6 +155,13 @@ impl Metrics {
             .get_or_create(&ResultLabel {
                 result: result.as_str(),
             })
+            .inc();
+    }
+
+    /// A handshake cut: `listener` had its limit in progress and a newer connection came.
+    pub fn handshake_refused(&self, listener: &'static str) {
+        self.handshakes_refused
+            .get_or_create(&ListenerLabel { listener })
             .inc();
     }
 
