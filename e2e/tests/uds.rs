@@ -96,3 +96,33 @@ fn half_close_through_the_unix_socket() {
     sock.read_to_string(&mut answer).unwrap();
     assert_eq!(answer, "got 70000");
 }
+
+/// A second server pointed at a live server's socket refuses to start and leaves the socket
+/// (and the first server's clients) alone.
+#[test]
+fn a_live_socket_of_another_server_is_not_replaced() {
+    let pki = Pki::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bridgehead.sock");
+    let first = uds_server(&pki, &path).unwrap();
+    let _agent = Agent::start(&pki, &first, AgentOptions::default()).unwrap();
+    first.wait_agents(1).unwrap();
+    let error = uds_server(&pki, &path)
+        .map(|_| ())
+        .expect_err("a second server took over a live socket");
+    let message = format!("{error:#}");
+    assert!(
+        message.contains(&format!(
+            "another process is listening on {}",
+            path.display()
+        )),
+        "unclear failure: {message}"
+    );
+    tunnel_through(&path);
+    // Nothing of the attempt is left beside the socket.
+    let entries: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert_eq!(entries, [std::ffi::OsString::from("bridgehead.sock")]);
+}

@@ -62,6 +62,16 @@ pub struct Cli {
     /// a stale socket file is replaced).
     #[arg(long, env = "BRIDGEHEAD_UDS_NAME")]
     pub uds_name: Option<PathBuf>,
+    /// ANP compatibility: Bridgehead always removes a stale socket file at --uds-name (nobody
+    /// answers on it) and never a live one (another server answers); accepted either way.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_DELETE_EXISTING_UDS_FILE",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    pub delete_existing_uds_file: Option<bool>,
     /// Port agents connect to (WebSocket over TLS); 0 binds an ephemeral port.
     #[arg(long, env = "BRIDGEHEAD_AGENT_PORT", default_value_t = 8132)]
     pub agent_port: u16,

@@ -151,10 +151,14 @@ pub async fn serve_unix(
     }
 }
 
-/// Binds the Unix socket: a stale socket file is removed first, the socket gets mode 0660.
+/// Binds the Unix socket. A socket file nobody listens on (a crashed server's) is removed
+/// first; one another process answers on is left alone and the start refused; anything else at
+/// the path is refused too. The socket is made in a private directory beside the path (mode
+/// 0700), given mode 0660 there and renamed into place, so it is never reachable with the
+/// umask's mode.
 pub fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
     use anyhow::Context as _;
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
             anyhow::bail!(
@@ -162,12 +166,42 @@ pub fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
                 path.display()
             );
         }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            anyhow::bail!(
+                "another process is listening on {}; refusing to replace its socket",
+                path.display()
+            );
+        }
         std::fs::remove_file(path)
             .with_context(|| format!("removing stale socket {}", path.display()))?;
     }
-    let listener =
-        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
-        .with_context(|| format!("setting mode 0660 on {}", path.display()))?;
-    Ok(listener)
+    let parent = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} names no file", path.display()))?;
+    let private = parent.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .with_context(|| format!("creating {}", private.display()))?;
+    let staged = private.join(name);
+    let bound = (|| {
+        let listener =
+            UnixListener::bind(&staged).with_context(|| format!("binding {}", staged.display()))?;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o660))
+            .with_context(|| format!("setting mode 0660 on {}", staged.display()))?;
+        std::fs::rename(&staged, path)
+            .with_context(|| format!("moving the socket to {}", path.display()))?;
+        Ok(listener)
+    })();
+    let _ = std::fs::remove_file(&staged);
+    let _ = std::fs::remove_dir(&private);
+    bound
 }
