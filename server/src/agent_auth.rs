@@ -24,7 +24,7 @@ use rustls::pki_types::CertificateDer;
 use tokio::time::Instant;
 
 use crate::certificate::certificate_names;
-use crate::kubernetes::{ApiError, KubeApi, Review};
+use crate::kubernetes::{ApiError, KubeApi, Review, ServerQuestions};
 use crate::metrics::Metrics;
 use crate::router::HostKey;
 

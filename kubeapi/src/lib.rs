@@ -1,0 +1,167 @@
+//! The Kubernetes API as both binaries use it, kube-rs and the API types kept behind a few
+//! plain functions: a client paced and bounded ([`KubeApi`]), label syntax ([`labels`]), and
+//! the Leases that count the servers ([`leases`]: the server's own, renewed, the expired ones
+//! of others removed; the agent's count of the valid ones).
+//!
+//! The client is built from a kubeconfig, or from the pod's in-cluster configuration when there
+//! is none (as client-go does). Requests are paced by a token bucket (`--kubeconfig-qps`,
+//! `--kubeconfig-burst`, as client-go's rate limiter) and each one is bounded by
+//! [`REQUEST_TIMEOUT`]: kube-apiserver being slow or gone is an [`ApiError`], never a hang.
+
+pub mod labels;
+pub mod leases;
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use tokio::time::Instant;
+
+pub use k8s_openapi;
+pub use kube;
+
+/// Longest wait for one answer from kube-apiserver.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// client-go's defaults, taken when the flags are 0.
+const DEFAULT_QPS: f64 = 5.0;
+const DEFAULT_BURST: u32 = 10;
+
+/// Why the API gave no answer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ApiError {
+    #[error("loading the Kubernetes client configuration: {0}")]
+    Config(String),
+    #[error("kube-apiserver: {0}")]
+    Request(String),
+    /// kube-apiserver answered with an error status.
+    #[error("kube-apiserver answered {code}: {message}")]
+    Status { code: u16, message: String },
+    #[error("kube-apiserver did not answer within {0:?}")]
+    TimedOut(Duration),
+}
+
+/// A client of the Kubernetes API, paced.
+pub struct KubeApi {
+    client: Client,
+    bucket: Mutex<Bucket>,
+}
+
+impl std::fmt::Debug for KubeApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeApi").finish_non_exhaustive()
+    }
+}
+
+impl KubeApi {
+    /// A client from `kubeconfig` (its current context), or the in-cluster configuration when
+    /// `None`; `qps` and `burst` 0 take client-go's defaults.
+    pub async fn connect(
+        kubeconfig: Option<&Path>,
+        qps: f32,
+        burst: u32,
+    ) -> Result<KubeApi, ApiError> {
+        let config = match kubeconfig {
+            Some(path) => {
+                let file = Kubeconfig::read_from(path)
+                    .map_err(|e| ApiError::Config(format!("{}: {e}", path.display())))?;
+                Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+                    .await
+                    .map_err(|e| ApiError::Config(format!("{}: {e}", path.display())))?
+            }
+            None => Config::incluster()
+                .map_err(|e| ApiError::Config(format!("in-cluster configuration: {e}")))?,
+        };
+        let client = Client::try_from(config).map_err(|e| ApiError::Config(e.to_string()))?;
+        let qps = if qps > 0.0 {
+            f64::from(qps)
+        } else {
+            DEFAULT_QPS
+        };
+        let burst = if burst > 0 { burst } else { DEFAULT_BURST };
+        Ok(KubeApi {
+            client,
+            bucket: Mutex::new(Bucket::new(qps, burst)),
+        })
+    }
+
+    /// The underlying client, for [`kube::Api`] handles.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// Paces, bounds and maps one request.
+    pub async fn call<T>(
+        &self,
+        request: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, ApiError> {
+        let wait = self
+            .bucket
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take(Instant::now());
+        tokio::time::sleep(wait).await;
+        match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(kube::Error::Api(status))) => Err(ApiError::Status {
+                code: status.code,
+                message: status.message.clone(),
+            }),
+            Ok(Err(error)) => Err(ApiError::Request(error.to_string())),
+            Err(_) => Err(ApiError::TimedOut(REQUEST_TIMEOUT)),
+        }
+    }
+}
+
+/// A token bucket: `burst` requests at once, then `qps` a second.
+#[derive(Debug)]
+struct Bucket {
+    qps: f64,
+    burst: f64,
+    tokens: f64,
+    updated: Instant,
+}
+
+impl Bucket {
+    fn new(qps: f64, burst: u32) -> Bucket {
+        Bucket {
+            qps,
+            burst: f64::from(burst),
+            tokens: f64::from(burst),
+            updated: Instant::now(),
+        }
+    }
+
+    /// Takes a token at `now`; how long the request must wait for it.
+    fn take(&mut self, now: Instant) -> Duration {
+        let refill = now.saturating_duration_since(self.updated).as_secs_f64() * self.qps;
+        self.tokens = (self.tokens + refill).min(self.burst) - 1.0;
+        self.updated = now;
+        if self.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-self.tokens / self.qps)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bucket_allows_a_burst_then_paces() {
+        let start = Instant::now();
+        let mut bucket = Bucket::new(5.0, 2);
+        assert_eq!(bucket.take(start), Duration::ZERO);
+        assert_eq!(bucket.take(start), Duration::ZERO);
+        assert_eq!(bucket.take(start), Duration::from_millis(200));
+        assert_eq!(bucket.take(start), Duration::from_millis(400));
+        // After a quiet second the burst is back, not more.
+        let later = start + Duration::from_secs(10);
+        assert_eq!(bucket.take(later), Duration::ZERO);
+        assert_eq!(bucket.take(later), Duration::ZERO);
+        assert_eq!(bucket.take(later), Duration::from_millis(200));
+    }
+}
