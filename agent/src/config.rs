@@ -131,7 +131,8 @@ pub struct Cli {
     )]
     pub keepalive_time: Duration,
 
-    /// First delay before reconnecting; it doubles after each failure up to --sync-interval-cap.
+    /// How often the agent looks for servers it lacks; after a failed attempt the delay grows
+    /// ×1.5 up to --sync-interval-cap.
     #[arg(
         long,
         env = "BRIDGEHEAD_SYNC_INTERVAL",
@@ -141,15 +142,26 @@ pub struct Cli {
     )]
     pub sync_interval: Duration,
 
-    /// Longest delay between reconnect attempts.
+    /// Longest delay between attempts to reach a server.
     #[arg(
         long,
         env = "BRIDGEHEAD_SYNC_INTERVAL_CAP",
-        default_value = "30s",
+        default_value = "10s",
         value_parser = duration::parse,
         value_name = "DURATION"
     )]
     pub sync_interval_cap: Duration,
+
+    /// Keep probing the address every --sync-interval after holding a session with as many
+    /// servers as the count says (finds servers added without a count change).
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_SYNC_FOREVER",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    pub sync_forever: Option<bool>,
 
     /// On SIGTERM/SIGINT, how long open tunnels may take to finish before they are cut.
     #[arg(
@@ -231,10 +243,12 @@ pub struct Config {
     pub admin_address: SocketAddr,
     /// Session keepalive.
     pub keepalive: Keepalive,
-    /// First reconnect delay.
+    /// How often the agent looks for servers it lacks.
     pub sync_interval: Duration,
-    /// Longest reconnect delay.
+    /// Longest delay between attempts.
     pub sync_interval_cap: Duration,
+    /// `--sync-forever`.
+    pub sync_forever: bool,
     /// How long a drain may take on shutdown.
     pub drain_grace_period: Duration,
     /// Log line format.
@@ -350,6 +364,7 @@ impl Cli {
             },
             sync_interval: self.sync_interval,
             sync_interval_cap: self.sync_interval_cap,
+            sync_forever: self.sync_forever.unwrap_or(false),
             drain_grace_period: self.drain_grace_period,
             log_format: self.log_format,
             worker_threads: self.worker_threads,

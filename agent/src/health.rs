@@ -1,9 +1,10 @@
-//! What the health port shows: `/healthz`, `/readyz` (connected to the server?) and
-//! `/metrics`.
+//! What the health port shows: `/healthz`, `/readyz` (a session with a server?) and
+//! `/metrics`; and the admin port's `/status` (every session) and `/config`.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bridgehead_mux::splice::Moved;
 use bridgehead_proto::ErrorCode;
@@ -28,12 +29,31 @@ const DIAL_RESULTS: [&str; 7] = [
 
 type Label = [(&'static str, &'static str); 1];
 
-/// Where the agent stands with the server, for `/readyz`.
+/// One session with a server, as `/readyz` and `/status` show it.
 #[derive(Debug, Clone)]
-enum Status {
-    NotConnected(String),
-    Connected(SocketAddr),
-    ShuttingDown,
+struct SessionView {
+    server_id: String,
+    peer: SocketAddr,
+    since: Instant,
+    draining: bool,
+}
+
+/// Where the agent stands with its servers.
+#[derive(Debug)]
+struct Status {
+    /// Live sessions by the supervisor's key.
+    sessions: BTreeMap<u64, SessionView>,
+    /// Why the last attempt failed or the last session ended.
+    last_problem: String,
+    /// How many servers the agent looks for.
+    known: u32,
+    shutting_down: bool,
+}
+
+impl Status {
+    fn active(&self) -> impl Iterator<Item = &SessionView> {
+        self.sessions.values().filter(|s| !s.draining)
+    }
 }
 
 /// The health state and metrics; clones share them.
@@ -53,6 +73,9 @@ struct Inner {
 #[derive(Debug, Clone)]
 pub(crate) struct Metrics {
     connected: Gauge,
+    server_sessions: Family<Label, Gauge>,
+    open_server_connections: Gauge,
+    known_servers: Gauge,
     streams_open: Gauge,
     dials: Family<Label, Counter>,
     dial_duration: Histogram,
@@ -64,6 +87,9 @@ impl Health {
     pub(crate) fn new(server: &str) -> Health {
         let metrics = Metrics {
             connected: Gauge::default(),
+            server_sessions: Family::default(),
+            open_server_connections: Gauge::default(),
+            known_servers: Gauge::default(),
             streams_open: Gauge::default(),
             dials: Family::default(),
             // 1 ms .. ~16 s.
@@ -77,11 +103,26 @@ impl Health {
         for direction in ["to_target", "from_target"] {
             let _ = metrics.bytes.get_or_create(&[("direction", direction)]);
         }
-        let mut registry = Registry::with_prefix("bridgehead_agent");
+        for state in ["active", "draining"] {
+            let _ = metrics.server_sessions.get_or_create(&[("state", state)]);
+        }
+        metrics.known_servers.set(1);
+        let mut root = Registry::default();
+        let registry = root.sub_registry_with_prefix("bridgehead_agent");
         registry.register(
             "connected",
-            "1 while a session with the server is up",
+            "1 while at least one session with a server is up and not draining",
             metrics.connected.clone(),
+        );
+        registry.register(
+            "server_sessions",
+            "Sessions with servers, by state",
+            metrics.server_sessions.clone(),
+        );
+        registry.register(
+            "known_servers",
+            "How many servers the agent looks for (the server count)",
+            metrics.known_servers.clone(),
         );
         registry.register(
             "streams_open",
@@ -90,7 +131,7 @@ impl Health {
         );
         registry.register(
             "dials",
-            "Dials the server asked for, by result",
+            "Dials the servers asked for, by result",
             metrics.dials.clone(),
         );
         registry.register_with_unit(
@@ -106,13 +147,30 @@ impl Health {
         );
         registry.register(
             "reconnects",
-            "Connection attempts after the first",
+            "Attempts to reach a server after the first",
             metrics.reconnects.clone(),
+        );
+        // konnectivity's names, for dashboards built on them.
+        let anp = root.sub_registry_with_prefix("konnectivity_network_proxy_agent");
+        anp.register(
+            "open_server_connections",
+            "Current number of open server connections",
+            metrics.open_server_connections.clone(),
+        );
+        anp.register(
+            "known_server_count",
+            "Current number of servers the agent knows of",
+            metrics.known_servers.clone(),
         );
         Health {
             inner: Arc::new(Inner {
-                status: Mutex::new(Status::NotConnected(format!("connecting to {server}"))),
-                registry,
+                status: Mutex::new(Status {
+                    sessions: BTreeMap::new(),
+                    last_problem: format!("connecting to {server}"),
+                    known: 1,
+                    shutting_down: false,
+                }),
+                registry: root,
                 metrics,
             }),
         }
@@ -122,55 +180,117 @@ impl Health {
         &self.inner.metrics
     }
 
-    pub(crate) fn set_connected(&self, server: SocketAddr) {
-        self.set(Status::Connected(server));
-        self.inner.metrics.connected.set(1);
+    /// Session `key` with `server_id` at `peer` is up.
+    pub(crate) fn session_opened(&self, key: u64, server_id: &str, peer: SocketAddr) {
+        self.update(|status| {
+            status.sessions.insert(
+                key,
+                SessionView {
+                    server_id: server_id.to_owned(),
+                    peer,
+                    since: Instant::now(),
+                    draining: false,
+                },
+            );
+        });
     }
 
-    pub(crate) fn set_not_connected(&self, reason: String) {
-        self.set(Status::NotConnected(reason));
-        self.inner.metrics.connected.set(0);
+    /// Session `key`'s server drains.
+    pub(crate) fn session_draining(&self, key: u64) {
+        self.update(|status| {
+            if let Some(session) = status.sessions.get_mut(&key) {
+                session.draining = true;
+            }
+        });
+    }
+
+    /// Session `key` ended, for `reason`.
+    pub(crate) fn session_closed(&self, key: u64, reason: String) {
+        self.update(|status| {
+            if let Some(session) = status.sessions.remove(&key) {
+                status.last_problem = format!(
+                    "session with server {} at {} ended: {reason}",
+                    session.server_id, session.peer
+                );
+            }
+        });
+    }
+
+    /// An attempt to reach a server failed.
+    pub(crate) fn attempt_failed(&self, reason: String) {
+        self.update(|status| status.last_problem = reason);
+    }
+
+    /// The agent looks for `count` servers.
+    pub(crate) fn set_known(&self, count: u32) {
+        self.update(|status| status.known = count);
     }
 
     pub(crate) fn set_shutting_down(&self) {
-        self.set(Status::ShuttingDown);
+        self.update(|status| status.shutting_down = true);
     }
 
-    fn set(&self, status: Status) {
-        let mut current = self
-            .inner
-            .status
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        // Shutting down is final.
-        if !matches!(*current, Status::ShuttingDown) {
-            *current = status;
-        }
+    /// Changes the status and sets the gauges that follow it.
+    fn update(&self, change: impl FnOnce(&mut Status)) {
+        let mut status = self.lock();
+        change(&mut status);
+        let active = status.active().count() as i64;
+        let all = status.sessions.len() as i64;
+        let metrics = &self.inner.metrics;
+        metrics.connected.set(i64::from(active > 0));
+        metrics.open_server_connections.set(all);
+        metrics.known_servers.set(i64::from(status.known));
+        metrics
+            .server_sessions
+            .get_or_create(&[("state", "active")])
+            .set(active);
+        metrics
+            .server_sessions
+            .get_or_create(&[("state", "draining")])
+            .set(all - active);
     }
 
-    fn status(&self) -> Status {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Status> {
         self.inner
             .status
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
     }
 
-    /// The health server's routes.
+    /// One line per session, for `/status`.
+    fn sessions_text(status: &Status) -> String {
+        let mut text = String::new();
+        for session in status.sessions.values() {
+            text.push_str(&format!(
+                "server {} at {}, up {}s{}\n",
+                session.server_id,
+                session.peer,
+                session.since.elapsed().as_secs(),
+                if session.draining { ", draining" } else { "" }
+            ));
+        }
+        text
+    }
+
     /// Answers one GET on the admin port; `config` is the configuration as text (paths, never
     /// keys or tokens).
     pub(crate) fn admin(&self, path: &str, config: &str) -> Reply {
         match path {
             "/status" => {
-                let status = match self.status() {
-                    Status::Connected(server) => format!("connected to {server}"),
-                    Status::NotConnected(reason) => format!("not connected: {reason}"),
-                    Status::ShuttingDown => "shutting down".to_owned(),
+                let status = self.lock();
+                let active = status.active().count();
+                let summary = if status.shutting_down {
+                    "shutting down".to_owned()
+                } else if active == 0 {
+                    format!("not connected: {}", status.last_problem)
+                } else {
+                    format!("connected to {active} of {} servers", status.known)
                 };
                 Reply::text(
                     StatusCode::OK,
                     format!(
-                        "{status}\nopen tunnels: {}",
+                        "{summary}\n{}open tunnels: {}",
+                        Self::sessions_text(&status),
                         self.inner.metrics.streams_open.get()
                     ),
                 )
@@ -180,21 +300,33 @@ impl Health {
         }
     }
 
+    /// Answers one GET on the health port. Ready while at least one session is up and not
+    /// draining: a server can route to this agent.
     pub(crate) fn reply(&self, path: &str) -> Reply {
         match path {
             "/healthz" | "/livez" => Reply::text(StatusCode::OK, "ok"),
-            "/readyz" => match self.status() {
-                Status::Connected(server) => {
-                    Reply::text(StatusCode::OK, format!("ok: connected to {server}"))
-                }
-                Status::NotConnected(reason) => Reply::text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("not connected to server: {reason}"),
-                ),
-                Status::ShuttingDown => {
+            "/readyz" => {
+                let status = self.lock();
+                let active: Vec<&str> = status.active().map(|s| s.server_id.as_str()).collect();
+                if status.shutting_down {
                     Reply::text(StatusCode::SERVICE_UNAVAILABLE, "shutting down")
+                } else if active.is_empty() {
+                    Reply::text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("not connected to server: {}", status.last_problem),
+                    )
+                } else {
+                    Reply::text(
+                        StatusCode::OK,
+                        format!(
+                            "ok: connected to {} of {} servers ({})",
+                            active.len(),
+                            status.known,
+                            active.join(", ")
+                        ),
+                    )
                 }
-            },
+            }
             "/metrics" => metrics_reply(&self.inner.registry),
             _ => Reply::text(StatusCode::NOT_FOUND, "not found"),
         }
@@ -233,6 +365,7 @@ impl Metrics {
             .inc_by(moved.down);
     }
 
+    /// An attempt to reach a server, other than the first.
     pub(crate) fn reconnecting(&self) {
         self.reconnects.inc();
     }

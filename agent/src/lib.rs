@@ -1,50 +1,47 @@
-//! `bridgehead-agent`: sits inside the private network, keeps one WebSocket session open to
-//! `bridgehead-server`, and dials the targets the server asks for, splicing each TCP
-//! connection onto its stream of the session.
+//! `bridgehead-agent`: sits inside the private network, keeps a WebSocket session open to
+//! every `bridgehead-server` behind the address it is given, and dials the targets the servers
+//! ask for, splicing each TCP connection onto its stream of the session it came on.
 //!
-//! [`run`] is the whole agent: the health server, and a reconnect loop that connects to the
-//! server (`server_connection`: TCP, TLS with the `--ca-cert` roots and an optional client
-//! certificate from `tls`, the WebSocket upgrade to `/connect?id=…&host=…` with subprotocol
-//! `bridgehead.v1` and an optional bearer token), runs the session (`session`: each dial the
-//! server asks for goes to the target through [`dial`], one task per tunnel), and waits with
-//! [`backoff::Backoff`] between attempts. [`config`] turns the command line into a validated
-//! [`Config`]. On shutdown the agent announces DRAIN and lets open tunnels finish within the
-//! grace period.
+//! [`run`] is the whole agent: the health and admin servers, and the search (`servers`) that
+//! connects to the address (`server_connection`: TCP, TLS with the `--ca-cert` roots and an
+//! optional client certificate from `tls`, the WebSocket upgrade to `/connect?id=…&host=…`
+//! with subprotocol `bridgehead.v1`, an optional bearer token and the ids of the servers held
+//! already) until it holds a session with as many distinct servers as the count says
+//! (`server_count`), waiting by [`schedule::Schedule`] between attempts. Each session
+//! (`session`) takes its server's dials, each to the target through [`dial`], one task per
+//! tunnel. [`config`] turns the command line into a validated [`Config`]. On shutdown the
+//! agent announces DRAIN on every session and lets open tunnels finish within the grace
+//! period.
 //!
 //! Not here: the wire protocol and flow control (`bridgehead-proto`, `bridgehead-mux`), and
 //! any policy on which targets may be dialed — the server routes, the agent dials what it is
 //! asked.
 
-pub mod backoff;
 pub mod config;
 pub mod dial;
 mod health;
 pub mod policy;
+pub mod schedule;
 mod server_connection;
+mod server_count;
+mod servers;
 mod session;
 pub mod tls;
 mod token;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bridgehead_runtime::health::serve;
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{error, info, info_span, warn, Instrument};
+use tracing::info;
 
 pub use config::{Cli, Config};
 
-use backoff::Backoff;
 use health::Health;
-use policy::Policy;
-use server_connection::ConnectError;
-
-/// A session that lasted this long was healthy: the next reconnect starts from the first delay.
-const HEALTHY_SESSION: Duration = Duration::from_secs(10);
+use server_count::ServerCount;
 
 /// The agent's two HTTP listeners, bound before [`run`].
 #[derive(Debug)]
@@ -70,7 +67,7 @@ impl Listeners {
     }
 }
 
-/// Runs the agent until `shutdown` is cancelled and the live session (if any) drained. Serves
+/// Runs the agent until `shutdown` is cancelled and every session drained. Serves
 /// `/healthz`, `/readyz` and `/metrics` on the health listener, `/status` and `/config` on the
 /// admin listener.
 pub async fn run(
@@ -120,7 +117,14 @@ pub async fn run(
 
     let policy =
         Arc::new(config.destination_policy(vec![health_address.port(), admin_address.port()]));
-    reconnect_loop(&config, &health, &policy, &shutdown).await;
+    servers::run(
+        Arc::new(config),
+        health.clone(),
+        policy,
+        ServerCount::new(),
+        shutdown,
+    )
+    .await;
 
     health_stop.cancel();
     let _ = health_server.await;
@@ -129,81 +133,4 @@ pub async fn run(
     let _ = tokio::time::timeout(Duration::from_secs(1), health_tasks.wait()).await;
     info!("stopped");
     Ok(())
-}
-
-/// Connects, runs the session, and starts over with backoff, until shutdown.
-async fn reconnect_loop(
-    config: &Config,
-    health: &Health,
-    policy: &Arc<Policy>,
-    shutdown: &CancellationToken,
-) {
-    let mut backoff = Backoff::new(config.sync_interval, config.sync_interval_cap);
-    let mut rng = StdRng::from_os_rng();
-    let mut first = true;
-    while !shutdown.is_cancelled() {
-        if !first {
-            health.metrics().reconnecting();
-        }
-        first = false;
-        let attempt = tokio::select! {
-            attempt = server_connection::connect_to_server(config) => attempt,
-            () = shutdown.cancelled() => break,
-        };
-        match attempt {
-            Ok(connected) => {
-                let started = Instant::now();
-                let peer = connected.peer;
-                info!(
-                    server = %peer,
-                    identifiers = %config.identifiers,
-                    "connected to server"
-                );
-                health.set_connected(peer);
-                let span = info_span!("session", server = %peer);
-                let reason = session::run(connected, config, health, policy, shutdown)
-                    .instrument(span)
-                    .await;
-                health.set_not_connected(format!("session with {peer} ended: {reason}"));
-                if shutdown.is_cancelled() {
-                    info!(server = %peer, %reason, "session closed");
-                    break;
-                }
-                if started.elapsed() > HEALTHY_SESSION {
-                    backoff.reset();
-                }
-                let delay = backoff.next_delay(&mut rng);
-                warn!(server = %peer, %reason, retry_in = ?delay, "session with server ended");
-                if !sleep_or_shutdown(delay, shutdown).await {
-                    break;
-                }
-            }
-            Err(error) => {
-                health.set_not_connected(error.to_string());
-                let delay = backoff.next_delay(&mut rng);
-                match &error {
-                    // The server looked at us and said no (bad identifiers, auth): that needs
-                    // an operator, whatever the retries do.
-                    ConnectError::Refused { status, body } => error!(
-                        status = status.as_u16(),
-                        reason = %body,
-                        retry_in = ?delay,
-                        "server refused the connection"
-                    ),
-                    _ => warn!(%error, retry_in = ?delay, "connecting to server failed"),
-                }
-                if !sleep_or_shutdown(delay, shutdown).await {
-                    break;
-                }
-            }
-        }
-    }
-}
-
-/// Sleeps `delay`; false if shutdown came first.
-async fn sleep_or_shutdown(delay: Duration, shutdown: &CancellationToken) -> bool {
-    tokio::select! {
-        () = tokio::time::sleep(delay) => true,
-        () = shutdown.cancelled() => false,
-    }
 }

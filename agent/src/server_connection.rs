@@ -1,9 +1,14 @@
-//! Reaching the server: TCP, TLS, then the WebSocket upgrade to `/connect?<identifiers>`.
+//! Reaching a server: TCP, TLS, then the WebSocket upgrade to `/connect?<identifiers>`, which
+//! names the servers the agent already holds and is answered with the server's id and count.
 
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use bridgehead_proto::servers::{
+    check_server_id, parse_server_count, CONNECTED_SERVERS_HEADER, SERVER_COUNT_HEADER,
+    SERVER_ID_HEADER,
+};
 use bridgehead_proto::SUBPROTOCOL;
 use http::header::{HeaderValue, AUTHORIZATION, SEC_WEBSOCKET_PROTOCOL};
 use http::StatusCode;
@@ -32,6 +37,10 @@ pub(crate) struct Connected {
     pub(crate) ws: ServerWebSocket,
     /// The server's address as connected.
     pub(crate) peer: SocketAddr,
+    /// The server's id (its address, for a server that does not say).
+    pub(crate) server_id: String,
+    /// How many servers the server says there are, if it says.
+    pub(crate) server_count: Option<u32>,
 }
 
 /// Why connecting to the server failed.
@@ -59,6 +68,9 @@ pub(crate) enum ConnectError {
     /// The server answered the upgrade with an HTTP error.
     #[error("server refused the connection with {status}: {body}")]
     Refused { status: StatusCode, body: String },
+    /// The address led to a server the agent holds a session with already.
+    #[error("reached server {0} again, which this agent holds a session with")]
+    Duplicate(String),
     /// The upgrade failed otherwise.
     #[error("WebSocket upgrade with {server}: {source}")]
     WebSocket { server: String, source: WsError },
@@ -67,8 +79,12 @@ pub(crate) enum ConnectError {
     Subprotocol(Option<String>),
 }
 
-/// Connects to the server and upgrades; every step has a timeout.
-pub(crate) async fn connect_to_server(config: &Config) -> Result<Connected, ConnectError> {
+/// Connects to the server and upgrades, telling it the ids of the servers in `held`; every
+/// step has a timeout.
+pub(crate) async fn connect_to_server(
+    config: &Config,
+    held: &[String],
+) -> Result<Connected, ConnectError> {
     let server = config.server_authority();
     let tls = crate::tls::client_config(&config.ca_cert, config.client_cert.as_ref())
         .map_err(ConnectError::TlsFiles)?;
@@ -109,7 +125,7 @@ pub(crate) async fn connect_to_server(config: &Config) -> Result<Connected, Conn
         source,
     })?;
 
-    let request = upgrade_request(config, &server)?;
+    let request = upgrade_request(config, &server, held)?;
     let upgrade = tokio_tungstenite::client_async_with_config(
         request,
         tls,
@@ -123,10 +139,18 @@ pub(crate) async fn connect_to_server(config: &Config) -> Result<Connected, Conn
             timeout: HANDSHAKE_TIMEOUT,
         })?
         .map_err(|error| match error {
-            WsError::Http(response) => ConnectError::Refused {
-                status: response.status(),
-                body: body_text(response.body().as_deref()),
-            },
+            WsError::Http(response) => {
+                let named = header(response.headers(), SERVER_ID_HEADER);
+                match named {
+                    Some(id) if response.status() == StatusCode::CONFLICT && held.contains(&id) => {
+                        ConnectError::Duplicate(id)
+                    }
+                    _ => ConnectError::Refused {
+                        status: response.status(),
+                        body: body_text(response.body().as_deref()),
+                    },
+                }
+            }
             source => ConnectError::WebSocket {
                 server: server.clone(),
                 source,
@@ -139,13 +163,32 @@ pub(crate) async fn connect_to_server(config: &Config) -> Result<Connected, Conn
     if subprotocol.as_deref() != Some(SUBPROTOCOL) {
         return Err(ConnectError::Subprotocol(subprotocol));
     }
-    Ok(Connected { ws, peer })
+    let headers = response.headers();
+    let server_id = header(headers, SERVER_ID_HEADER)
+        .filter(|id| check_server_id(id).is_ok())
+        .unwrap_or_else(|| peer.to_string());
+    let server_count = header(headers, SERVER_COUNT_HEADER).and_then(|n| parse_server_count(&n));
+    Ok(Connected {
+        ws,
+        peer,
+        server_id,
+        server_count,
+    })
+}
+
+/// The first value of header `name`, if it is text.
+fn header(headers: &http::HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|value| value.to_str().ok())
+        .map(|value| value.trim().to_owned())
 }
 
 /// `GET wss://<server>/connect?id=…&host=…` with the subprotocol and, if configured, the token.
 fn upgrade_request(
     config: &Config,
     server: &str,
+    held: &[String],
 ) -> Result<tokio_tungstenite::tungstenite::handshake::client::Request, ConnectError> {
     let uri = format!("wss://{server}/connect?{}", config.identifiers.to_query());
     let mut request = uri
@@ -159,6 +202,12 @@ fn upgrade_request(
         SEC_WEBSOCKET_PROTOCOL,
         HeaderValue::from_static(SUBPROTOCOL),
     );
+    // Ids are checked when received (header-safe), so the value always forms.
+    if let Ok(value) = HeaderValue::from_str(&held.join(",")) {
+        if !held.is_empty() {
+            headers.insert(CONNECTED_SERVERS_HEADER, value);
+        }
+    }
     if let Some(path) = &config.token_path {
         headers.insert(
             AUTHORIZATION,

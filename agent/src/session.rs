@@ -1,5 +1,5 @@
-//! One connected session: drive the multiplexer, take the server's dials, splice each tunnel,
-//! and drain on shutdown.
+//! One connected session with one server: drive the multiplexer, take the server's dials,
+//! splice each tunnel, tell the supervisor when the server drains, and drain on shutdown.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -19,21 +19,22 @@ use crate::config::Config;
 use crate::dial::{self, DialError};
 use crate::health::{Health, Metrics};
 use crate::policy::Policy;
-use crate::server_connection::Connected;
+use crate::server_connection::ServerWebSocket;
 
 /// After the session ended, how long its tunnel tasks get to notice and finish.
 const TASKS_AFTER_SESSION: Duration = Duration::from_secs(5);
 
 /// Runs the session until it ends (server gone, keepalive timeout, protocol error) or, once
-/// `shutdown` fires, until it drained. Returns why it ended.
+/// `shutdown` fires, until it drained. Calls `on_server_drain` when the server announces that
+/// it drains. Returns why it ended.
 pub(crate) async fn run(
-    connected: Connected,
+    ws: ServerWebSocket,
     config: &Config,
     health: &Health,
     policy: &Arc<Policy>,
     shutdown: &CancellationToken,
+    on_server_drain: impl FnOnce(),
 ) -> SessionEnd {
-    let Connected { ws, peer: _ } = connected;
     let mux = Mux::agent();
     let tracker = TaskTracker::new();
     // Stops the driver; cancelled only at the end of a drain, never straight from `shutdown`.
@@ -43,14 +44,13 @@ pub(crate) async fn run(
     let background = async {
         tokio::join!(
             accept_loop(&mux, &tracker, health, policy),
-            drain_on_shutdown(
-                &mux,
-                &tracker,
-                health,
-                shutdown,
-                config.drain_grace_period,
-                &stop
-            ),
+            drain_on_shutdown(&mux, &tracker, shutdown, config.drain_grace_period, &stop),
+            async {
+                mux.peer_drained().await;
+                if mux.peer_draining() {
+                    on_server_drain();
+                }
+            },
         );
         std::future::pending::<Infallible>().await
     };
@@ -96,13 +96,11 @@ async fn accept_loop(mux: &Mux, tracker: &TaskTracker, health: &Health, policy: 
 async fn drain_on_shutdown(
     mux: &Mux,
     tracker: &TaskTracker,
-    health: &Health,
     shutdown: &CancellationToken,
     grace: Duration,
     stop: &CancellationToken,
 ) {
     shutdown.cancelled().await;
-    health.set_shutting_down();
     info!(
         open_streams = mux.open_streams(),
         grace_period = ?grace,

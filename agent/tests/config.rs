@@ -47,9 +47,19 @@ fn defaults() {
     assert_eq!(config.keepalive.interval, Duration::from_secs(5));
     assert_eq!(config.keepalive.timeout, Duration::from_secs(15));
     assert_eq!(config.sync_interval, Duration::from_secs(1));
-    assert_eq!(config.sync_interval_cap, Duration::from_secs(30));
+    // ANP's defaults: 1s, growing to 10s.
+    assert_eq!(config.sync_interval_cap, Duration::from_secs(10));
+    assert!(!config.sync_forever);
     assert_eq!(config.drain_grace_period, Duration::from_secs(30));
     assert_eq!(config.agent_id(), "a1");
+    for (flag, expected) in [
+        ("--sync-forever", true),
+        ("--sync-forever=true", true),
+        ("--sync-forever=false", false),
+    ] {
+        let config = parse(&["--ca-cert", &ca, flag]).unwrap();
+        assert_eq!(config.sync_forever, expected, "{flag}");
+    }
     assert_eq!(config.identifiers.to_query(), "id=a1");
     assert!(config.client_cert.is_none());
     assert!(config.token_path.is_none());

@@ -146,6 +146,58 @@ pub fn kube_connect(conn: &mut dyn Conn, target: &str) -> anyhow::Result<Connect
     raw_request(conn, kube::connect_head(target).as_bytes())
 }
 
+/// A CONNECT to a who-am-i target ([`crate::netns::TestNet::who_am_i`]).
+pub struct WhoAmI {
+    pub status: u16,
+    /// On 200 the target's answer (its name, trimmed), otherwise the response body.
+    pub text: String,
+    /// Still open (the client's direction), so the tunnel counts as open on its agent.
+    pub conn: Box<dyn Conn>,
+}
+
+/// Opens a tunnel through the mTLS frontend at `frontend` to a who-am-i `target` and reads its
+/// answer (up to the target's EOF on a 200).
+pub fn who_am_i(pki: &Pki, frontend: SocketAddr, target: &str) -> anyhow::Result<WhoAmI> {
+    who_am_i_with(
+        tls_config(pki, Some(("client.crt", "client.key")))?,
+        frontend,
+        target,
+    )
+}
+
+/// [`who_am_i`] with an explicit TLS config (for a thread that has no [`Pki`]).
+pub fn who_am_i_with(
+    config: Arc<ClientConfig>,
+    frontend: SocketAddr,
+    target: &str,
+) -> anyhow::Result<WhoAmI> {
+    let mut conn = tls_connect_with(config, frontend)?;
+    let reply = kube_connect(conn.as_mut(), target)?;
+    let mut bytes = reply.extra;
+    if reply.status == 200 {
+        // The target answers its name and ends its direction: read up to that EOF.
+        conn.read_to_end(&mut bytes)
+            .with_context(|| format!("reading the answer through {target}"))?;
+    } else {
+        // The frontend closes after an error reply (perhaps abruptly): keep what arrived.
+        let _ = conn.read_to_end(&mut bytes);
+    }
+    Ok(WhoAmI {
+        status: reply.status,
+        text: String::from_utf8_lossy(&bytes).trim().to_owned(),
+        conn,
+    })
+}
+
+impl std::fmt::Debug for WhoAmI {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WhoAmI")
+            .field("status", &self.status)
+            .field("text", &self.text)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Sends `request` verbatim and reads the response head.
 pub fn raw_request(conn: &mut dyn Conn, request: &[u8]) -> anyhow::Result<ConnectReply> {
     conn.write_all(request)?;

@@ -8,6 +8,7 @@
 //! - [`client`]: the kube-apiserver-style CONNECT client (blocking and async) and curl helpers.
 //! - [`target`]: echo, "who am I" and pattern targets, and the async load target.
 //! - [`kubernetes`]: a real control plane (etcd, kube-apiserver, kubectl) and node stand-ins.
+//! - [`haproxy`]: a real load balancer in front of several servers.
 //! - [`netns`]: network-namespace test hosts (root); [`procfs`]: a process's memory, CPU and
 //!   descriptors; [`skip`]: skipping a test loudly (and failing it where skips are forbidden);
 //!   [`timing`]: a timeout fired on time.
@@ -15,6 +16,7 @@
 //! The binaries must be built first (`cargo build --bins`); the README's test command does it.
 
 pub mod client;
+pub mod haproxy;
 pub mod kubernetes;
 pub mod netns;
 pub mod pki;

@@ -101,6 +101,47 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// Runs `body` with a fresh net of `hosts` hosts on a thread of its own, or skips loudly when
+/// not root; fails when `body` takes longer than `timeout` (the net is left to the process's
+/// end then: the body may still use it).
+pub fn with_net(
+    test: &str,
+    hosts: usize,
+    timeout: Duration,
+    body: impl FnOnce(TestNet) + Send + 'static,
+) {
+    if !crate::skip::require_root(test) {
+        return;
+    }
+    let net = match TestNet::new(hosts) {
+        Ok(net) => net,
+        Err(e) if format!("{e:#}").contains("Operation not permitted") => {
+            return crate::skip::skip(test, &format!("needs root for network namespaces: {e:#}"));
+        }
+        Err(e) => panic!("creating the test net: {e:#}"),
+    };
+    let (done, finished) = mpsc::channel();
+    let worker = std::thread::Builder::new()
+        .name(test.to_owned())
+        .spawn(move || {
+            body(net);
+            let _ = done.send(());
+        })
+        .unwrap_or_else(|e| panic!("spawning {test}: {e}"));
+    match finished.recv_timeout(timeout) {
+        Ok(()) => worker
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+        // The body panicked: rethrow its panic.
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            if let Err(panic) = worker.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{test} took longer than {timeout:?}"),
+    }
+}
+
 /// Runs `ip` with `args`; fails with its stderr.
 pub fn ip(args: &[&str]) -> anyhow::Result<String> {
     let out = Command::new("ip")

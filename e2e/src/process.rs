@@ -106,6 +106,18 @@ impl Wrapper {
     }
 }
 
+/// What a binary runs under: `ip netns exec NAME` for a namespace, then the wrapper.
+fn prefix(netns: Option<&str>, wrapper: Option<&Wrapper>) -> Vec<OsString> {
+    let mut prefix: Vec<OsString> = match netns {
+        Some(ns) => ["ip", "netns", "exec", ns].map(OsString::from).into(),
+        None => Vec::new(),
+    };
+    if let Some(wrapper) = wrapper {
+        prefix.extend(wrapper.command.iter().cloned());
+    }
+    prefix
+}
+
 /// A command running `program` after `prefix` (a wrapper, `ip netns exec NAME`, or nothing).
 fn prefixed(prefix: &[OsString], program: PathBuf) -> Command {
     match prefix.split_first() {
@@ -136,14 +148,25 @@ impl Process {
 
     /// [`Process::spawn`], waiting at most `startup` for the announcements.
     pub fn spawn_within(
+        command: Command,
+        wants: &[&str],
+        startup: Duration,
+    ) -> anyhow::Result<(Process, Vec<String>)> {
+        Process::spawn_with_stdin(command, Stdio::null(), wants, startup)
+    }
+
+    /// [`Process::spawn_within`] with `stdin` for the child's standard input (a listening
+    /// socket handed to haproxy, say).
+    pub fn spawn_with_stdin(
         mut command: Command,
+        stdin: Stdio,
         wants: &[&str],
         startup: Duration,
     ) -> anyhow::Result<(Process, Vec<String>)> {
         let logdir = tempfile::tempdir()?;
         let log = logdir.path().join("stderr.log");
         command
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log)?);
         // The test's RUST_LOG (debug when unset), unless the command chose its own.
@@ -294,6 +317,10 @@ pub struct ServerOptions {
     pub agent_bind: Option<String>,
     /// Agent endpoint port (default 0, ephemeral), e.g. the port of a server this one replaces.
     pub agent_port: Option<u16>,
+    /// TCP frontend port (default 0, ephemeral), e.g. the port of a server this one replaces.
+    pub frontend_port: Option<u16>,
+    /// Run the server inside this network namespace (`ip netns exec NAME`).
+    pub netns: Option<String>,
     /// Run the server under this command (e.g. valgrind).
     pub wrapper: Option<Wrapper>,
     /// Leave `--cluster-ca-cert` out (agents authenticate by token alone).
@@ -322,8 +349,10 @@ impl Server {
             .bind
             .clone()
             .unwrap_or_else(|| "127.0.0.1".to_owned());
-        let prefix = options.wrapper.as_ref().map_or(&[][..], |w| &w.command[..]);
-        let mut command = prefixed(prefix, binary("bridgehead-server")?);
+        let mut command = prefixed(
+            &prefix(options.netns.as_deref(), options.wrapper.as_ref()),
+            binary("bridgehead-server")?,
+        );
         let agent_port = options.agent_port.unwrap_or(0).to_string();
         command.args([
             "--agent-port",
@@ -357,7 +386,8 @@ impl Server {
                     .args(["--server-port", "0"]);
             }
             None => {
-                command.args(["--server-port", "0", "--server-bind-address", &bind]);
+                let port = options.frontend_port.unwrap_or(0).to_string();
+                command.args(["--server-port", &port, "--server-bind-address", &bind]);
                 command.arg("--server-cert").arg(pki.path("server.crt"));
                 command.arg("--server-key").arg(pki.path("server.key"));
                 command
@@ -466,6 +496,9 @@ pub struct AgentOptions {
     pub certificate: Option<Option<(PathBuf, PathBuf)>>,
     /// Environment variables for the agent (`RUST_LOG`, say).
     pub env: Vec<(String, String)>,
+    /// Where the health port binds (default 127.0.0.1; in a namespace, an address of the
+    /// namespace the test reaches).
+    pub health_bind: Option<String>,
 }
 
 /// A running `bridgehead-agent`.
@@ -478,14 +511,15 @@ pub struct Agent {
 impl Agent {
     pub fn start(pki: &Pki, server: &Server, options: AgentOptions) -> anyhow::Result<Agent> {
         let addr = options.server.unwrap_or(server.agent_addr);
-        let mut prefix: Vec<OsString> = match &options.netns {
-            Some(ns) => ["ip", "netns", "exec", ns].map(OsString::from).into(),
-            None => Vec::new(),
-        };
-        if let Some(wrapper) = &options.wrapper {
-            prefix.extend(wrapper.command.iter().cloned());
-        }
-        let mut command = prefixed(&prefix, binary("bridgehead-agent")?);
+        Agent::start_at(pki, addr, options)
+    }
+
+    /// An agent connecting to `addr` (a load balancer in front of several servers, say).
+    pub fn start_at(pki: &Pki, addr: SocketAddr, options: AgentOptions) -> anyhow::Result<Agent> {
+        let mut command = prefixed(
+            &prefix(options.netns.as_deref(), options.wrapper.as_ref()),
+            binary("bridgehead-agent")?,
+        );
         command.args(["--proxy-server-host", &addr.ip().to_string()]);
         command.args(["--proxy-server-port", &addr.port().to_string()]);
         command.arg("--ca-cert").arg(pki.path("cluster-ca.crt"));
@@ -507,7 +541,7 @@ impl Agent {
             "--health-server-port",
             "0",
             "--health-bind-address",
-            "127.0.0.1",
+            options.health_bind.as_deref().unwrap_or("127.0.0.1"),
             "--admin-server-port",
             "0",
         ]);

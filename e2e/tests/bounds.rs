@@ -215,11 +215,16 @@ fn worker_threads_sets_the_runtimes_threads() {
             ..Default::default()
         };
         let server = Server::start(&pki, options).unwrap();
-        assert_eq!(
-            runtime_workers(server.process.pid()),
-            workers,
-            "--worker-threads {flag}"
+        // The runtime's threads name themselves as they start, which may be just after the
+        // server announced its listeners.
+        let pid = server.process.pid();
+        let started = wait_until(IO_TIMEOUT, || runtime_workers(pid) >= workers);
+        assert!(
+            started.is_ok(),
+            "--worker-threads {flag}: {}",
+            runtime_workers(pid)
         );
+        assert_eq!(runtime_workers(pid), workers, "--worker-threads {flag}");
     }
 }
 

@@ -8,49 +8,17 @@
 //! namespaces. These tests need root; without it each one is skipped loudly (`bridgehead_e2e::skip`).
 
 use std::collections::BTreeMap;
-use std::io::Read;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use bridgehead_e2e::client::{kube_connect, tls_connect, Conn};
-use bridgehead_e2e::netns::TestNet;
-use bridgehead_e2e::skip::{require_root, skip};
+use bridgehead_e2e::client::{who_am_i, WhoAmI};
+use bridgehead_e2e::netns::{self, TestNet};
 use bridgehead_e2e::{Agent, AgentOptions, Pki, Server, ServerOptions};
 
 /// Every test gives up after this long.
 const TEST_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Runs `body` with a fresh net of `hosts` hosts, or skips loudly when not root; fails when
-/// `body` takes longer than [`TEST_TIMEOUT`].
 fn with_net(test: &str, hosts: usize, body: impl FnOnce(TestNet) + Send + 'static) {
-    if !require_root(test) {
-        return;
-    }
-    let net = match TestNet::new(hosts) {
-        Ok(net) => net,
-        Err(e) if format!("{e:#}").contains("Operation not permitted") => {
-            return skip(test, &format!("needs root for network namespaces: {e:#}"));
-        }
-        Err(e) => panic!("creating the test net: {e:#}"),
-    };
-    let (done, finished) = mpsc::channel();
-    let worker = std::thread::Builder::new()
-        .name(test.to_owned())
-        .spawn(move || {
-            body(net);
-            let _ = done.send(());
-        })
-        .unwrap();
-    match finished.recv_timeout(TEST_TIMEOUT) {
-        Ok(()) => worker.join().unwrap(),
-        // The body panicked: rethrow its panic.
-        Err(mpsc::RecvTimeoutError::Disconnected) => {
-            if let Err(panic) = worker.join() {
-                std::panic::resume_unwind(panic);
-            }
-        }
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{test} took longer than {TEST_TIMEOUT:?}"),
-    }
+    netns::with_net(test, hosts, TEST_TIMEOUT, body);
 }
 
 /// A server with `--proxy-strategies strategies`, its frontend and health port on loopback and
@@ -88,32 +56,8 @@ fn agent(pki: &Pki, server: &Server, net: &TestNet, i: usize, identifiers: &str)
     .unwrap()
 }
 
-/// A CONNECT through the frontend, as kube-apiserver sends it.
-struct Tunnel {
-    status: u16,
-    /// On 200 the who-am-i answer (trimmed), otherwise the response body.
-    text: String,
-    /// Still open (the client's direction), so the tunnel counts as open on its agent.
-    _conn: Box<dyn Conn>,
-}
-
-fn open(pki: &Pki, server: &Server, target: &str) -> Tunnel {
-    let mut conn = tls_connect(pki, server.frontend_addr()).unwrap();
-    let reply = kube_connect(conn.as_mut(), target).unwrap();
-    let mut bytes = reply.extra;
-    if reply.status == 200 {
-        // The target answers its name and ends its direction: read up to that EOF.
-        conn.read_to_end(&mut bytes)
-            .unwrap_or_else(|e| panic!("reading the answer through {target}: {e}"));
-    } else {
-        // The frontend closes after an error reply (perhaps abruptly): keep what arrived.
-        let _ = conn.read_to_end(&mut bytes);
-    }
-    Tunnel {
-        status: reply.status,
-        text: String::from_utf8_lossy(&bytes).trim().to_owned(),
-        _conn: conn,
-    }
+fn open(pki: &Pki, server: &Server, target: &str) -> WhoAmI {
+    who_am_i(pki, server.frontend_addr(), target).unwrap()
 }
 
 /// The name of the host that answered a tunnel to `target` (which must succeed).
@@ -387,7 +331,7 @@ fn tunnels_spread_over_agents_sharing_an_identifier() {
             server.wait_agents(2).unwrap();
 
             // Keep every tunnel open, so each one adds to its agent's load.
-            let tunnels: Vec<Tunnel> = (0..20)
+            let tunnels: Vec<WhoAmI> = (0..20)
                 .map(|_| open(&pki, &server, &format!("10.251.7.9:{port}")))
                 .collect();
             let mut answered = BTreeMap::new();
@@ -423,7 +367,7 @@ fn draining_agent_gets_no_new_tunnels() {
         // Open tunnels (kept open) until A carries one; least loaded makes that the first or
         // second.
         let mut held = Vec::new();
-        while !held.iter().any(|t: &Tunnel| t.text == "A") {
+        while !held.iter().any(|t: &WhoAmI| t.text == "A") {
             assert!(held.len() < 4, "A never got a tunnel");
             held.push(open(&pki, &server, &target));
         }

@@ -4,6 +4,8 @@
 //! - [`ErrorCode`]: why a dial failed or a stream was reset.
 //! - [`host`]: host names and `host:port` (one DNS-name check, IPv6 brackets).
 //! - [`ident`]: agent identifiers, the query string an agent announces itself with.
+//! - [`servers`]: the headers that let an agent hold one session per server behind one
+//!   address.
 //! - [`text`]: peer-supplied text made safe for logs and answers.
 //! - [`session`]: the per-session stream state machine with credit-based flow control; the
 //!   async crates feed it received frames and local events and carry out what it returns.
@@ -15,6 +17,7 @@ pub mod error_code;
 pub mod frame;
 pub mod host;
 pub mod ident;
+pub mod servers;
 pub mod session;
 pub mod text;
 

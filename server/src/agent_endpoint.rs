@@ -12,6 +12,9 @@ use std::sync::Arc;
 
 use bridgehead_mux::{websocket_config, Mux};
 use bridgehead_proto::ident::AgentIdentifiers;
+use bridgehead_proto::servers::{
+    parse_connected_servers, CONNECTED_SERVERS_HEADER, SERVER_COUNT_HEADER, SERVER_ID_HEADER,
+};
 use bridgehead_proto::session::{Role, SessionConfig};
 use bridgehead_proto::SUBPROTOCOL;
 use http::StatusCode;
@@ -104,6 +107,9 @@ enum Refused {
     Answered(StatusCode, String),
     #[error(transparent)]
     Auth(#[from] AuthRefusal),
+    /// The agent holds a session with this server already.
+    #[error("this agent already holds a session with this server (server id {0})")]
+    Duplicate(String),
 }
 
 impl Refused {
@@ -117,6 +123,9 @@ struct Upgrade {
     key: String,
     bearer: Option<String>,
     identifiers: AgentIdentifiers,
+    /// The agent already holds a live session with this server (its id is in
+    /// `bridgehead-connected-servers`).
+    duplicate: bool,
 }
 
 async fn session(
@@ -130,6 +139,12 @@ async fn session(
     let _ = tcp.set_nodelay(true);
     let handshake = async {
         let mut checked = handshake(tcp, acceptor, &ctx).await?;
+        if checked.duplicate {
+            // Looking for the other servers behind the address, the agent reached this one
+            // again: refuse the new session rather than replace the live one.
+            let refused = Refused::Duplicate(ctx.server_id.clone());
+            return Err(answer(&mut checked.tls, refused).await);
+        }
         let name = checked
             .identifiers
             .id
@@ -161,7 +176,7 @@ async fn session(
             info!(agent = %name, "a new session of the same agent replaces the old one");
             old.close("replaced by a new session of the same agent");
         }
-        match accept(checked.tls, &checked.key, checked.early).await {
+        match accept(checked.tls, &checked.key, checked.early, &ctx).await {
             Ok(ws) => Ok((ws, checked.identifiers, checked.identity, name, mux, key)),
             Err(refused) => {
                 ctx.registry.unregister(key);
@@ -229,6 +244,7 @@ struct Checked {
     key: String,
     identifiers: AgentIdentifiers,
     identity: AgentIdentity,
+    duplicate: bool,
 }
 
 /// TLS, the upgrade request, authentication: everything but the answer, or why not (answered
@@ -258,7 +274,7 @@ async fn handshake(
             return Err(answer(&mut tls, refused).await);
         }
     };
-    let upgrade = match check_upgrade(&buf[..end]) {
+    let upgrade = match check_upgrade(&buf[..end], &ctx.server_id) {
         Ok(upgrade) => upgrade,
         Err(refused) => return Err(answer(&mut tls, refused).await),
     };
@@ -284,18 +300,23 @@ async fn handshake(
         key: upgrade.key,
         identifiers: upgrade.identifiers,
         identity,
+        duplicate: upgrade.duplicate,
     })
 }
 
-/// Answers `101` and makes the WebSocket, starting with the `early` bytes.
+/// Answers `101` with this server's id and count, and makes the WebSocket, starting with the
+/// `early` bytes.
 async fn accept(
     mut tls: TlsStream<tokio::net::TcpStream>,
     key: &str,
     early: bytes::Bytes,
+    ctx: &Context,
 ) -> Result<Session, Refused> {
     let accept = format!(
-        "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-accept: {}\r\nsec-websocket-protocol: {SUBPROTOCOL}\r\n\r\n",
-        derive_accept_key(key.as_bytes())
+        "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-accept: {}\r\nsec-websocket-protocol: {SUBPROTOCOL}\r\n{SERVER_ID_HEADER}: {}\r\n{SERVER_COUNT_HEADER}: {}\r\n\r\n",
+        derive_accept_key(key.as_bytes()),
+        ctx.server_id,
+        ctx.server_count,
     );
     tls.write_all(accept.as_bytes())
         .await
@@ -308,11 +329,16 @@ async fn accept(
     })
 }
 
-/// Writes `refused`'s answer (if it has one) and closes; returns it for the log.
+/// Writes `refused`'s answer (if it has one) and closes; returns it for the log. A duplicate's
+/// answer names this server, so the agent knows which session it already holds.
 async fn answer(tls: &mut TlsStream<tokio::net::TcpStream>, refused: Refused) -> Refused {
-    let status = match &refused {
-        Refused::Answered(status, _) => *status,
-        Refused::Auth(refusal) => refusal.status(),
+    let (status, headers) = match &refused {
+        Refused::Answered(status, _) => (*status, String::new()),
+        Refused::Auth(refusal) => (refusal.status(), String::new()),
+        Refused::Duplicate(id) => (
+            StatusCode::CONFLICT,
+            format!("{SERVER_ID_HEADER}: {id}\r\n"),
+        ),
         Refused::Tls(_) | Refused::Closed | Refused::PreAuthTimeout(_) | Refused::Cut => {
             return refused
         }
@@ -321,7 +347,7 @@ async fn answer(tls: &mut TlsStream<tokio::net::TcpStream>, refused: Refused) ->
         .write_all(&http_head::answer(
             status.as_u16(),
             &refused.to_string(),
-            "",
+            &headers,
         ))
         .await;
     let _ = tls.shutdown().await;
@@ -340,8 +366,8 @@ fn values<'a>(
 }
 
 /// Checks the upgrade request: method, path, WebSocket headers, protocol version and
-/// identifiers.
-fn check_upgrade(head: &[u8]) -> Result<Upgrade, Refused> {
+/// identifiers; notes whether the agent already holds a session with `server_id`.
+fn check_upgrade(head: &[u8], server_id: &str) -> Result<Upgrade, Refused> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut headers);
     match request.parse(head) {
@@ -419,9 +445,13 @@ fn check_upgrade(head: &[u8]) -> Result<Upgrade, Refused> {
             .collect();
         debug!(?keys, "ignoring unknown identifier keys (newer agent?)");
     }
+    let duplicate = header(CONNECTED_SERVERS_HEADER)
+        .flat_map(parse_connected_servers)
+        .any(|id| id == server_id);
     Ok(Upgrade {
         key,
         bearer,
         identifiers,
+        duplicate,
     })
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use bridgehead_proto::servers::{check_server_id, MAX_SERVER_COUNT};
 use bridgehead_runtime::duration;
 use bridgehead_runtime::logging::LogFormat;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
@@ -147,11 +148,13 @@ pub struct Cli {
     /// Valid: destHost, destCIDR, defaultRoute, default.
     #[arg(long, env = "BRIDGEHEAD_PROXY_STRATEGIES", default_value = "default")]
     pub proxy_strategies: String,
-    /// This server's id (logged, shown in /agents).
+    /// This server's id, unique per replica: agents hold one session per id (logged, shown in
+    /// /agents, sent in the upgrade answer) [default: $PROXY_SERVER_ID, else a random id].
     #[arg(long, env = "BRIDGEHEAD_SERVER_ID")]
     pub server_id: Option<String>,
-    /// Number of servers behind one address (ANP compatibility; Bridgehead agents connect to
-    /// the address they are given, so only 1 is meaningful today).
+    /// How many servers share the agents' address: agents keep looking until they hold a
+    /// session with this many distinct server ids (or what Leases count, on agents counting
+    /// them).
     #[arg(long, env = "BRIDGEHEAD_SERVER_COUNT", default_value_t = 1)]
     pub server_count: u32,
     /// How long an agent may take to dial a target before the client gets 504.
@@ -298,7 +301,7 @@ pub struct Config {
     pub target_bytes_hold: Duration,
     pub log_format: LogFormat,
     pub worker_threads: usize,
-    /// `--server-count` (accepted for ANP compatibility, warned about when above 1).
+    /// `--server-count`: announced to agents in the upgrade answer.
     pub server_count: u32,
 }
 
@@ -383,6 +386,17 @@ impl Cli {
             bind_identifiers: self.bind_agent_identifiers,
         };
         let strategies = parse_strategies(&self.proxy_strategies).context("--proxy-strategies")?;
+        let server_id = match self.server_id {
+            Some(id) => id,
+            None => std::env::var("PROXY_SERVER_ID")
+                .ok()
+                .filter(|id| !id.is_empty())
+                .unwrap_or_else(random_server_id),
+        };
+        check_server_id(&server_id).context("--server-id")?;
+        if !(1..=MAX_SERVER_COUNT).contains(&self.server_count) {
+            bail!("--server-count must be from 1 to {MAX_SERVER_COUNT}");
+        }
         let keepalive_time = self.keepalive_time;
         if keepalive_time.is_zero() {
             bail!("--keepalive-time must be above 0");
@@ -417,10 +431,7 @@ impl Cli {
             health_bind: (self.health_bind_address, self.health_port).into(),
             admin_bind: (self.admin_bind_address, self.admin_port).into(),
             strategies,
-            server_id: self
-                .server_id
-                .or_else(bridgehead_runtime::host::hostname)
-                .unwrap_or_else(|| "bridgehead-server".to_owned()),
+            server_id,
             dial_timeout: self.dial_timeout,
             handshake_timeout: self.handshake_timeout,
             agent_handshake_timeout: self.agent_handshake_timeout,
@@ -451,6 +462,23 @@ fn shares_a_ca(a: &std::path::Path, b: &std::path::Path) -> anyhow::Result<bool>
     };
     let (a, b) = (certs(a)?, certs(b)?);
     Ok(a.iter().any(|cert| b.contains(cert)))
+}
+
+/// A random id in the shape of a UUID (version 4), as ANP's default: unique per process, so a
+/// restarted server is a new server to its agents.
+fn random_server_id() -> String {
+    let mut bytes: [u8; 16] = rand::random();
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
 }
 
 #[cfg(test)]
@@ -524,6 +552,21 @@ mod tests {
         assert!(!validate(&tcp).unwrap().shared_ca);
     }
 
+    /// Unset, each process draws its own id (a restarted server is a new server to agents),
+    /// in UUID form; an id given is kept.
+    #[test]
+    fn server_ids() {
+        let tcp = tcp();
+        let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
+        let (a, b) = (validate(&tcp).unwrap(), validate(&tcp).unwrap());
+        assert_ne!(a.server_id, b.server_id);
+        let shape: Vec<usize> = a.server_id.split('-').map(str::len).collect();
+        assert_eq!(shape, [8, 4, 4, 4, 12], "{}", a.server_id);
+        assert_eq!(a.server_id.as_bytes()[14], b'4', "{}", a.server_id);
+        let given = validate(&[&tcp[..], &["--server-id=cp-1"]].concat()).unwrap();
+        assert_eq!(given.server_id, "cp-1");
+    }
+
     #[test]
     fn valid_configurations() {
         let tcp = tcp();
@@ -579,6 +622,14 @@ mod tests {
             (
                 &[&tcp[..], &["--keepalive-time=0s"]].concat(),
                 "--keepalive-time",
+            ),
+            (
+                &[&tcp[..], &["--server-id=cp 1"]].concat(),
+                "--server-id: server id \"cp 1\" holds ' '",
+            ),
+            (
+                &[&tcp[..], &["--server-count=0"]].concat(),
+                "--server-count",
             ),
         ];
         for (args, expected) in cases {

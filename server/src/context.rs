@@ -28,6 +28,8 @@ pub struct Context {
     /// How agents prove who they are.
     pub agent_auth: AgentAuth,
     pub server_id: String,
+    /// How many servers agents are told there are.
+    pub server_count: u32,
     pub dial_timeout: Duration,
     pub handshake_timeout: Duration,
     /// TLS and upgrade of an agent, before authentication.
@@ -62,6 +64,7 @@ impl Context {
             metrics,
             agent_auth,
             server_id: config.server_id.clone(),
+            server_count: config.server_count,
             dial_timeout: config.dial_timeout,
             handshake_timeout: config.handshake_timeout,
             agent_handshake_timeout: config.agent_handshake_timeout,

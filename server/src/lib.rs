@@ -11,8 +11,9 @@
 //! [`Config`]), [`tls_config`], [`health`] and [`metrics`].
 //!
 //! [`run`] takes listeners that are already bound, so tests bind port 0 and hand them in.
-//! Left out: multi-server agent spreading (`--server-count` is accepted and logged), and
-//! token authentication of agents (certificates only).
+//! Several servers share one address for agents: each tells an agent its `--server-id` and
+//! `--server-count` in the upgrade answer and routes only what its own frontend receives
+//! over its own agent sessions (docs/ha.md).
 //!
 //! [`Target`]: router::Target
 
@@ -125,13 +126,12 @@ pub async fn run(
     let background = TaskTracker::new();
 
     let strategies: Vec<String> = config.strategies.iter().map(ToString::to_string).collect();
-    info!(server_id = %config.server_id, strategies = %strategies.join(","), "starting");
-    if config.server_count > 1 {
-        warn!(
-            server_count = config.server_count,
-            "--server-count above 1 is accepted for ANP compatibility but not implemented: each agent connects to this one server"
-        );
-    }
+    info!(
+        server_id = %config.server_id,
+        server_count = config.server_count,
+        strategies = %strategies.join(","),
+        "starting"
+    );
     let agent_addr = listeners.agent.local_addr()?;
     let health_addr = listeners.health.local_addr()?;
     let admin_addr = listeners.admin.local_addr()?;

@@ -1,0 +1,95 @@
+//! A real load balancer in front of several servers: haproxy (Debian's package) in TCP mode,
+//! round robin, as operators put one in front of the servers' agent ports.
+//!
+//! The test binds the listening socket itself (port 0) and hands it to haproxy as its standard
+//! input (`bind fd@0`), so no port is fixed and the address is known before haproxy runs.
+//! Backends are health-checked (a TCP connect every [`CHECK_INTERVAL`]); a connection to a
+//! backend that refuses is retried and redispatched to another, as `option redispatch` does in
+//! production configurations.
+
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::process::Process;
+
+/// How often haproxy checks each backend.
+pub const CHECK_INTERVAL: Duration = Duration::from_millis(200);
+
+/// A running haproxy; killed on drop.
+#[derive(Debug)]
+pub struct Haproxy {
+    pub process: Process,
+    /// Where clients (agents) connect.
+    pub addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+/// Whether haproxy is installed.
+pub fn available() -> bool {
+    Command::new("haproxy")
+        .arg("-v")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+impl Haproxy {
+    /// haproxy listening on `ip` (an ephemeral port), balancing over `backends` round robin.
+    pub fn start(ip: std::net::IpAddr, backends: &[SocketAddr]) -> anyhow::Result<Haproxy> {
+        let listener = TcpListener::bind((ip, 0)).context("binding haproxy's listener")?;
+        let addr = listener.local_addr()?;
+        let dir = tempfile::tempdir()?;
+        let config = dir.path().join("haproxy.cfg");
+        std::fs::write(&config, config_text(backends))?;
+        check(&config, &listener)?;
+        let mut command = Command::new("haproxy");
+        command.arg("-db").arg("-f").arg(&config);
+        command.env("RUST_LOG", "off");
+        let stdin = Stdio::from(OwnedFd::from(listener));
+        let (process, _) = Process::spawn_with_stdin(command, stdin, &[], Duration::ZERO)
+            .context("starting haproxy")?;
+        Ok(Haproxy {
+            process,
+            addr,
+            _dir: dir,
+        })
+    }
+}
+
+/// `haproxy -c` with the listener as its standard input, as the real run has it: the
+/// configuration parses and the socket is usable (its errors name the line).
+fn check(config: &Path, listener: &TcpListener) -> anyhow::Result<()> {
+    let socket = OwnedFd::from(listener.try_clone()?);
+    let out = Command::new("haproxy")
+        .arg("-c")
+        .arg("-f")
+        .arg(config)
+        .stdin(Stdio::from(socket))
+        .output()
+        .context("running haproxy -c")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "haproxy -c: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// TCP mode, round robin, health checks, retries with redispatch; long idle timeouts (agent
+/// sessions are long-lived, kept alive by WebSocket pings).
+fn config_text(backends: &[SocketAddr]) -> String {
+    let mut text = format!(
+        "global\n  maxconn 4096\n\ndefaults\n  mode tcp\n  timeout connect 1s\n  timeout client 1h\n  timeout server 1h\n  retries 3\n  option redispatch\n\nfrontend agents\n  bind fd@0\n  default_backend servers\n\nbackend servers\n  balance roundrobin\n  default-server check inter {}ms fall 2 rise 1\n",
+        CHECK_INTERVAL.as_millis()
+    );
+    for (i, backend) in backends.iter().enumerate() {
+        text.push_str(&format!("  server s{i} {backend}\n"));
+    }
+    text
+}
