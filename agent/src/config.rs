@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use bridgehead_kubeapi::labels::check_selector;
+use bridgehead_kubeapi::leases::{DEFAULT_LABEL, DEFAULT_NAMESPACE};
 use bridgehead_mux::Keepalive;
 use bridgehead_proto::host::{strip_brackets, HostPort};
 use bridgehead_proto::ident::AgentIdentifiers;
@@ -217,6 +219,58 @@ pub struct Cli {
     /// [default: --proxy-server-host].
     #[arg(long, env = "BRIDGEHEAD_SERVER_NAME", value_name = "NAME")]
     pub server_name: Option<String>,
+
+    /// Count the servers by their Leases (the servers run --enable-lease-controller): the
+    /// agent looks for as many servers as there are valid Leases matching
+    /// --lease-label-selector in --lease-namespace, keeping the last count while
+    /// kube-apiserver cannot be reached. Needs list and watch on Leases there.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_COUNT_SERVER_LEASES",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    pub count_server_leases: Option<bool>,
+
+    /// Namespace of the servers' Leases.
+    #[arg(long, env = "BRIDGEHEAD_LEASE_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
+    pub lease_namespace: String,
+
+    /// Label selector of the Leases counted (`key=value,...`).
+    #[arg(long, env = "BRIDGEHEAD_LEASE_LABEL_SELECTOR", default_value = DEFAULT_LABEL)]
+    pub lease_label_selector: String,
+
+    /// Old name of --lease-label-selector (ANP deprecated it); given, it wins.
+    #[arg(long, hide = true)]
+    pub lease_label: Option<String>,
+
+    /// kubeconfig for counting Leases; empty: the pod's in-cluster configuration.
+    #[arg(long, env = "BRIDGEHEAD_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// How the counts from Leases and from the servers' answers combine: `default` takes
+    /// one (Leases with --count-server-leases, else the servers'), `max` the larger.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_SERVER_COUNT_SOURCE",
+        default_value = "default",
+        value_parser = PossibleValuesParser::new(["", "default", "max"]),
+    )]
+    pub server_count_source: String,
+}
+
+/// Where the agent's server count comes from besides the servers' answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseCounting {
+    /// `--lease-namespace`.
+    pub namespace: String,
+    /// `--lease-label-selector`, checked.
+    pub selector: String,
+    /// `--kubeconfig`; `None`: in-cluster.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--server-count-source=max`: the larger of Leases and answers, else Leases alone.
+    pub max_with_answers: bool,
 }
 
 /// The validated configuration. It holds file paths, never key material or tokens: the files
@@ -259,6 +313,8 @@ pub struct Config {
     pub allowed_destinations: Vec<Rule>,
     /// `--denied-destinations`.
     pub denied_destinations: Vec<Rule>,
+    /// `--count-server-leases`.
+    pub lease_counting: Option<LeaseCounting>,
 }
 
 impl Config {
@@ -348,7 +404,29 @@ impl Cli {
             );
         }
 
+        let lease_counting = if self.count_server_leases.unwrap_or(false) {
+            // `--lease-label` is the old spelling; given, it stands (ANP: the same variable).
+            let selector = self
+                .lease_label
+                .unwrap_or(self.lease_label_selector)
+                .trim()
+                .to_owned();
+            check_selector(&selector)
+                .map_err(|e| anyhow::anyhow!("--lease-label-selector: {e}"))?;
+            if self.lease_namespace.trim().is_empty() {
+                bail!("--lease-namespace is empty");
+            }
+            Some(LeaseCounting {
+                namespace: self.lease_namespace.trim().to_owned(),
+                selector,
+                kubeconfig: self.kubeconfig.filter(|path| !path.as_os_str().is_empty()),
+                max_with_answers: self.server_count_source == "max",
+            })
+        } else {
+            None
+        };
         let config = Config {
+            lease_counting,
             server_host,
             server_port: self.proxy_server_port,
             server_name,

@@ -32,6 +32,7 @@ mod token;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use bridgehead_runtime::health::serve;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -117,14 +118,28 @@ pub async fn run(
 
     let policy =
         Arc::new(config.destination_policy(vec![health_address.port(), admin_address.port()]));
-    servers::run(
-        Arc::new(config),
-        health.clone(),
-        policy,
-        ServerCount::new(),
-        shutdown,
-    )
-    .await;
+    let count = match &config.lease_counting {
+        Some(leases) => {
+            let api = bridgehead_kubeapi::KubeApi::connect(leases.kubeconfig.as_deref(), 0.0, 0)
+                .await
+                .context("--count-server-leases: the Kubernetes client (--kubeconfig)")?;
+            info!(
+                namespace = %leases.namespace,
+                selector = %leases.selector,
+                max_with_answers = leases.max_with_answers,
+                "counting servers by their Leases"
+            );
+            let watch = bridgehead_kubeapi::leases::LeaseCount::watch(
+                &api,
+                &leases.namespace,
+                &leases.selector,
+                shutdown.clone(),
+            );
+            ServerCount::from_leases(watch, leases.max_with_answers)
+        }
+        None => ServerCount::new(),
+    };
+    servers::run(Arc::new(config), health.clone(), policy, count, shutdown).await;
 
     health_stop.cancel();
     let _ = health_server.await;

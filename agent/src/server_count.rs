@@ -1,16 +1,35 @@
-//! How many servers the agent looks for: the count the last new server announced in its
-//! upgrade answer (`--server-count` on the servers), never below 1.
+//! How many servers the agent looks for, never below 1: the count the last new server
+//! announced in its upgrade answer (`--server-count` on the servers), or the number of valid
+//! server Leases (`--count-server-leases`), or the larger of the two
+//! (`--server-count-source=max`), as ANP's agent combines them.
+
+use bridgehead_kubeapi::leases::LeaseCount;
 
 /// The server count as the agent knows it.
 #[derive(Debug, Clone)]
 pub(crate) struct ServerCount {
     from_responses: u32,
+    leases: Option<LeaseCount>,
+    max_with_responses: bool,
 }
 
 impl ServerCount {
     /// One server, until a server says otherwise.
     pub(crate) fn new() -> ServerCount {
-        ServerCount { from_responses: 1 }
+        ServerCount {
+            from_responses: 1,
+            leases: None,
+            max_with_responses: false,
+        }
+    }
+
+    /// Counted by `leases`; with `max_with_responses`, by the larger of them and the answers.
+    pub(crate) fn from_leases(leases: LeaseCount, max_with_responses: bool) -> ServerCount {
+        ServerCount {
+            leases: Some(leases),
+            max_with_responses,
+            ..ServerCount::new()
+        }
     }
 
     /// A new server announced `count`.
@@ -20,6 +39,14 @@ impl ServerCount {
 
     /// How many distinct servers to hold sessions with.
     pub(crate) fn count(&self) -> u32 {
-        self.from_responses
+        let Some(leases) = &self.leases else {
+            return self.from_responses;
+        };
+        let from_leases = u32::try_from(leases.count()).unwrap_or(u32::MAX).max(1);
+        if self.max_with_responses {
+            from_leases.max(self.from_responses)
+        } else {
+            from_leases
+        }
     }
 }

@@ -66,6 +66,65 @@ fn defaults() {
 }
 
 #[test]
+fn lease_counting() {
+    let f = Files::new();
+    let ca = f.file("cluster-ca.crt");
+    let with = |extra: &[&str]| parse(&[&["--ca-cert", &ca][..], extra].concat());
+    assert!(with(&[]).unwrap().lease_counting.is_none());
+    assert!(with(&["--count-server-leases=false"])
+        .unwrap()
+        .lease_counting
+        .is_none());
+    // ANP's defaults.
+    let leases = with(&["--count-server-leases"])
+        .unwrap()
+        .lease_counting
+        .unwrap();
+    assert_eq!(leases.namespace, "kube-system");
+    assert_eq!(leases.selector, "k8s-app=konnectivity-server");
+    assert_eq!(leases.kubeconfig, None);
+    assert!(!leases.max_with_answers);
+    let leases = with(&[
+        "--count-server-leases=true",
+        "--lease-namespace=bh",
+        "--lease-label-selector=app=bh,tier!=test",
+        "--kubeconfig=/k",
+        "--server-count-source=max",
+    ])
+    .unwrap()
+    .lease_counting
+    .unwrap();
+    assert_eq!(leases.namespace, "bh");
+    assert_eq!(leases.selector, "app=bh,tier!=test");
+    assert_eq!(
+        leases.kubeconfig.as_deref(),
+        Some(std::path::Path::new("/k"))
+    );
+    assert!(leases.max_with_answers);
+    // The deprecated spelling still works.
+    let leases = with(&["--count-server-leases", "--lease-label=app=old"])
+        .unwrap()
+        .lease_counting
+        .unwrap();
+    assert_eq!(leases.selector, "app=old");
+    for (args, want) in [
+        (
+            &["--lease-label-selector=*bad*"][..],
+            "--lease-label-selector",
+        ),
+        (&["--lease-label-selector="], "empty label selector"),
+        (&["--lease-namespace="], "--lease-namespace is empty"),
+    ] {
+        let error = format!(
+            "{:#}",
+            with(&[&["--count-server-leases"], args].concat()).unwrap_err()
+        );
+        assert!(error.contains(want), "{args:?}: {error}");
+    }
+    assert!(with(&["--server-count-source=min"]).is_err());
+}
+
+#[test]
 fn identifiers_and_server_name() {
     let f = Files::new();
     let (ca, crt, key) = (

@@ -87,7 +87,7 @@ impl AuthRefusal {
 /// How tokens are checked.
 #[derive(Debug)]
 pub struct TokenPolicy {
-    pub api: KubeApi,
+    pub api: std::sync::Arc<KubeApi>,
     pub namespace: String,
     pub service_account: String,
     pub audience: String,

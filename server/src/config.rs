@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use bridgehead_kubeapi::labels::parse_labels;
+use bridgehead_kubeapi::leases::{self, LeaseSettings};
 use bridgehead_proto::servers::{check_server_id, MAX_SERVER_COUNT};
 use bridgehead_runtime::duration;
 use bridgehead_runtime::logging::LogFormat;
@@ -102,9 +104,10 @@ pub struct Cli {
     /// token's `audience`).
     #[arg(long, env = "BRIDGEHEAD_AUTHENTICATION_AUDIENCE")]
     pub authentication_audience: Option<String>,
-    /// kubeconfig for the server's calls to kube-apiserver (TokenReview, Nodes); empty: the
-    /// pod's in-cluster configuration. Its identity needs `system:auth-delegator` (and `get
-    /// nodes` with --bind-agent-identifiers).
+    /// kubeconfig for the server's calls to kube-apiserver (TokenReview, Nodes, Leases); empty:
+    /// the pod's in-cluster configuration. Its identity needs `system:auth-delegator` (and `get
+    /// nodes` with --bind-agent-identifiers, and Leases in --lease-namespace with
+    /// --enable-lease-controller).
     #[arg(long, env = "BRIDGEHEAD_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Most requests a second to kube-apiserver; 0 = 5.
@@ -157,6 +160,27 @@ pub struct Cli {
     /// them).
     #[arg(long, env = "BRIDGEHEAD_SERVER_COUNT", default_value_t = 1)]
     pub server_count: u32,
+    /// Hold a Lease for this server in --lease-namespace (renewed every third of
+    /// --lease-duration, deleted on shutdown) and delete other servers' expired Leases, so
+    /// that agents running with --count-server-leases count the servers.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_ENABLE_LEASE_CONTROLLER",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    pub enable_lease_controller: Option<bool>,
+    /// Namespace of the servers' Leases.
+    #[arg(long, env = "BRIDGEHEAD_LEASE_NAMESPACE", default_value = leases::DEFAULT_NAMESPACE)]
+    pub lease_namespace: String,
+    /// Labels of this server's Lease (`key=value,...`); agents count the Leases that match.
+    #[arg(long, env = "BRIDGEHEAD_LEASE_LABEL", default_value = leases::DEFAULT_LABEL)]
+    pub lease_label: String,
+    /// How long a Lease is valid without renewal: a server that vanishes stops being counted
+    /// after this long.
+    #[arg(long, env = "BRIDGEHEAD_LEASE_DURATION", default_value = "30s", value_parser = duration::parse, value_name = "DURATION")]
+    pub lease_duration: Duration,
     /// How long an agent may take to dial a target before the client gets 504.
     #[arg(long, env = "BRIDGEHEAD_DIAL_TIMEOUT", default_value = "10s", value_parser = duration::parse, value_name = "DURATION")]
     pub dial_timeout: Duration,
@@ -264,10 +288,15 @@ pub struct TokenConfig {
     pub namespace: String,
     pub service_account: String,
     pub audience: String,
+    pub cache_ttl: Duration,
+}
+
+/// The server's Kubernetes client: `--kubeconfig` (in-cluster when `None`), pacing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KubeClientConfig {
     pub kubeconfig: Option<PathBuf>,
     pub qps: f32,
     pub burst: u32,
-    pub cache_ttl: Duration,
 }
 
 /// Validated configuration.
@@ -303,6 +332,10 @@ pub struct Config {
     pub worker_threads: usize,
     /// `--server-count`: announced to agents in the upgrade answer.
     pub server_count: u32,
+    /// How the server reaches kube-apiserver, when token authentication or Leases need it.
+    pub kube_client: KubeClientConfig,
+    /// `--enable-lease-controller`: where and how this server's Lease is kept.
+    pub leases: Option<LeaseSettings>,
 }
 
 impl fmt::Debug for Config {
@@ -370,9 +403,6 @@ impl Cli {
                 namespace,
                 service_account,
                 audience,
-                kubeconfig: self.kubeconfig.filter(|path| !path.as_os_str().is_empty()),
-                qps: self.kubeconfig_qps,
-                burst: self.kubeconfig_burst,
                 cache_ttl: self.token_review_cache_ttl,
             }),
             _ => bail!("token authentication needs all of --agent-namespace, --agent-service-account and --authentication-audience"),
@@ -397,6 +427,28 @@ impl Cli {
         if !(1..=MAX_SERVER_COUNT).contains(&self.server_count) {
             bail!("--server-count must be from 1 to {MAX_SERVER_COUNT}");
         }
+        let leases = if self.enable_lease_controller.unwrap_or(false) {
+            leases::lease_name(&server_id).map_err(anyhow::Error::msg)?;
+            if self.lease_duration < Duration::from_secs(3) {
+                bail!("--lease-duration must be at least 3s (it is renewed every third)");
+            }
+            let namespace = self.lease_namespace.trim().to_owned();
+            if namespace.is_empty() {
+                bail!("--lease-namespace is empty");
+            }
+            let labels = parse_labels(&self.lease_label)
+                .map_err(|e| anyhow::anyhow!("--lease-label: {e}"))?;
+            if labels.is_empty() {
+                bail!("--lease-label is empty: agents could not tell this server's Lease from any other");
+            }
+            Some(LeaseSettings {
+                namespace,
+                labels,
+                duration: self.lease_duration,
+            })
+        } else {
+            None
+        };
         let keepalive_time = self.keepalive_time;
         if keepalive_time.is_zero() {
             bail!("--keepalive-time must be above 0");
@@ -450,6 +502,12 @@ impl Cli {
             target_bytes_hold: self.target_bytes_hold,
             log_format: self.log_format,
             server_count: self.server_count,
+            kube_client: KubeClientConfig {
+                kubeconfig: self.kubeconfig.filter(|path| !path.as_os_str().is_empty()),
+                qps: self.kubeconfig_qps,
+                burst: self.kubeconfig_burst,
+            },
+            leases,
             worker_threads: self.worker_threads,
         })
     }
@@ -565,6 +623,50 @@ mod tests {
         assert_eq!(a.server_id.as_bytes()[14], b'4', "{}", a.server_id);
         let given = validate(&[&tcp[..], &["--server-id=cp-1"]].concat()).unwrap();
         assert_eq!(given.server_id, "cp-1");
+    }
+
+    #[test]
+    fn lease_settings() {
+        let tcp = tcp();
+        let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
+        assert!(validate(&tcp).unwrap().leases.is_none());
+        let with = |extra: &[&str]| validate(&[&tcp[..], &["--server-id=cp-1"], extra].concat());
+        // ANP's defaults.
+        let leases = with(&["--enable-lease-controller"])
+            .unwrap()
+            .leases
+            .unwrap();
+        assert_eq!(leases.namespace, "kube-system");
+        assert_eq!(
+            leases.labels.into_iter().collect::<Vec<_>>(),
+            [("k8s-app".to_owned(), "konnectivity-server".to_owned())]
+        );
+        assert_eq!(leases.duration, Duration::from_secs(30));
+        let leases = with(&[
+            "--enable-lease-controller=true",
+            "--lease-namespace=bh",
+            "--lease-label=app=bh,tier=cp",
+            "--lease-duration=6s",
+        ])
+        .unwrap()
+        .leases
+        .unwrap();
+        assert_eq!((leases.namespace.as_str(), leases.labels.len()), ("bh", 2));
+        assert_eq!(leases.duration, Duration::from_secs(6));
+        assert!(with(&["--enable-lease-controller=false"])
+            .unwrap()
+            .leases
+            .is_none());
+        for (args, want) in [
+            (&["--lease-label=no-equals"][..], "--lease-label"),
+            (&["--lease-label="], "--lease-label is empty"),
+            (&["--lease-duration=1s"], "at least 3s"),
+            (&["--lease-namespace= "], "--lease-namespace is empty"),
+            (&["--server-id=CP_1"], "--server-id takes lower-case"),
+        ] {
+            let error = with(&[&["--enable-lease-controller"], args].concat()).unwrap_err();
+            assert!(format!("{error:#}").contains(want), "{args:?}: {error:#}");
+        }
     }
 
     #[test]

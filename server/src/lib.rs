@@ -118,7 +118,17 @@ pub async fn run(
     if config.shared_ca {
         warn!("--server-ca-cert and --cluster-ca-cert hold the same CA (--allow-shared-ca): every agent certificate is also a valid CONNECT client certificate; make a two-CA PKI with bridgehead-certs init");
     }
-    let agent_auth = agent_auth(&config.agent_auth).await?;
+    let kube = if config.agent_auth.token.is_some() || config.leases.is_some() {
+        let client = &config.kube_client;
+        Some(Arc::new(
+            kubernetes::KubeApi::connect(client.kubeconfig.as_deref(), client.qps, client.burst)
+                .await
+                .context("the Kubernetes client (--kubeconfig)")?,
+        ))
+    } else {
+        None
+    };
+    let agent_auth = agent_auth(&config.agent_auth, kube.clone())?;
     let ctx = Arc::new(Context::new(&config, agent_auth));
     let connections = TaskTracker::new();
     let sessions = TaskTracker::new();
@@ -196,6 +206,21 @@ pub async fn run(
         TaskTracker::new(),
     ));
 
+    if let (Some(settings), Some(api)) = (&config.leases, &kube) {
+        let name = bridgehead_kubeapi::leases::lease_name(&config.server_id)
+            .map_err(anyhow::Error::msg)?;
+        let lease_ctx = ctx.clone();
+        // Stopped with the listeners: a draining server is no longer counted.
+        background.spawn(bridgehead_kubeapi::leases::hold(
+            api.clone(),
+            settings.clone(),
+            config.server_id.clone(),
+            name,
+            shutdown.clone(),
+            move |event| lease_ctx.metrics.lease(event),
+        ));
+    }
+
     shutdown.cancelled().await;
     info!(grace = ?config.grace_period, tunnels = ctx.tunnels.len(), "shutting down: no new connections, waiting for open tunnels");
     for session in ctx.registry.sessions() {
@@ -235,15 +260,14 @@ pub async fn run(
     Ok(())
 }
 
-/// The agent endpoint's authentication; with tokens, a Kubernetes client (a kubeconfig that
-/// does not load is an error at startup).
-async fn agent_auth(config: &config::AgentAuthConfig) -> anyhow::Result<agent_auth::AgentAuth> {
+/// The agent endpoint's authentication; tokens are reviewed through `kube`.
+fn agent_auth(
+    config: &config::AgentAuthConfig,
+    kube: Option<Arc<kubernetes::KubeApi>>,
+) -> anyhow::Result<agent_auth::AgentAuth> {
     let tokens = match &config.token {
         Some(token) => {
-            let api =
-                kubernetes::KubeApi::connect(token.kubeconfig.as_deref(), token.qps, token.burst)
-                    .await
-                    .context("agent token authentication")?;
+            let api = kube.context("token authentication needs a Kubernetes client")?;
             info!(
                 namespace = %token.namespace,
                 service_account = %token.service_account,

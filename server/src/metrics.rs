@@ -83,6 +83,8 @@ pub struct Metrics {
     bytes: Family<DirectionLabel, Counter>,
     token_reviews: Family<ResultLabel, Counter>,
     handshakes_refused: Family<ListenerLabel, Counter>,
+    lease_renewals: Family<ResultLabel, Counter>,
+    leases_removed: Counter,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -101,6 +103,18 @@ impl Metrics {
         let bytes = Family::<DirectionLabel, Counter>::default();
         let token_reviews = Family::<ResultLabel, Counter>::default();
         let handshakes_refused = Family::<ListenerLabel, Counter>::default();
+        let lease_renewals = Family::<ResultLabel, Counter>::default();
+        let leases_removed = Counter::default();
+        registry.register(
+            "lease_renewals",
+            "This server's Lease created or renewed (result: ok, error), with --enable-lease-controller",
+            lease_renewals.clone(),
+        );
+        registry.register(
+            "leases_removed",
+            "Expired Leases of other servers deleted, with --enable-lease-controller",
+            leases_removed.clone(),
+        );
         registry.register(
             "agents_connected",
             "Agents with a live session",
@@ -143,6 +157,8 @@ impl Metrics {
             bytes,
             token_reviews,
             handshakes_refused,
+            lease_renewals,
+            leases_removed,
         }
     }
 
@@ -168,6 +184,22 @@ impl Metrics {
     /// One agent token checked: `authenticated`, `rejected`, `error` or `cached`.
     pub fn token_review(&self, result: &'static str) {
         self.token_reviews
+            .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+
+    /// What the Lease holder did.
+    pub fn lease(&self, event: bridgehead_kubeapi::leases::LeaseEvent) {
+        use bridgehead_kubeapi::leases::LeaseEvent;
+        let result = match event {
+            LeaseEvent::Renewed => "ok",
+            LeaseEvent::RenewFailed => "error",
+            LeaseEvent::Removed => {
+                self.leases_removed.inc();
+                return;
+            }
+        };
+        self.lease_renewals
             .get_or_create(&ResultLabel { result })
             .inc();
     }

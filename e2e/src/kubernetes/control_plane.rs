@@ -201,6 +201,11 @@ impl ControlPlane {
         self.apiserver.stderr()
     }
 
+    /// Kills kube-apiserver (SIGKILL): the API is gone, etcd stays.
+    pub fn kill_apiserver(&mut self) {
+        self.apiserver.kill();
+    }
+
     /// Runs kubectl with the admin kubeconfig.
     pub fn kubectl(&self, args: &[&str]) -> anyhow::Result<Output> {
         self.kubectl_as(&self.kubeconfig, args, None)
