@@ -157,6 +157,35 @@ mod tests {
         assert_eq!(check_host("[fd00::5]"), Err(NameError::Character));
     }
 
+    /// The messages reach 400 answers and startup errors as they are.
+    #[test]
+    fn messages_name_the_problem() {
+        for (error, message) in [
+            (NameError::Empty, "host name (empty)"),
+            (NameError::TooLong, "host name (longer than 253 bytes)"),
+            (NameError::EmptyLabel, "host name (empty label)"),
+            (
+                NameError::LabelTooLong,
+                "host name (label longer than 63 bytes)",
+            ),
+            (
+                NameError::Character,
+                "host name (letters, digits, '-', '_' and dots only)",
+            ),
+            (
+                NameError::Hyphen,
+                "host name (a label starts or ends with '-')",
+            ),
+            (
+                NameError::Numeric,
+                "host name (ends in a numeric label: not an IP address in canonical form, and no DNS name)",
+            ),
+        ] {
+            assert_eq!(error.message(), message);
+            assert_eq!(error.to_string(), message);
+        }
+    }
+
     #[test]
     fn brackets() {
         assert_eq!(strip_brackets("[fd00::5]"), "fd00::5");

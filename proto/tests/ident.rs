@@ -278,6 +278,15 @@ fn invalid_message_format() {
         err("ipv6=10.0.0.5").to_string(),
         r#"invalid ipv6 address (this is an IPv4 address: use ipv4=) "10.0.0.5" for key ipv6"#
     );
+    // A bare address as a cidr is told what is missing; anything else gets the shape.
+    assert_eq!(
+        err("cidr=10.0.0.0").to_string(),
+        r#"invalid cidr (address/prefix-length; the prefix length is missing) "10.0.0.0" for key cidr"#
+    );
+    assert_eq!(
+        err("cidr=node1/24").to_string(),
+        r#"invalid cidr (address/prefix-length) "node1/24" for key cidr"#
+    );
 }
 
 #[test]

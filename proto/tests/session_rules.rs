@@ -1,0 +1,551 @@
+//! The session's rules one at a time, each at its boundary: the property tests (`session.rs`)
+//! show that correct peers never trip them, these show what each rule does when it is tripped
+//! or just not: the default window, the 16 MiB credit limit, when WINDOW is granted and for how
+//! much, drain in both directions, what a reset drops and what an abort keeps readable, and how
+//! queued frames are batched into one message.
+
+use bridgehead_proto::frame::{Frame, HEADER_LEN};
+use bridgehead_proto::session::{
+    Event, OpenError, ReadOutcome, Role, Session, SessionConfig, StreamError,
+};
+use bridgehead_proto::{ErrorCode, StreamId};
+use bytes::{Bytes, BytesMut};
+
+/// The most credit a peer may hold on a stream, as `docs/protocol.md` states it (16 MiB).
+const LIMIT: u32 = 16_777_216;
+
+/// A session announcing `window`, its transmit queue large enough that `send_credit` is the
+/// stream's credit.
+fn session(role: Role, window: u32) -> Session {
+    Session::new(SessionConfig {
+        initial_window: window,
+        max_queued: 2 * LIMIT as usize,
+        ..SessionConfig::new(role)
+    })
+}
+
+fn events(session: &mut Session) -> Vec<Event> {
+    std::iter::from_fn(|| session.poll_event()).collect()
+}
+
+fn frames(session: &mut Session) -> Vec<Frame> {
+    std::iter::from_fn(|| session.poll_transmit()).collect()
+}
+
+fn data(stream: StreamId, len: usize) -> Frame {
+    Frame::Data {
+        stream,
+        payload: Bytes::from(vec![b'x'; len]),
+    }
+}
+
+fn dial(stream: StreamId, window: u32) -> Frame {
+    Frame::Dial {
+        stream,
+        timeout_ms: 1000,
+        window,
+        port: 1,
+        host: "target".into(),
+    }
+}
+
+/// A server session (receive window `window`) with one stream the agent answered with
+/// `credit`; its DIAL and events are already taken.
+fn open_server(window: u32, credit: u32) -> (Session, StreamId) {
+    let mut server = session(Role::Server, window);
+    let id = open_one(&mut server, credit);
+    (server, id)
+}
+
+/// Opens one more stream on `server`, answered with `credit`; takes its frames and events.
+fn open_one(server: &mut Session, credit: u32) -> StreamId {
+    let id = server.open("target", 1, 1000, 0).unwrap();
+    server
+        .handle_frame(Frame::DialOk {
+            stream: id,
+            window: credit,
+        })
+        .unwrap();
+    frames(server);
+    events(server);
+    id
+}
+
+fn is_reset(frame: &Frame, id: StreamId, want: ErrorCode) -> bool {
+    matches!(frame, Frame::Reset { stream, code, .. } if *stream == id && *code == want)
+}
+
+#[test]
+fn the_default_window_is_256_kib_in_dial_and_dial_ok() {
+    let mut server = Session::new(SessionConfig::new(Role::Server));
+    let id = server.open("target", 1, 1000, 0).unwrap();
+    let sent = frames(&mut server);
+    assert!(
+        matches!(
+            &sent[..],
+            [Frame::Dial {
+                window: 262_144,
+                ..
+            }]
+        ),
+        "{sent:?}"
+    );
+    let mut agent = Session::new(SessionConfig::new(Role::Agent));
+    for frame in sent {
+        agent.handle_frame(frame).unwrap();
+    }
+    agent.dial_succeeded(id).unwrap();
+    let answer = frames(&mut agent);
+    assert_eq!(
+        answer,
+        [Frame::DialOk {
+            stream: id,
+            window: 262_144
+        }]
+    );
+}
+
+#[test]
+fn a_dial_may_grant_up_to_16_mib() {
+    for (window, accepted) in [(LIMIT, true), (LIMIT + 1, false), (u32::MAX, false)] {
+        let mut agent = session(Role::Agent, 1000);
+        agent.handle_frame(dial(1, window)).unwrap();
+        let got = events(&mut agent);
+        let answer = frames(&mut agent);
+        if accepted {
+            assert!(
+                matches!(&got[..], [Event::DialRequested { stream: 1, .. }]),
+                "{window}: {got:?}"
+            );
+            assert!(answer.is_empty(), "{window}: {answer:?}");
+            agent.dial_succeeded(1).unwrap();
+            assert_eq!(agent.send_credit(1), Ok(LIMIT as usize));
+        } else {
+            assert!(got.is_empty(), "{window}: {got:?}");
+            assert!(
+                matches!(
+                    &answer[..],
+                    [Frame::DialErr {
+                        stream: 1,
+                        code: ErrorCode::FlowControl,
+                        ..
+                    }]
+                ),
+                "{window}: {answer:?}"
+            );
+            assert!(!agent.contains(1));
+        }
+    }
+}
+
+#[test]
+fn a_dial_ok_may_grant_up_to_16_mib() {
+    for (window, accepted) in [(LIMIT, true), (LIMIT + 1, false)] {
+        let mut server = session(Role::Server, 1000);
+        let id = server.open("target", 1, 1000, 0).unwrap();
+        frames(&mut server);
+        server
+            .handle_frame(Frame::DialOk { stream: id, window })
+            .unwrap();
+        let got = events(&mut server);
+        if accepted {
+            assert_eq!(got, [Event::Opened { stream: id }], "{window}");
+            assert_eq!(server.send_credit(id), Ok(LIMIT as usize));
+        } else {
+            assert!(
+                matches!(
+                    &got[..],
+                    [
+                        ..,
+                        Event::DialFailed {
+                            code: ErrorCode::FlowControl,
+                            expired: false,
+                            ..
+                        }
+                    ]
+                ),
+                "{window}: {got:?}"
+            );
+            let sent = frames(&mut server);
+            assert!(
+                sent.iter().any(|f| is_reset(f, id, ErrorCode::FlowControl)),
+                "{sent:?}"
+            );
+            assert!(!server.contains(id));
+        }
+    }
+}
+
+#[test]
+fn windows_may_add_credit_up_to_16_mib() {
+    let (mut server, id) = open_server(1000, 1);
+    server
+        .handle_frame(Frame::Window {
+            stream: id,
+            increment: LIMIT - 1,
+        })
+        .unwrap();
+    assert_eq!(server.send_credit(id), Ok(LIMIT as usize));
+    assert!(frames(&mut server).is_empty());
+    server
+        .handle_frame(Frame::Window {
+            stream: id,
+            increment: 1,
+        })
+        .unwrap();
+    let sent = frames(&mut server);
+    assert!(
+        matches!(&sent[..], [f] if is_reset(f, id, ErrorCode::FlowControl)),
+        "{sent:?}"
+    );
+    assert!(!server.contains(id));
+}
+
+#[test]
+fn data_beyond_the_granted_window_resets_even_when_split_across_frames() {
+    let (mut server, id) = open_server(100, 0);
+    server.handle_frame(data(id, 60)).unwrap();
+    assert!(frames(&mut server).is_empty());
+    server.handle_frame(data(id, 41)).unwrap();
+    let sent = frames(&mut server);
+    assert!(
+        matches!(&sent[..], [f] if is_reset(f, id, ErrorCode::FlowControl)),
+        "{sent:?}"
+    );
+}
+
+#[test]
+fn a_window_wakes_the_writer_only_when_its_credit_was_zero() {
+    for (credit, wakes) in [(0, true), (5, false)] {
+        let (mut server, id) = open_server(1000, credit);
+        server
+            .handle_frame(Frame::Window {
+                stream: id,
+                increment: 10,
+            })
+            .unwrap();
+        let woken = events(&mut server) == [Event::Writable { stream: id }];
+        assert_eq!(woken, wakes, "credit {credit}");
+        assert_eq!(server.send_credit(id), Ok(credit as usize + 10));
+    }
+}
+
+/// Each read's WINDOW, if it sent one.
+fn read_grant(server: &mut Session, id: StreamId) -> Option<u32> {
+    assert!(matches!(server.read(id), ReadOutcome::Data(_)));
+    let sent = frames(server);
+    match &sent[..] {
+        [] => None,
+        [Frame::Window { stream, increment }] if *stream == id => Some(*increment),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_grant_comes_once_half_the_window_was_read_and_covers_what_was_read() {
+    let (mut server, id) = open_server(100, 0);
+    // (bytes the agent sends, then the server reads: the WINDOW that read sends)
+    for (len, grant) in [
+        (49, None),
+        (1, Some(50)),
+        (30, None),
+        (20, Some(50)),
+        (50, Some(50)),
+    ] {
+        server.handle_frame(data(id, len)).unwrap();
+        assert_eq!(read_grant(&mut server, id), grant, "after {len} bytes");
+    }
+}
+
+#[test]
+fn no_grant_once_the_peer_finished() {
+    let (mut server, id) = open_server(100, 0);
+    server.handle_frame(data(id, 60)).unwrap();
+    server.handle_frame(Frame::Fin { stream: id }).unwrap();
+    assert_eq!(read_grant(&mut server, id), None);
+    assert_eq!(server.read(id), ReadOutcome::Eof);
+}
+
+#[test]
+fn draining_is_announced_once_and_stops_new_streams() {
+    let mut server = session(Role::Server, 1000);
+    assert!(!server.has_transmit());
+    server.drain();
+    server.drain();
+    assert_eq!(frames(&mut server), [Frame::Drain]);
+    assert_eq!(server.open("target", 1, 1000, 0), Err(OpenError::Draining));
+
+    let mut agent = session(Role::Agent, 1000);
+    agent.drain();
+    assert_eq!(frames(&mut agent), [Frame::Drain]);
+    agent.handle_frame(dial(1, 1000)).unwrap();
+    assert!(events(&mut agent).is_empty());
+    let answer = frames(&mut agent);
+    assert!(
+        matches!(
+            &answer[..],
+            [Frame::DialErr {
+                stream: 1,
+                code: ErrorCode::Draining,
+                ..
+            }]
+        ),
+        "{answer:?}"
+    );
+}
+
+#[test]
+fn a_peers_drain_is_reported_once_and_stops_new_streams() {
+    let mut server = session(Role::Server, 1000);
+    assert!(!server.peer_draining());
+    server.handle_frame(Frame::Drain).unwrap();
+    assert!(server.peer_draining());
+    server.handle_frame(Frame::Drain).unwrap();
+    assert_eq!(events(&mut server), [Event::PeerDraining]);
+    assert_eq!(server.open("target", 1, 1000, 0), Err(OpenError::Draining));
+    assert!(frames(&mut server).is_empty(), "only the peer drains");
+}
+
+#[test]
+fn both_ends_count_streams_and_refuse_past_their_limit() {
+    let config = |role| SessionConfig {
+        max_streams: 2,
+        ..SessionConfig::new(role)
+    };
+    let mut server = Session::new(config(Role::Server));
+    assert_eq!(server.stream_count(), 0);
+    server.open("a", 1, 1000, 0).unwrap();
+    server.open("b", 1, 1000, 0).unwrap();
+    assert_eq!(server.stream_count(), 2);
+    assert_eq!(
+        server.open("c", 1, 1000, 0),
+        Err(OpenError::TooManyStreams(2))
+    );
+
+    let mut agent = Session::new(config(Role::Agent));
+    for id in 1..=3 {
+        agent.handle_frame(dial(id, 1000)).unwrap();
+    }
+    assert_eq!(agent.stream_count(), 2);
+    let answer = frames(&mut agent);
+    assert!(
+        matches!(
+            &answer[..],
+            [Frame::DialErr {
+                stream: 3,
+                code: ErrorCode::TooManyStreams,
+                ..
+            }]
+        ),
+        "{answer:?}"
+    );
+}
+
+/// The phase a stream is in when a frame arrives that the phase forbids.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    Dialing,
+    Open,
+    PeerFinished,
+}
+
+#[test]
+fn a_frame_the_streams_phase_forbids_resets_that_stream_only() {
+    let cases = [
+        (Phase::Dialing, data(1, 1)),
+        (Phase::Dialing, Frame::Fin { stream: 1 }),
+        (
+            Phase::Open,
+            Frame::DialOk {
+                stream: 1,
+                window: 1,
+            },
+        ),
+        (
+            Phase::Open,
+            Frame::DialErr {
+                stream: 1,
+                code: ErrorCode::Refused,
+                message: "late".into(),
+            },
+        ),
+        (Phase::PeerFinished, data(1, 1)),
+        (Phase::PeerFinished, Frame::Fin { stream: 1 }),
+    ];
+    for (phase, frame) in cases {
+        let mut server = session(Role::Server, 1000);
+        let id = server.open("target", 1, 1000, 0).unwrap();
+        let other = open_one(&mut server, 10);
+        if !matches!(phase, Phase::Dialing) {
+            server
+                .handle_frame(Frame::DialOk {
+                    stream: id,
+                    window: 10,
+                })
+                .unwrap();
+        }
+        if matches!(phase, Phase::PeerFinished) {
+            server.handle_frame(Frame::Fin { stream: id }).unwrap();
+        }
+        frames(&mut server);
+        events(&mut server);
+        let case = format!("{frame:?} while {phase:?}");
+        server.handle_frame(frame).unwrap();
+        let sent = frames(&mut server);
+        assert!(
+            matches!(&sent[..], [f] if is_reset(f, id, ErrorCode::StreamState)),
+            "{case}: {sent:?}"
+        );
+        let got = events(&mut server);
+        assert!(
+            matches!(&got[..], [Event::Reset { stream, code: ErrorCode::StreamState, by_peer: false, .. }] if *stream == id),
+            "{case}: {got:?}"
+        );
+        assert!(!server.contains(id), "{case}");
+        assert!(server.contains(other), "{case}");
+    }
+}
+
+#[test]
+fn a_reset_drops_that_streams_queued_data_and_nothing_else() {
+    let (mut server, a) = open_server(1000, 100);
+    let b = open_one(&mut server, 100);
+    server.send(a, Bytes::from_static(b"aaa")).unwrap();
+    server.send(b, Bytes::from_static(b"bbb")).unwrap();
+    server.finish(b).unwrap();
+    server.reset(a, ErrorCode::Cancelled, "client left");
+    let sent = frames(&mut server);
+    assert!(
+        matches!(
+            &sent[..],
+            [reset, Frame::Data { stream: d, payload }, Frame::Fin { stream: f }]
+                if is_reset(reset, a, ErrorCode::Cancelled) && *d == b && payload == "bbb" && *f == b
+        ),
+        "{sent:?}"
+    );
+}
+
+#[test]
+fn abort_fails_every_stream_and_keeps_what_was_received_readable() {
+    let mut server = session(Role::Server, 1000);
+    let dialing = server.open("target", 1, 1000, 0).unwrap();
+    let idle = open_one(&mut server, 10);
+    let with_data = open_one(&mut server, 10);
+    let finished = open_one(&mut server, 10);
+    let data_and_fin = open_one(&mut server, 10);
+    server.handle_frame(data(with_data, 3)).unwrap();
+    server
+        .handle_frame(Frame::Fin { stream: finished })
+        .unwrap();
+    server.handle_frame(data(data_and_fin, 3)).unwrap();
+    server
+        .handle_frame(Frame::Fin {
+            stream: data_and_fin,
+        })
+        .unwrap();
+    events(&mut server);
+
+    server.abort("websocket closed");
+    let got = events(&mut server);
+    let reset = |id| Event::Reset {
+        stream: id,
+        code: ErrorCode::ConnectionReset,
+        reason: "websocket closed".into(),
+        by_peer: false,
+    };
+    assert_eq!(
+        got,
+        [
+            Event::DialFailed {
+                stream: dialing,
+                code: ErrorCode::ConnectionReset,
+                message: "websocket closed".into(),
+                expired: false,
+            },
+            reset(idle),
+            reset(with_data),
+            reset(finished),
+            reset(data_and_fin),
+        ]
+    );
+    assert!(!server.contains(dialing) && !server.contains(idle));
+    assert_eq!(server.next_deadline(), None);
+    // Nothing can be sent any more, but what arrived is still read, then the end.
+    assert!(server.send(with_data, Bytes::from_static(b"x")).is_err());
+    assert!(matches!(server.read(with_data), ReadOutcome::Data(d) if d.len() == 3));
+    assert_eq!(server.read(with_data), ReadOutcome::Gone);
+    assert_eq!(server.read(finished), ReadOutcome::Eof);
+    assert_eq!(
+        server.read(finished),
+        ReadOutcome::Eof,
+        "EOF stays readable"
+    );
+    assert!(matches!(server.read(data_and_fin), ReadOutcome::Data(d) if d.len() == 3));
+    assert_eq!(server.read(data_and_fin), ReadOutcome::Eof);
+    assert_eq!(server.read(idle), ReadOutcome::Gone);
+}
+
+#[test]
+fn abort_resets_an_agents_dialing_stream() {
+    let mut agent = session(Role::Agent, 1000);
+    agent.handle_frame(dial(1, 1000)).unwrap();
+    events(&mut agent);
+    agent.abort("websocket closed");
+    assert_eq!(
+        events(&mut agent),
+        [Event::Reset {
+            stream: 1,
+            code: ErrorCode::ConnectionReset,
+            reason: "websocket closed".into(),
+            by_peer: false,
+        }]
+    );
+    assert_eq!(agent.dial_succeeded(1), Err(StreamError::Gone(1)));
+}
+
+#[test]
+fn has_transmit_sees_both_queues() {
+    let (mut server, id) = open_server(1000, 100);
+    assert!(!server.has_transmit());
+    server.send(id, Bytes::from_static(b"data")).unwrap();
+    assert!(server.has_transmit(), "a DATA frame waits");
+    frames(&mut server);
+    server.open("target", 1, 1000, 0).unwrap();
+    assert!(server.has_transmit(), "a DIAL waits");
+    frames(&mut server);
+    assert!(!server.has_transmit());
+}
+
+#[test]
+fn encode_transmit_fills_a_message_up_to_its_size_and_no_further() {
+    let (mut server, id) = open_server(1000, 100);
+    let mut dst = BytesMut::new();
+    assert_eq!(server.encode_transmit(&mut dst, 1000), 0);
+    for chunk in [b"aaaa", b"bbbb", b"cccc"] {
+        server.send(id, Bytes::from_static(chunk)).unwrap();
+    }
+    // Each frame is 9 + 4 bytes. A frame is added while the message plus a header stays
+    // below the limit: 0 + 9 and 13 + 9 are below 35, 26 + 9 is not.
+    let frame = HEADER_LEN + 4;
+    let max = 2 * frame + HEADER_LEN;
+    assert_eq!(server.encode_transmit(&mut dst, max), 2);
+    assert_eq!(dst.len(), 2 * frame);
+    let encoded: Vec<Frame> = Frame::decode_all(dst.split().freeze())
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        encoded,
+        [
+            Frame::Data {
+                stream: id,
+                payload: Bytes::from_static(b"aaaa")
+            },
+            Frame::Data {
+                stream: id,
+                payload: Bytes::from_static(b"bbbb")
+            },
+        ]
+    );
+    assert_eq!(server.encode_transmit(&mut dst, max), 1, "the rest");
+    assert!(!server.has_transmit());
+}
