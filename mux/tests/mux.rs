@@ -73,6 +73,8 @@ async fn open_echo_half_close() {
             .open("10.0.0.5", 10250, Duration::from_secs(5))
             .await
             .unwrap();
+        // The agent took the stream when the DIAL came, before it answered.
+        assert_eq!((p.server.open_streams(), p.agent.open_streams()), (1, 1));
         let payload: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
         let writer = {
             let payload = payload.clone();
@@ -105,10 +107,10 @@ async fn dial_errors_and_timeouts() {
     bounded(async {
         let p = pair().await;
         let agent = p.agent.clone();
-        tokio::spawn(async move {
+        let agent_side = tokio::spawn(async move {
             let dial = next_dial(&agent).await;
             dial.reject(ErrorCode::Refused, "connection refused");
-            // Second dial: never answered until the server gives up.
+            // Second dial: never answered until the server gives up, which the agent hears.
             let dial = next_dial(&agent).await;
             dial.cancelled().await;
         });
@@ -134,6 +136,7 @@ async fn dial_errors_and_timeouts() {
             .unwrap_err();
         assert!(matches!(err, OpenFailure::TimedOut(_)), "{err:?}");
         assert_eq!(p.server.open_streams(), 0);
+        agent_side.await.unwrap();
         p.shutdown.cancel();
     })
     .await
@@ -221,7 +224,7 @@ async fn splice_over_real_sockets_half_close() {
                 .unwrap();
         });
         let agent = p.agent.clone();
-        tokio::spawn(async move {
+        let agent_side = tokio::spawn(async move {
             let dial = next_dial(&agent).await;
             let sock = tokio::net::TcpStream::connect((dial.host.as_str(), dial.port))
                 .await
@@ -231,12 +234,13 @@ async fn splice_over_real_sockets_half_close() {
             splice::splice(sock, &stream, Bytes::new(), &mut moved)
                 .await
                 .unwrap();
+            moved
         });
         // Client side of the tunnel: a socket pair with the server's stream spliced on one end.
         let front = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let front_addr = front.local_addr().unwrap();
         let server = p.server.clone();
-        tokio::spawn(async move {
+        let server_side = tokio::spawn(async move {
             let (sock, _) = front.accept().await.unwrap();
             let stream = server
                 .open("127.0.0.1", target_addr.port(), Duration::from_secs(5))
@@ -246,6 +250,7 @@ async fn splice_over_real_sockets_half_close() {
             splice::splice(sock, &stream, Bytes::from_static(b"early"), &mut moved)
                 .await
                 .unwrap();
+            moved
         });
         let mut client = tokio::net::TcpStream::connect(front_addr).await.unwrap();
         client.write_all(&vec![1u8; 100_000]).await.unwrap();
@@ -253,6 +258,10 @@ async fn splice_over_real_sockets_half_close() {
         let mut answer = String::new();
         client.read_to_string(&mut answer).await.unwrap();
         assert_eq!(answer, "got 100005");
+        // Both splices end once both directions did, and count what they moved.
+        let moved = |up, down| splice::Moved { up, down };
+        assert_eq!(server_side.await.unwrap(), moved(100_005, 10));
+        assert_eq!(agent_side.await.unwrap(), moved(10, 100_005));
         p.shutdown.cancel();
     })
     .await
@@ -335,6 +344,104 @@ async fn last_bytes_survive_a_session_close() {
         assert_eq!(stream.read().await.unwrap(), None);
         // The send direction died with the session.
         assert!(stream.write(Bytes::from_static(b"x")).await.is_err());
+    })
+    .await
+}
+
+/// DRAIN reaches the peer once: it sees the drain, the drained end does not.
+#[tokio::test]
+async fn drain_reaches_the_peer() {
+    bounded(async {
+        let p = pair().await;
+        assert!(!p.server.peer_draining());
+        p.agent.drain();
+        p.server.peer_drained().await;
+        assert!(p.server.peer_draining());
+        assert!(!p.agent.peer_draining());
+        // A draining agent gets no new stream.
+        let refused = p.server.open("x", 1, Duration::from_secs(5)).await;
+        assert!(
+            matches!(refused, Err(OpenFailure::Refused(_))),
+            "{refused:?}"
+        );
+        p.shutdown.cancel();
+    })
+    .await
+}
+
+/// Waiting for the peer's drain ends when the session does, drained or not.
+#[tokio::test]
+async fn waiting_for_a_drain_ends_with_the_session() {
+    bounded(async {
+        let p = pair().await;
+        p.server.close("going away");
+        p.server.peer_drained().await;
+        assert!(!p.server.peer_draining());
+        p.agent.peer_drained().await;
+        assert!(!p.agent.peer_draining());
+    })
+    .await
+}
+
+/// Stream ids are the wire's, counted from 1, and both ends name a stream alike.
+#[tokio::test]
+async fn both_ends_name_a_stream_by_its_wire_id() {
+    bounded(async {
+        let p = pair().await;
+        for id in [1, 2] {
+            let agent = p.agent.clone();
+            let accepted = tokio::spawn(async move {
+                let dial = next_dial(&agent).await;
+                let asked = dial.id();
+                (asked, dial.accept().unwrap())
+            });
+            let stream = p.server.open("x", 1, Duration::from_secs(5)).await.unwrap();
+            let (asked, agent_stream) = accepted.await.unwrap();
+            assert_eq!((stream.id(), asked, agent_stream.id()), (id, id, id));
+        }
+        p.shutdown.cancel();
+    })
+    .await
+}
+
+/// How the server lets go of an open stream.
+#[derive(Debug, Clone, Copy)]
+enum LetGo {
+    Reset,
+    Drop,
+}
+
+/// A reset reaches the other end with its code and reason; dropping a stream resets it.
+#[tokio::test]
+async fn a_reset_or_a_dropped_stream_reaches_the_other_end() {
+    bounded(async {
+        let p = pair().await;
+        for let_go in [LetGo::Reset, LetGo::Drop] {
+            let agent = p.agent.clone();
+            let accepted = tokio::spawn(async move { next_dial(&agent).await.accept().unwrap() });
+            let stream = p.server.open("x", 1, Duration::from_secs(5)).await.unwrap();
+            let agent_stream = accepted.await.unwrap();
+            let (code, reason) = match let_go {
+                LetGo::Reset => {
+                    stream.reset(ErrorCode::Refused, "gave up");
+                    let end = stream.read().await.unwrap_err();
+                    assert_eq!((end.code, end.by_peer), (ErrorCode::Refused, false));
+                    (ErrorCode::Refused, "gave up")
+                }
+                LetGo::Drop => {
+                    drop(stream);
+                    (ErrorCode::Cancelled, "stream dropped")
+                }
+            };
+            let end = agent_stream.read().await.unwrap_err();
+            assert_eq!(
+                (end.code, end.reason.as_str(), end.by_peer),
+                (code, reason, true),
+                "{let_go:?}"
+            );
+            assert_eq!(p.server.open_streams(), 0, "{let_go:?}");
+        }
+        p.shutdown.cancel();
     })
     .await
 }

@@ -12,6 +12,8 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
+use bridgehead_proto::session::{Role as SessionRole, SessionConfig, DEFAULT_WINDOW};
+
 use super::{splice, Moved, Splice, IDLE_READ};
 use crate::{Keepalive, Mux, MuxStream};
 
@@ -27,9 +29,20 @@ async fn bounded<F: std::future::Future>(body: F) -> F::Output {
 
 /// A server stream and its agent end, over a live session.
 async fn stream_pair() -> (MuxStream, MuxStream, CancellationToken) {
+    let (mut server, mut agent, shutdown) = streams(DEFAULT_WINDOW, 1).await;
+    (server.remove(0), agent.remove(0), shutdown)
+}
+
+/// `n` server streams and their agent ends, over one live session whose ends announce
+/// `window`.
+async fn streams(window: u32, n: usize) -> (Vec<MuxStream>, Vec<MuxStream>, CancellationToken) {
     let (a, b) = tokio::io::duplex(256 * 1024);
-    let server = Mux::server();
-    let agent = Mux::agent();
+    let config = |role| SessionConfig {
+        initial_window: window,
+        ..SessionConfig::new(role)
+    };
+    let server = Mux::new(config(SessionRole::Server));
+    let agent = Mux::new(config(SessionRole::Agent));
     let shutdown = CancellationToken::new();
     let server_ws = WebSocketStream::from_raw_socket(a, Role::Server, None).await;
     let agent_ws = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
@@ -41,9 +54,14 @@ async fn stream_pair() -> (MuxStream, MuxStream, CancellationToken) {
         let (agent, shutdown) = (agent.clone(), shutdown.clone());
         async move { agent.run(agent_ws, Keepalive::default(), shutdown).await }
     });
-    let accepted = tokio::spawn(async move { agent.accept().await.unwrap().accept().unwrap() });
-    let stream = server.open("x", 1, Duration::from_secs(5)).await.unwrap();
-    (stream, accepted.await.unwrap(), shutdown)
+    let (mut servers, mut agents) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let agent = agent.clone();
+        let accepted = tokio::spawn(async move { agent.accept().await.unwrap().accept().unwrap() });
+        servers.push(server.open("x", 1, Duration::from_secs(5)).await.unwrap());
+        agents.push(accepted.await.unwrap());
+    }
+    (servers, agents, shutdown)
 }
 
 /// Polls `splice` once; it must not finish.
@@ -132,18 +150,21 @@ async fn the_downlink_flushes_before_it_waits() {
     bounded(async {
         let (stream, peer, shutdown) = stream_pair().await;
         let (mut client, socket) = tokio::io::duplex(1024 * 1024);
-        let mut socket = tokio::io::BufWriter::new(socket);
-        let mut moved = Moved::default();
-        let mut splice = splice(&mut socket, &stream, Bytes::new(), &mut moved);
+        // In a task of its own, the splice is polled only when something wakes it: no other
+        // future's wake-up (the read's timeout, say) can make up for a missing flush.
+        let splicing = tokio::spawn(async move {
+            let mut socket = tokio::io::BufWriter::new(socket);
+            let mut moved = Moved::default();
+            splice(&mut socket, &stream, Bytes::new(), &mut moved).await
+        });
         peer.write(Bytes::from_static(b"last words")).await.unwrap();
         let mut got = [0; 10];
-        tokio::select! {
-            read = tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut got)) => {
-                read.expect("the chunk stayed in the socket's buffer").unwrap();
-            }
-            result = &mut splice => panic!("the splice ended: {result:?}"),
-        }
+        tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut got))
+            .await
+            .expect("the chunk stayed in the socket's buffer")
+            .unwrap();
         assert_eq!(&got, b"last words");
+        assert!(!splicing.is_finished());
         shutdown.cancel();
     })
     .await
@@ -212,6 +233,136 @@ async fn a_burst_of_records_streams_whole_records() {
             sizes[1..sizes.len() - 1].iter().all(|&n| n == 16 * 1024),
             "chunk sizes {sizes:?}"
         );
+        shutdown.cancel();
+    })
+    .await
+}
+
+/// A streaming read that comes back short switches back to the small buffer and lets the
+/// large one go at once, not only once a read finds nothing.
+#[tokio::test]
+async fn a_short_streaming_read_lets_the_large_buffer_go() {
+    bounded(async {
+        let (stream, peer, shutdown) = stream_pair().await;
+        let (mut client, mut socket) = tokio::io::duplex(1024 * 1024);
+        let mut moved = Moved::default();
+        let mut splice = splice(&mut socket, &stream, Bytes::new(), &mut moved);
+        // One small read that fills its buffer, then a large read that gets only 100 bytes.
+        client.write_all(&[7; IDLE_READ + 100]).await.unwrap();
+        poll_once(&mut splice).await;
+        assert!(!splice.up.streaming, "{:?}", splice.up);
+        assert_eq!(splice.up.big.capacity(), 0, "{:?}", splice.up);
+        let mut got = 0;
+        while got < IDLE_READ + 100 {
+            got += peer.read().await.unwrap().unwrap().len();
+        }
+        shutdown.cancel();
+    })
+    .await
+}
+
+/// A client socket that records the chunks of every write and never sends anything.
+#[derive(Debug, Default)]
+struct Recorder {
+    /// Per write call, the length of each slice written.
+    writes: Vec<Vec<usize>>,
+}
+
+impl tokio::io::AsyncRead for Recorder {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        _: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Poll::Pending
+    }
+}
+
+impl tokio::io::AsyncWrite for Recorder {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.writes.push(vec![buf.len()]);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let lens: Vec<usize> = bufs.iter().map(|b| b.len()).filter(|&n| n > 0).collect();
+        let total = lens.iter().sum();
+        self.writes.push(lens);
+        Poll::Ready(Ok(total))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Chunks already buffered go out together, in vectored writes of at most 16 chunks or
+/// 256 KiB (whichever comes first), and are counted once each.
+#[tokio::test]
+async fn a_burst_goes_out_in_writes_of_at_most_16_chunks_or_256_kib() {
+    bounded(async {
+        let (server, agent, shutdown) = streams(1 << 20, 2).await;
+        let cases = [
+            (20, 100, vec![vec![100; 16], vec![100; 4]]),
+            (5, 64 * 1024, vec![vec![64 * 1024; 4], vec![64 * 1024]]),
+        ];
+        for (chunks, size, writes) in cases {
+            let mut socket = Recorder::default();
+            let mut moved = Moved::default();
+            let mut splice = splice(&mut socket, &server[0], Bytes::new(), &mut moved);
+            for _ in 0..chunks {
+                agent[0].write(Bytes::from(vec![1; size])).await.unwrap();
+            }
+            // The marker travels behind the burst: once it is read, all of the burst is here.
+            agent[1].write(Bytes::from_static(b"!")).await.unwrap();
+            assert_eq!(server[1].read().await.unwrap().as_deref(), Some(&b"!"[..]));
+            poll_once(&mut splice).await;
+            assert_eq!(splice.socket.writes, writes, "{chunks} chunks of {size}");
+            assert_eq!(splice.moved.down, (chunks * size) as u64);
+        }
+        shutdown.cancel();
+    })
+    .await
+}
+
+/// A socket that takes less than a chunk per write gets the chunk in pieces, in order, and
+/// then the next chunk.
+#[tokio::test]
+async fn a_chunk_larger_than_a_write_goes_out_in_pieces() {
+    bounded(async {
+        let (stream, peer, shutdown) = stream_pair().await;
+        let (mut client, mut socket) = tokio::io::duplex(1024);
+        let mut moved = Moved::default();
+        let mut splice = splice(&mut socket, &stream, Bytes::new(), &mut moved);
+        let first: Bytes = (0..10_000).map(|i| (i % 251) as u8).collect();
+        peer.write(first.clone()).await.unwrap();
+        peer.write(Bytes::from_static(b"next")).await.unwrap();
+        let mut got = vec![0; first.len() + 4];
+        read_through(&mut splice, &mut client, &mut got).await;
+        assert!(got[..first.len()] == first[..], "the chunk arrived changed");
+        assert_eq!(&got[first.len()..], b"next");
         shutdown.cancel();
     })
     .await
