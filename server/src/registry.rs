@@ -330,3 +330,6 @@ impl State {
         Some(agent)
     }
 }
+
+#[cfg(test)]
+mod tests;
