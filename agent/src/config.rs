@@ -10,6 +10,7 @@ use bridgehead_kubeapi::leases::{DEFAULT_LABEL, DEFAULT_NAMESPACE};
 use bridgehead_mux::Keepalive;
 use bridgehead_proto::host::{strip_brackets, HostPort};
 use bridgehead_proto::ident::AgentIdentifiers;
+use bridgehead_runtime::compat::{AnpIgnoredArgs, KlogArgs, LogSettings, Notes};
 use bridgehead_runtime::duration;
 use bridgehead_runtime::logging::LogFormat;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
@@ -114,9 +115,11 @@ pub struct Cli {
     )]
     pub admin_bind_address: IpAddr,
 
-    /// Address the health server binds.
+    /// Address the health server binds (`--health-server-host`, ANP's name, is the same
+    /// flag).
     #[arg(
         long,
+        alias = "health-server-host",
         env = "BRIDGEHEAD_HEALTH_BIND_ADDRESS",
         default_value = "0.0.0.0",
         value_name = "IP"
@@ -220,6 +223,27 @@ pub struct Cli {
     #[arg(long, env = "BRIDGEHEAD_SERVER_NAME", value_name = "NAME")]
     pub server_name: Option<String>,
 
+    /// More ALPN protocols offered to the server after `http/1.1`, comma-separated (for a
+    /// load balancer that tells tunnel connections from others by ALPN).
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_ALPN_PROTO",
+        value_delimiter = ',',
+        value_name = "PROTOCOLS"
+    )]
+    pub alpn_proto: Vec<String>,
+
+    /// ANP: how often the agent polls its connections' readiness. Accepted and ignored:
+    /// readiness follows each session as it opens, drains and ends, with nothing to poll.
+    #[arg(long, value_parser = duration::parse, value_name = "DURATION", hide = true)]
+    pub probe_interval: Option<Duration>,
+
+    #[command(flatten)]
+    pub klog: KlogArgs,
+
+    #[command(flatten)]
+    pub anp_ignored: AnpIgnoredArgs,
+
     /// Count the servers by their Leases (the servers run --enable-lease-controller): the
     /// agent looks for as many servers as there are valid Leases matching
     /// --lease-label-selector in --lease-namespace, keeping the last count while
@@ -315,6 +339,12 @@ pub struct Config {
     pub denied_destinations: Vec<Rule>,
     /// `--count-server-leases`.
     pub lease_counting: Option<LeaseCounting>,
+    /// `--alpn-proto`.
+    pub alpn: Vec<String>,
+    /// klog's flags.
+    pub log: LogSettings,
+    /// Startup lines about flags accepted but ignored or mapped.
+    pub notes: Notes,
 }
 
 impl Config {
@@ -351,6 +381,26 @@ impl Cli {
     /// Checks everything that can be checked before binding: identifiers, the certificate
     /// pair, durations, and that the TLS files load.
     pub fn into_config(self) -> anyhow::Result<Config> {
+        let mut notes = Notes::default();
+        let log = self
+            .klog
+            .settings("bridgehead-agent", &mut notes)
+            .map_err(anyhow::Error::msg)?;
+        self.anp_ignored.notes(&mut notes);
+        notes.given(
+            &self.probe_interval,
+            "probe-interval",
+            "readiness follows each session as it opens, drains and ends; nothing is polled",
+        );
+        let alpn: Vec<String> = self
+            .alpn_proto
+            .iter()
+            .map(|p| p.trim().to_owned())
+            .filter(|p| !p.is_empty())
+            .collect();
+        if let Some(bad) = alpn.iter().find(|p| p.len() > 255) {
+            bail!("--alpn-proto: {bad:?} is longer than 255 bytes");
+        }
         let server_host = strip_brackets(self.proxy_server_host.trim()).to_owned();
         if server_host.is_empty() {
             bail!("--proxy-server-host is empty");
@@ -426,6 +476,9 @@ impl Cli {
             None
         };
         let config = Config {
+            alpn,
+            log,
+            notes,
             lease_counting,
             server_host,
             server_port: self.proxy_server_port,
@@ -457,7 +510,7 @@ impl Cli {
             crate::token::bearer(path).context("--service-account-token-path")?;
         }
         // Fail now, not on the first connect, if the CA or the client pair does not load.
-        crate::tls::client_config(&config.ca_cert, config.client_cert.as_ref())?;
+        crate::tls::client_config(&config.ca_cert, config.client_cert.as_ref(), &config.alpn)?;
         Ok(config)
     }
 }

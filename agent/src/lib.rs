@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use bridgehead_runtime::health::serve;
+use bridgehead_runtime::health::{serve, serve_admin};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -109,7 +109,7 @@ pub async fn run(
         let shown = format!("{config:#?}");
         move |path: &str| health.admin(path, &shown)
     };
-    let admin_server = tokio::spawn(serve(
+    let admin_server = tokio::spawn(serve_admin(
         admin_listener,
         admin_routes,
         health_stop.clone(),

@@ -28,7 +28,12 @@ fn main() -> ExitCode {
         Ok(config) => config,
         Err(error) => usage_error(format!("{error:#}")),
     };
-    let runtime = match start_process(config.log_format, config.worker_threads) {
+    let runtime = match start_process(
+        config.log_format,
+        &config.log,
+        &config.notes,
+        config.worker_threads,
+    ) {
         Ok(runtime) => runtime,
         Err(error) => {
             error!(%error, "starting the tokio runtime");

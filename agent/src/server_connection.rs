@@ -86,7 +86,7 @@ pub(crate) async fn connect_to_server(
     held: &[String],
 ) -> Result<Connected, ConnectError> {
     let server = config.server_authority();
-    let tls = crate::tls::client_config(&config.ca_cert, config.client_cert.as_ref())
+    let tls = crate::tls::client_config(&config.ca_cert, config.client_cert.as_ref(), &config.alpn)
         .map_err(ConnectError::TlsFiles)?;
 
     let tcp = tokio::time::timeout(

@@ -17,10 +17,12 @@ pub struct ClientCert {
 }
 
 /// The rustls client configuration: roots from `ca` (`--ca-cert`), the client pair if given,
-/// ALPN `http/1.1`.
+/// ALPN `http/1.1` and then `extra_alpn` (`--alpn-proto`: a load balancer that routes by ALPN
+/// sees them; the server picks `http/1.1`).
 pub(crate) fn client_config(
     ca: &Path,
     client_cert: Option<&ClientCert>,
+    extra_alpn: &[String],
 ) -> anyhow::Result<Arc<ClientConfig>> {
     let roots = tls::load_roots(ca).context("loading --ca-cert")?;
     let builder = ClientConfig::builder_with_provider(tls::provider())
@@ -37,6 +39,8 @@ pub(crate) fn client_config(
         }
         None => builder.with_no_client_auth(),
     };
-    client.alpn_protocols = vec![b"http/1.1".to_vec()];
+    client.alpn_protocols = std::iter::once(b"http/1.1".to_vec())
+        .chain(extra_alpn.iter().map(|p| p.as_bytes().to_vec()))
+        .collect();
     Ok(Arc::new(client))
 }

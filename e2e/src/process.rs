@@ -413,6 +413,25 @@ impl Server {
         })
     }
 
+    /// `bridgehead-server` with exactly `args` (an operator's command line), nothing added.
+    pub fn start_with_args(args: &[String]) -> anyhow::Result<Server> {
+        let mut command = Command::new(binary("bridgehead-server")?);
+        command.args(args);
+        let (process, addrs) = Process::spawn_within(
+            command,
+            &["frontend", "agent endpoint", "health", "admin"],
+            STARTUP,
+        )?;
+        Ok(Server {
+            process,
+            patience: 1,
+            frontend: addrs[0].clone(),
+            agent_addr: addrs[1].parse()?,
+            health: addrs[2].parse()?,
+            admin: addrs[3].parse()?,
+        })
+    }
+
     /// The frontend's TCP address (panics for a UDS frontend).
     pub fn frontend_addr(&self) -> SocketAddr {
         self.frontend
@@ -563,6 +582,17 @@ impl Agent {
         command.envs(options.env.iter().map(|(k, v)| (k, v)));
         let startup = STARTUP * Wrapper::patience(options.wrapper.as_ref());
         let (process, addrs) = Process::spawn_within(command, &["health"], startup)?;
+        Ok(Agent {
+            process,
+            health: addrs[0].parse()?,
+        })
+    }
+
+    /// `bridgehead-agent` with exactly `args` (an operator's command line), nothing added.
+    pub fn start_with_args(args: &[String]) -> anyhow::Result<Agent> {
+        let mut command = Command::new(binary("bridgehead-agent")?);
+        command.args(args);
+        let (process, addrs) = Process::spawn_within(command, &["health"], STARTUP)?;
         Ok(Agent {
             process,
             health: addrs[0].parse()?,

@@ -75,6 +75,61 @@ pub async fn serve<F>(
 ) where
     F: Fn(&str) -> Reply + Send + Sync + 'static,
 {
+    serve_with(listener, routes, shutdown, tracker, false).await;
+}
+
+/// [`serve`] for an admin port: also `PUT /debug/flags/v` with a klog verbosity as its body
+/// (as Kubernetes components take it) changes the log level at run time.
+pub async fn serve_admin<F>(
+    listener: TcpListener,
+    routes: F,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+) where
+    F: Fn(&str) -> Reply + Send + Sync + 'static,
+{
+    serve_with(listener, routes, shutdown, tracker, true).await;
+}
+
+/// Longest body `PUT /debug/flags/v` reads.
+const MAX_PUT_BODY: usize = 64;
+
+/// `PUT /debug/flags/v`: the body is a verbosity.
+async fn put_verbosity(request: Request<Incoming>) -> Reply {
+    use http_body_util::BodyExt;
+    let body = http_body_util::Limited::new(request.into_body(), MAX_PUT_BODY);
+    let Ok(collected) = body.collect().await else {
+        return Reply::text(
+            StatusCode::BAD_REQUEST,
+            "the body must be a verbosity, 0-10",
+        );
+    };
+    let bytes = collected.to_bytes();
+    let text = String::from_utf8_lossy(&bytes);
+    match text.trim().parse::<u8>() {
+        Ok(verbosity) => match crate::logging::set_verbosity(verbosity) {
+            Ok(level) => Reply::text(
+                StatusCode::OK,
+                format!("successfully set verbosity to {verbosity} (log level {level})"),
+            ),
+            Err(error) => Reply::text(StatusCode::INTERNAL_SERVER_ERROR, error),
+        },
+        Err(_) => Reply::text(
+            StatusCode::BAD_REQUEST,
+            "the body must be a verbosity, 0-10",
+        ),
+    }
+}
+
+async fn serve_with<F>(
+    listener: TcpListener,
+    routes: F,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+    admin: bool,
+) where
+    F: Fn(&str) -> Reply + Send + Sync + 'static,
+{
     let routes = Arc::new(routes);
     let errors = crate::accept::RateLimit::new(1);
     loop {
@@ -92,12 +147,25 @@ pub async fn serve<F>(
         let shutdown = shutdown.clone();
         tracker.spawn(async move {
             let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                let reply = if request.method() == http::Method::GET {
-                    routes(request.uri().path())
-                } else {
-                    Reply::text(StatusCode::METHOD_NOT_ALLOWED, "only GET")
-                };
-                std::future::ready(Ok::<_, Infallible>(reply.into_response()))
+                let routes = routes.clone();
+                async move {
+                    let reply = if request.method() == http::Method::GET {
+                        routes(request.uri().path())
+                    } else if admin
+                        && request.method() == http::Method::PUT
+                        && request.uri().path() == "/debug/flags/v"
+                    {
+                        put_verbosity(request).await
+                    } else if admin {
+                        Reply::text(
+                            StatusCode::METHOD_NOT_ALLOWED,
+                            "only GET, and PUT /debug/flags/v",
+                        )
+                    } else {
+                        Reply::text(StatusCode::METHOD_NOT_ALLOWED, "only GET")
+                    };
+                    Ok::<_, Infallible>(reply.into_response())
+                }
             });
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())

@@ -1,6 +1,7 @@
 //! What `bridgehead-server` and `bridgehead-agent` share at run time.
 //!
 //! - [`accept`]: accept loops that back off on errors, rate-limited logs.
+//! - [`compat`]: klog's flags and ANP's ignored ones, for konnectivity's command lines.
 //! - [`duration`]: durations written as ANP writes them (`10s`, `500ms`, `1m30s`).
 //! - [`logging`]: tracing setup, text or JSON.
 //! - [`tls`]: loading PEM certificates and keys, the one rustls crypto provider.
@@ -13,6 +14,7 @@
 //! Nothing here knows about tunnels.
 
 pub mod accept;
+pub mod compat;
 pub mod duration;
 pub mod health;
 pub mod host;

@@ -44,3 +44,19 @@ pub fn raise_nofile_to(want: Option<u64>) -> Option<u64> {
         }
     }
 }
+
+/// Turns TCP keepalive on for `socket`, the first probe after `idle` of silence (and the
+/// next ones a tenth of that apart, at least a second: a dead peer is found within about
+/// twice `idle`).
+pub fn tcp_keepalive(
+    socket: &impl std::os::fd::AsFd,
+    idle: std::time::Duration,
+) -> std::io::Result<()> {
+    use rustix::net::sockopt;
+    let idle = idle.max(std::time::Duration::from_secs(1));
+    sockopt::set_socket_keepalive(socket, true)?;
+    sockopt::set_tcp_keepidle(socket, idle)?;
+    sockopt::set_tcp_keepintvl(socket, (idle / 10).max(std::time::Duration::from_secs(1)))?;
+    sockopt::set_tcp_keepcnt(socket, 9)?;
+    Ok(())
+}

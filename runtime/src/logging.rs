@@ -1,9 +1,24 @@
-//! Logging setup: a `RUST_LOG`-style filter (default `info`), text or JSON lines on stderr.
+//! Logging setup: a `RUST_LOG`-style filter (default from `-v`, else `info`), text or JSON
+//! lines on stderr or, with klog's `--logtostderr=false --log-file`, in a file (lines at or
+//! above `--stderrthreshold` copied to stderr). The level can be changed at run time
+//! ([`set_verbosity`], the admin port's `PUT /debug/flags/v`).
 
-use std::io::IsTerminal;
+use std::fs::File;
+use std::io::{IsTerminal, Write};
 use std::str::FromStr;
+use std::sync::{Arc, Mutex, OnceLock};
 
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{reload, EnvFilter, Layer, Registry};
+
+use crate::compat::{level_for, LogFile, LogSettings};
+
+/// The installed filter, for [`set_verbosity`].
+static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 
 /// `--log-format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,28 +59,134 @@ const CAPPED: [&str; 11] = [
     "kube_client",
 ];
 
-/// Installs the global subscriber. `RUST_LOG` overrides the default `info` filter. Text is
-/// colored only on a terminal (and not with `NO_COLOR` set): in a pod, stderr is a file or a
-/// pipe that log collectors read, where escape codes are noise.
-pub fn init(format: LogFormat) {
-    let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// `level` with the capped libraries held at debug.
+fn filter(level: &str, from_env: bool) -> EnvFilter {
+    let mut filter = if from_env {
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level))
+    } else {
+        EnvFilter::new(level)
+    };
     for target in CAPPED {
         if let Ok(cap) = format!("{target}=debug").parse() {
             filter = filter.add_directive(cap);
         }
     }
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(colored(
-            std::io::stderr().is_terminal(),
-            std::env::var_os("NO_COLOR"),
-        ))
-        .with_writer(std::io::stderr);
-    // A second init (tests calling run twice) keeps the first subscriber.
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    filter
+}
+
+/// One output: lines in `format` to `writer`.
+fn output<S, W>(format: LogFormat, writer: W, ansi: bool) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(writer)
+        .with_ansi(ansi);
+    match format {
+        LogFormat::Text => layer.boxed(),
+        LogFormat::Json => layer.json().flatten_event(true).boxed(),
+    }
+}
+
+/// Installs the global subscriber. `RUST_LOG` overrides the default filter. Text is colored
+/// only on a terminal (and not with `NO_COLOR` set): in a pod, stderr is a file or a pipe
+/// that log collectors read, where escape codes are noise. A log file that cannot be opened
+/// is reported on stderr, and stderr is used instead.
+pub fn init(format: LogFormat, settings: &LogSettings) {
+    let (filter, handle) = reload::Layer::new(filter(settings.level, true));
+    let ansi = colored(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR"),
+    );
+    let mut problem = None;
+    let file = settings
+        .file
+        .as_ref()
+        .and_then(|file| match SizedFile::open(file) {
+            Ok(opened) => Some(Arc::new(opened)),
+            Err(error) => {
+                problem = Some(format!("{}: {error}", file.path.display()));
+                None
+            }
+        });
+    let layers = match file {
+        None => output(format, std::io::stderr, ansi),
+        Some(file) => {
+            let threshold = settings
+                .stderr_threshold
+                .map_or(LevelFilter::OFF, LevelFilter::from_level);
+            output(format, file, false)
+                .and_then(output(format, std::io::stderr, ansi).with_filter(threshold))
+                .boxed()
+        }
     };
+    // A second init (tests calling run twice) keeps the first subscriber.
+    if tracing_subscriber::registry()
+        .with(filter)
+        .with(layers)
+        .try_init()
+        .is_ok()
+    {
+        let _ = FILTER.set(handle);
+    }
+    if let Some(problem) = problem {
+        tracing::warn!(%problem, "cannot open the log file; logging to stderr");
+    }
+}
+
+/// Sets the level as klog's `-v` would (`RUST_LOG` no longer applies); the level set.
+pub fn set_verbosity(verbosity: u8) -> Result<&'static str, String> {
+    let level = level_for(verbosity);
+    let handle = FILTER.get().ok_or("logging is not set up")?;
+    handle
+        .reload(filter(level, false))
+        .map_err(|e| format!("changing the log level: {e}"))?;
+    tracing::info!(verbosity, level, "log level changed");
+    Ok(level)
+}
+
+/// A log file that starts again empty when it would pass its size bound (klog's
+/// `--log-file-max-size`). Write errors are returned to the logger, which drops the line:
+/// logging never stops the process.
+#[derive(Debug)]
+struct SizedFile {
+    max_bytes: u64,
+    state: Mutex<(File, u64)>,
+}
+
+impl SizedFile {
+    fn open(file: &LogFile) -> std::io::Result<SizedFile> {
+        let opened = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&file.path)?;
+        let written = opened.metadata()?.len();
+        Ok(SizedFile {
+            max_bytes: file.max_bytes,
+            state: Mutex::new((opened, written)),
+        })
+    }
+}
+
+impl Write for &SizedFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (file, written) = &mut *state;
+        if self.max_bytes > 0 && *written + buf.len() as u64 > self.max_bytes {
+            // Appending, so writes go to the new end: the start.
+            file.set_len(0)?;
+            *written = 0;
+        }
+        let n = file.write(buf)?;
+        *written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.0.flush()
+    }
 }
 
 /// Whether text logs get ANSI colors: on a terminal, unless `NO_COLOR` is set and not empty
@@ -76,7 +197,32 @@ fn colored(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::colored;
+    use super::*;
+
+    #[test]
+    fn a_log_file_starts_again_past_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.log");
+        std::fs::write(&path, "old\n").unwrap();
+        let file = SizedFile::open(&LogFile {
+            path: path.clone(),
+            max_bytes: 10,
+        })
+        .unwrap();
+        (&file).write_all(b"12345\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "old\n12345\n");
+        (&file).write_all(b"abcdef\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "abcdef\n");
+        let unbounded = SizedFile::open(&LogFile {
+            path: path.clone(),
+            max_bytes: 0,
+        })
+        .unwrap();
+        for _ in 0..10 {
+            (&unbounded).write_all(b"0123456789\n").unwrap();
+        }
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 7 + 110);
+    }
 
     #[test]
     fn colors_only_on_a_terminal_without_no_color() {

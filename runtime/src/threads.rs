@@ -37,9 +37,12 @@ pub fn build_runtime(worker_threads: usize) -> io::Result<tokio::runtime::Runtim
 /// crypto provider, the open-files limit, then the runtime.
 pub fn start_process(
     log_format: crate::logging::LogFormat,
+    log: &crate::compat::LogSettings,
+    notes: &crate::compat::Notes,
     worker_threads: usize,
 ) -> io::Result<tokio::runtime::Runtime> {
-    crate::logging::init(log_format);
+    crate::logging::init(log_format, log);
+    notes.log();
     crate::tls::install_crypto_provider();
     let open_files = crate::limits::raise_nofile();
     tracing::debug!(?open_files, "open-files limit");

@@ -112,6 +112,7 @@ fn configs(server: &Path, client: &Path) -> (Arc<ServerConfig>, Arc<ClientConfig
         &server.join("server.crt"),
         &server.join("server.key"),
         Some(&client.join("ca.crt")),
+        &bridgehead_server::tls_config::TlsPolicy::default(),
     )
     .unwrap();
     let mut client_config = ClientConfig::builder_with_provider(provider())

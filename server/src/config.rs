@@ -9,12 +9,17 @@ use anyhow::{bail, Context};
 use bridgehead_kubeapi::labels::parse_labels;
 use bridgehead_kubeapi::leases::{self, LeaseSettings};
 use bridgehead_proto::servers::{check_server_id, MAX_SERVER_COUNT};
+use bridgehead_runtime::compat::{AnpIgnoredArgs, KlogArgs, LogSettings, Notes};
 use bridgehead_runtime::duration;
 use bridgehead_runtime::logging::LogFormat;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 
 use crate::router::{parse_strategies, Strategy};
+use crate::tls_config::TlsPolicy;
+
+/// `--dial-timeout`'s default, also taken for ANP's 0.
+const DEFAULT_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// bridgehead-server: HTTP CONNECT tunnels into a private network, through connected agents.
 ///
@@ -181,8 +186,10 @@ pub struct Cli {
     /// after this long.
     #[arg(long, env = "BRIDGEHEAD_LEASE_DURATION", default_value = "30s", value_parser = duration::parse, value_name = "DURATION")]
     pub lease_duration: Duration,
-    /// How long an agent may take to dial a target before the client gets 504.
-    #[arg(long, env = "BRIDGEHEAD_DIAL_TIMEOUT", default_value = "10s", value_parser = duration::parse, value_name = "DURATION")]
+    /// How long an agent may take to dial a target before the client gets 504
+    /// (`--backend-dial-timeout`, ANP's name, is the same flag; 0, ANP's "no timeout", keeps
+    /// the default: a dial is always bounded).
+    #[arg(long, alias = "backend-dial-timeout", env = "BRIDGEHEAD_DIAL_TIMEOUT", default_value = "10s", value_parser = duration::parse, value_name = "DURATION")]
     pub dial_timeout: Duration,
     /// Time allowed for a client's TLS handshake and CONNECT header, and an agent's handshake.
     #[arg(long, env = "BRIDGEHEAD_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = duration::parse, value_name = "DURATION")]
@@ -241,9 +248,31 @@ pub struct Cli {
     /// (kube-apiserver fails if anything follows the 200 in the same read); 0 sends at once.
     #[arg(long, env = "BRIDGEHEAD_TARGET_BYTES_HOLD", default_value = "250ms", value_parser = duration::parse, value_name = "DURATION")]
     pub target_bytes_hold: Duration,
-    /// On SIGTERM, how long open tunnels may continue before they are cut.
-    #[arg(long, env = "BRIDGEHEAD_SHUTDOWN_GRACE_PERIOD", default_value = "30s", value_parser = duration::parse, value_name = "DURATION")]
+    /// On SIGTERM, how long open tunnels may continue before they are cut
+    /// (`--graceful-shutdown-timeout`, ANP's name, is the same flag; 0 cuts them at once).
+    #[arg(long, alias = "graceful-shutdown-timeout", env = "BRIDGEHEAD_SHUTDOWN_GRACE_PERIOD", default_value = "30s", value_parser = duration::parse, value_name = "DURATION")]
     pub shutdown_grace_period: Duration,
+    /// TLS 1.2 cipher suites both TLS endpoints allow, Go's names, comma-separated (TLS 1.3's
+    /// are always on, as in Go); empty: rustls' defaults (ECDHE with AES-GCM or ChaCha20).
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_CIPHER_SUITES",
+        value_delimiter = ',',
+        value_name = "SUITES"
+    )]
+    pub cipher_suites: Vec<String>,
+    /// Lowest TLS version of both endpoints: VersionTLS12 (default) or VersionTLS13
+    /// (VersionTLS10/11 are accepted and mean 1.2).
+    #[arg(long, env = "BRIDGEHEAD_TLS_MIN_VERSION", value_name = "VERSION")]
+    pub tls_min_version: Option<String>,
+    /// TCP keepalive on CONNECT clients' connections (ANP: the gRPC frontend's keepalive):
+    /// the first probe after this much silence; unset: the kernel's default (2 h).
+    #[arg(long, env = "BRIDGEHEAD_FRONTEND_KEEPALIVE_TIME", value_parser = duration::parse, value_name = "DURATION")]
+    pub frontend_keepalive_time: Option<Duration>,
+    #[command(flatten)]
+    pub klog: KlogArgs,
+    #[command(flatten)]
+    pub anp_ignored: AnpIgnoredArgs,
     /// Log format: text or json.
     #[arg(long, env = "BRIDGEHEAD_LOG_FORMAT", default_value = "text", value_parser = PossibleValuesParser::new(["text", "json"]).try_map(|s| s.parse::<LogFormat>()))]
     pub log_format: LogFormat,
@@ -336,6 +365,14 @@ pub struct Config {
     pub kube_client: KubeClientConfig,
     /// `--enable-lease-controller`: where and how this server's Lease is kept.
     pub leases: Option<LeaseSettings>,
+    /// `--cipher-suites`, `--tls-min-version`.
+    pub tls: TlsPolicy,
+    /// `--frontend-keepalive-time`.
+    pub frontend_keepalive: Option<Duration>,
+    /// klog's flags.
+    pub log: LogSettings,
+    /// Startup lines about flags accepted but ignored or mapped.
+    pub notes: Notes,
 }
 
 impl fmt::Debug for Config {
@@ -357,6 +394,26 @@ impl fmt::Debug for Config {
 impl Cli {
     /// Checks the flags and builds the [`Config`]; the error is one line for the operator.
     pub fn validate(self) -> anyhow::Result<Config> {
+        let mut notes = Notes::default();
+        let log = self
+            .klog
+            .settings("bridgehead-server", &mut notes)
+            .map_err(anyhow::Error::msg)?;
+        self.anp_ignored.notes(&mut notes);
+        let tls = TlsPolicy::from_flags(
+            &self.cipher_suites,
+            self.tls_min_version.as_deref(),
+            &mut notes.0,
+        )
+        .map_err(anyhow::Error::msg)?;
+        let dial_timeout = if self.dial_timeout.is_zero() {
+            notes.0.push(format!(
+                "--dial-timeout/--backend-dial-timeout 0 (ANP: no timeout): dials stay bounded by the default, {DEFAULT_DIAL_TIMEOUT:?}"
+            ));
+            DEFAULT_DIAL_TIMEOUT
+        } else {
+            self.dial_timeout
+        };
         if self.mode != "http-connect" {
             bail!(
                 "--mode {:?} is not supported: Bridgehead serves http-connect only (kube-apiserver's proxyProtocol: HTTPConnect)",
@@ -484,7 +541,7 @@ impl Cli {
             admin_bind: (self.admin_bind_address, self.admin_port).into(),
             strategies,
             server_id,
-            dial_timeout: self.dial_timeout,
+            dial_timeout,
             handshake_timeout: self.handshake_timeout,
             agent_handshake_timeout: self.agent_handshake_timeout,
             max_handshakes: self.max_handshakes,
@@ -508,6 +565,10 @@ impl Cli {
                 burst: self.kubeconfig_burst,
             },
             leases,
+            tls,
+            frontend_keepalive: self.frontend_keepalive_time.filter(|d| !d.is_zero()),
+            log,
+            notes,
             worker_threads: self.worker_threads,
         })
     }

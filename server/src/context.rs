@@ -44,6 +44,8 @@ pub struct Context {
     pub tunnels: TaskTracker,
     /// How long a target's first bytes wait for the client's first byte.
     pub target_bytes_hold: Duration,
+    /// `--frontend-keepalive-time`: TCP keepalive on CONNECT clients' connections.
+    pub frontend_keepalive: Option<Duration>,
 }
 
 impl Context {
@@ -74,6 +76,7 @@ impl Context {
             keepalive: config.keepalive,
             tunnels: TaskTracker::new(),
             target_bytes_hold: config.target_bytes_hold,
+            frontend_keepalive: config.frontend_keepalive,
         }
     }
 }

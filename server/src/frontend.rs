@@ -75,6 +75,11 @@ pub async fn serve_tcp(
         connections.spawn(
             async move {
                 let _ = tcp.set_nodelay(true);
+                if let Some(idle) = ctx.frontend_keepalive {
+                    if let Err(error) = bridgehead_runtime::limits::tcp_keepalive(&tcp, idle) {
+                        debug!(%error, "setting TCP keepalive");
+                    }
+                }
                 let handshake = TlsStream::accept(tls, tcp);
                 let tls = tokio::select! {
                     done = tokio::time::timeout(ctx.handshake_timeout, handshake) => match done {

@@ -112,6 +112,7 @@ pub async fn run(
             &config.cluster_cert,
             &config.cluster_key,
             config.agent_auth.cluster_ca.as_deref(),
+            &config.tls,
         )
         .context("agent endpoint TLS")?,
     );
@@ -157,8 +158,8 @@ pub async fn run(
             else {
                 anyhow::bail!("a TCP frontend listener needs a TCP frontend configuration");
             };
-            let tls =
-                tls_config::server_config(cert, key, Some(client_ca)).context("frontend TLS")?;
+            let tls = tls_config::server_config(cert, key, Some(client_ca), &config.tls)
+                .context("frontend TLS")?;
             announce("frontend", &listener.local_addr()?.to_string());
             background.spawn(frontend::serve_tcp(
                 listener,
@@ -199,7 +200,7 @@ pub async fn run(
     ));
     let admin_ctx = ctx.clone();
     let admin_config = format!("{config:#?}");
-    background.spawn(bridgehead_runtime::health::serve(
+    background.spawn(bridgehead_runtime::health::serve_admin(
         listeners.admin,
         move |path| health::admin(&admin_ctx, &admin_config, path),
         shutdown.clone(),

@@ -25,7 +25,12 @@ fn main() {
             std::process::exit(EX_USAGE);
         }
     };
-    let runtime = match start_process(config.log_format, config.worker_threads) {
+    let runtime = match start_process(
+        config.log_format,
+        &config.log,
+        &config.notes,
+        config.worker_threads,
+    ) {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("bridgehead-server: starting the runtime: {error}");

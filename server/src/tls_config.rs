@@ -1,14 +1,191 @@
 //! The server configuration of both TLS endpoints, the CONNECT frontend and the agent
 //! endpoint: each requires a client certificate from its own CA and speaks only `http/1.1`
-//! over ALPN.
+//! over ALPN. ANP's `--cipher-suites` and `--tls-min-version` (Go's names) choose the TLS 1.2
+//! suites and the versions of both ([`TlsPolicy`]).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
 use bridgehead_runtime::tls::{load_certs, load_key, load_roots, provider};
+use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
-use rustls::ServerConfig;
+use rustls::{CipherSuite, ServerConfig, SupportedProtocolVersion};
+
+/// The TLS versions and TLS 1.2 cipher suites both endpoints accept.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsPolicy {
+    /// TLS 1.3 only (`--tls-min-version=VersionTLS13`).
+    pub tls13_only: bool,
+    /// The TLS 1.2 suites allowed; `None`: rustls' defaults (all of them are ECDHE AEAD).
+    pub tls12_suites: Option<Vec<CipherSuite>>,
+}
+
+/// Go's names of the TLS 1.2 suites rustls implements (with Go's older aliases).
+const TLS12_SUITES: [(&str, CipherSuite); 8] = [
+    (
+        "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+        CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+        CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+    ),
+    (
+        "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+        CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+        CipherSuite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+    ),
+    (
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+        CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+        CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+    ),
+    (
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305",
+        CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305",
+        CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+    ),
+];
+
+/// Go's names of the TLS 1.3 suites: Go ignores them in `--cipher-suites` (TLS 1.3's are
+/// not configurable), and so does Bridgehead.
+const TLS13_SUITES: [&str; 3] = [
+    "TLS_AES_128_GCM_SHA256",
+    "TLS_AES_256_GCM_SHA384",
+    "TLS_CHACHA20_POLY1305_SHA256",
+];
+
+/// Suites Go (and Kubernetes' flag) knows that rustls does not implement: CBC, static RSA key
+/// exchange, 3DES, RC4. Accepted in the list, never offered.
+const UNIMPLEMENTED_SUITES: [&str; 16] = [
+    "TLS_RSA_WITH_AES_128_CBC_SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384",
+    "TLS_RSA_WITH_AES_128_CBC_SHA256",
+    "TLS_RSA_WITH_3DES_EDE_CBC_SHA",
+    "TLS_RSA_WITH_RC4_128_SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA256",
+    "TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA",
+    "TLS_ECDHE_ECDSA_WITH_RC4_128_SHA",
+    "TLS_ECDHE_RSA_WITH_RC4_128_SHA",
+];
+
+/// `--tls-min-version=VersionTLS13`.
+static TLS13_ONLY: &[&SupportedProtocolVersion] = &[&rustls::version::TLS13];
+
+impl TlsPolicy {
+    /// From `--cipher-suites` (Go's names) and `--tls-min-version` (`VersionTLS10` ... `13`);
+    /// lines for what is accepted but not applied go to `notes`.
+    pub fn from_flags(
+        suites: &[String],
+        min_version: Option<&str>,
+        notes: &mut Vec<String>,
+    ) -> Result<TlsPolicy, String> {
+        let tls13_only = match min_version.map(str::trim).unwrap_or("") {
+            "" | "VersionTLS12" => false,
+            "VersionTLS13" => true,
+            old @ ("VersionTLS10" | "VersionTLS11") => {
+                notes.push(format!(
+                    "--tls-min-version={old}: Bridgehead speaks TLS 1.2 and 1.3 only, so the minimum is VersionTLS12"
+                ));
+                false
+            }
+            other => {
+                return Err(format!(
+                    "--tls-min-version {other:?}: valid are VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13"
+                ))
+            }
+        };
+        let names: Vec<&str> = suites
+            .iter()
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty())
+            .collect();
+        if names.is_empty() {
+            return Ok(TlsPolicy {
+                tls13_only,
+                tls12_suites: None,
+            });
+        }
+        let mut chosen = Vec::new();
+        let mut unimplemented = Vec::new();
+        for name in names {
+            if let Some((_, suite)) = TLS12_SUITES.iter().find(|(n, _)| *n == name) {
+                if !chosen.contains(suite) {
+                    chosen.push(*suite);
+                }
+            } else if TLS13_SUITES.contains(&name) {
+                // As Go: TLS 1.3's suites are always on.
+            } else if UNIMPLEMENTED_SUITES.contains(&name) {
+                unimplemented.push(name);
+            } else {
+                let valid: Vec<&str> = TLS12_SUITES
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .chain(TLS13_SUITES)
+                    .chain(UNIMPLEMENTED_SUITES)
+                    .collect();
+                return Err(format!(
+                    "--cipher-suites: unknown cipher suite {name:?}; valid names (Go's): {}",
+                    valid.join(", ")
+                ));
+            }
+        }
+        if !unimplemented.is_empty() {
+            notes.push(format!(
+                "--cipher-suites: {} are not implemented by rustls (CBC, RSA key exchange, 3DES, RC4) and never offered",
+                unimplemented.join(", ")
+            ));
+        }
+        if chosen.is_empty() && !tls13_only {
+            notes.push(
+                "--cipher-suites names no TLS 1.2 suite Bridgehead implements: TLS 1.3 only"
+                    .to_owned(),
+            );
+        }
+        Ok(TlsPolicy {
+            tls13_only: tls13_only || chosen.is_empty(),
+            tls12_suites: Some(chosen),
+        })
+    }
+
+    /// The crypto provider with only the allowed suites, and the versions.
+    fn apply(
+        &self,
+    ) -> (
+        Arc<CryptoProvider>,
+        &'static [&'static SupportedProtocolVersion],
+    ) {
+        let mut provider = (*provider()).clone();
+        if let Some(allowed) = &self.tls12_suites {
+            provider.cipher_suites.retain(|suite| {
+                suite.version() == &rustls::version::TLS13 || allowed.contains(&suite.suite())
+            });
+        }
+        let versions: &'static [&'static SupportedProtocolVersion] = if self.tls13_only {
+            TLS13_ONLY
+        } else {
+            rustls::DEFAULT_VERSIONS
+        };
+        (Arc::new(provider), versions)
+    }
+}
 
 /// Presents `cert`/`key` and, with `client_ca`, requires a client certificate that chains to
 /// it. The CA's name is advertised in the CertificateRequest, which Go clients (kube-apiserver)
@@ -17,10 +194,11 @@ pub fn server_config(
     cert: &Path,
     key: &Path,
     client_ca: Option<&Path>,
+    policy: &TlsPolicy,
 ) -> anyhow::Result<Arc<ServerConfig>> {
-    let provider = provider();
+    let (provider, versions) = policy.apply();
     let builder = ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .context("choosing TLS versions")?;
     let builder = match client_ca {
         Some(client_ca) => {
@@ -41,4 +219,80 @@ pub fn server_config(
     // HTTP/1.1 only: Go offers h2 to proxies and must not get it.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(suites: &[&str], min: Option<&str>) -> (Result<TlsPolicy, String>, Vec<String>) {
+        let mut notes = Vec::new();
+        let suites: Vec<String> = suites.iter().map(|s| (*s).to_owned()).collect();
+        (TlsPolicy::from_flags(&suites, min, &mut notes), notes)
+    }
+
+    #[test]
+    fn go_names_choose_the_tls12_suites() {
+        assert_eq!(policy(&[], None).0.unwrap(), TlsPolicy::default());
+        let (chosen, notes) = policy(
+            &[
+                "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+                "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305",
+                "TLS_AES_128_GCM_SHA256",
+                "TLS_RSA_WITH_AES_128_CBC_SHA",
+            ],
+            Some("VersionTLS12"),
+        );
+        let chosen = chosen.unwrap();
+        assert!(!chosen.tls13_only);
+        assert_eq!(
+            chosen.tls12_suites.as_deref(),
+            Some(
+                &[
+                    CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+                    CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256
+                ][..]
+            )
+        );
+        assert!(
+            notes[0].contains("TLS_RSA_WITH_AES_128_CBC_SHA"),
+            "{notes:?}"
+        );
+        // The provider keeps TLS 1.3's suites and the chosen ones only.
+        let (provider, versions) = chosen.apply();
+        assert_eq!(versions.len(), 2);
+        let kept: Vec<CipherSuite> = provider.cipher_suites.iter().map(|s| s.suite()).collect();
+        assert!(kept.contains(&CipherSuite::TLS13_AES_128_GCM_SHA256));
+        assert!(kept.contains(&CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256));
+        assert!(!kept.contains(&CipherSuite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384));
+    }
+
+    #[test]
+    fn unknown_names_are_refused_with_the_valid_list() {
+        let error = policy(&["TLS_FANCY"], None).0.unwrap_err();
+        assert!(error.contains("\"TLS_FANCY\""), "{error}");
+        assert!(
+            error.contains("TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256"),
+            "{error}"
+        );
+        let error = policy(&[], Some("TLS1.2")).0.unwrap_err();
+        assert!(error.contains("VersionTLS13"), "{error}");
+    }
+
+    #[test]
+    fn versions() {
+        assert!(policy(&[], Some("VersionTLS13")).0.unwrap().tls13_only);
+        let (old, notes) = policy(&[], Some("VersionTLS10"));
+        assert!(!old.unwrap().tls13_only);
+        assert!(notes[0].contains("TLS 1.2 and 1.3 only"), "{notes:?}");
+        // Only suites rustls lacks: TLS 1.3 alone.
+        let (only_cbc, notes) = policy(&["TLS_RSA_WITH_AES_128_CBC_SHA"], None);
+        assert!(only_cbc.unwrap().tls13_only);
+        assert!(
+            notes.iter().any(|n| n.contains("TLS 1.3 only")),
+            "{notes:?}"
+        );
+        let (_, versions) = policy(&[], Some("VersionTLS13")).0.unwrap().apply();
+        assert_eq!(versions, [&rustls::version::TLS13]);
+    }
 }

@@ -68,6 +68,7 @@ async fn rig() -> Rig {
         &dir.path().join("server.crt"),
         &dir.path().join("server.key"),
         Some(&dir.path().join("frontend-ca.crt")),
+        &bridgehead_server::tls_config::TlsPolicy::default(),
     )
     .unwrap();
     Rig {
