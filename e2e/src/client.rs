@@ -336,11 +336,26 @@ pub fn curl(pki: &Pki, frontend: &str, url: &str, extra: &[&str]) -> anyhow::Res
 
 /// A plain HTTP/1.1 GET: (status, body).
 pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    http_request(addr, "GET", path, "")
+}
+
+/// One HTTP/1.1 request with `body` (a length header when not empty): (status, body).
+pub fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> anyhow::Result<(u16, String)> {
     let mut tcp = TcpStream::connect(addr)?;
     tcp.set_read_timeout(Some(IO_TIMEOUT))?;
+    let length = if body.is_empty() {
+        String::new()
+    } else {
+        format!("Content-Length: {}\r\n", body.len())
+    };
     write!(
         tcp,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{length}Connection: close\r\n\r\n{body}"
     )?;
     let mut response = String::new();
     tcp.read_to_string(&mut response)?;

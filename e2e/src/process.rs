@@ -525,6 +525,8 @@ pub struct AgentOptions {
 pub struct Agent {
     pub process: Process,
     pub health: SocketAddr,
+    /// The admin port (`/status`, `/config`, `PUT /debug/flags/v`).
+    pub admin: SocketAddr,
 }
 
 impl Agent {
@@ -581,10 +583,11 @@ impl Agent {
         command.args(&options.args);
         command.envs(options.env.iter().map(|(k, v)| (k, v)));
         let startup = STARTUP * Wrapper::patience(options.wrapper.as_ref());
-        let (process, addrs) = Process::spawn_within(command, &["health"], startup)?;
+        let (process, addrs) = Process::spawn_within(command, &["health", "admin"], startup)?;
         Ok(Agent {
             process,
             health: addrs[0].parse()?,
+            admin: addrs[1].parse()?,
         })
     }
 
@@ -592,10 +595,11 @@ impl Agent {
     pub fn start_with_args(args: &[String]) -> anyhow::Result<Agent> {
         let mut command = Command::new(binary("bridgehead-agent")?);
         command.args(args);
-        let (process, addrs) = Process::spawn_within(command, &["health"], STARTUP)?;
+        let (process, addrs) = Process::spawn_within(command, &["health", "admin"], STARTUP)?;
         Ok(Agent {
             process,
             health: addrs[0].parse()?,
+            admin: addrs[1].parse()?,
         })
     }
 

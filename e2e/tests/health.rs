@@ -1,7 +1,7 @@
 //! The health ports (liveness, readiness that follows the agent session, metrics) and the
 //! admin port (/agents), each serving only its own routes.
 
-use bridgehead_e2e::client::{http_get, kube_connect, tls_connect, IO_TIMEOUT};
+use bridgehead_e2e::client::{http_get, http_request, kube_connect, tls_connect, IO_TIMEOUT};
 use bridgehead_e2e::process::wait_until;
 use bridgehead_e2e::{target, Agent, AgentOptions, Pki, Server, ServerOptions};
 
@@ -116,4 +116,31 @@ fn metric_labels_are_spelled_alike_on_server_and_agent() {
         body.contains("bridgehead_server_dials_total{result=\"refused\"} 1"),
         "{body}"
     );
+}
+
+/// The admin ports change the log level at run time as Kubernetes components do (`PUT
+/// /debug/flags/v`); the health ports, reachable from the cluster, do not.
+#[test]
+fn the_log_level_changes_at_run_time_on_the_admin_ports_only() {
+    let pki = Pki::new().unwrap();
+    let server = Server::start(&pki, ServerOptions::default()).unwrap();
+    let agent = Agent::start(&pki, &server, AgentOptions::default()).unwrap();
+    server.wait_agents(1).unwrap();
+    for (admin, health, log) in [
+        (server.admin, server.health, &server.process),
+        (agent.admin, agent.health, &agent.process),
+    ] {
+        let (status, body) = http_request(admin, "PUT", "/debug/flags/v", "9").unwrap();
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("log level trace"), "{body}");
+        log.wait_log("log level changed", std::time::Duration::from_secs(10))
+            .unwrap();
+        let (status, body) = http_request(admin, "PUT", "/debug/flags/v", "loud").unwrap();
+        assert_eq!(status, 400, "{body}");
+        let (status, _) = http_request(health, "PUT", "/debug/flags/v", "9").unwrap();
+        assert_eq!(status, 405);
+        let (status, body) = http_request(admin, "PUT", "/debug/flags/v", "2").unwrap();
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("log level info"), "{body}");
+    }
 }
