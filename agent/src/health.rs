@@ -6,9 +6,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bridgehead_mux::splice::Moved;
+use bridgehead_mux::splice::Meter;
 use bridgehead_proto::ErrorCode;
 use bridgehead_runtime::health::{metrics_reply, Reply};
+use bridgehead_runtime::legacy_counter::LegacyCounter;
 use http::StatusCode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -81,7 +82,14 @@ pub(crate) struct Metrics {
     dial_duration: Histogram,
     bytes: Family<Label, Counter>,
     reconnects: Counter,
+    anp_dial_duration: Histogram,
+    anp_dial_failures: Family<Label, Counter>,
+    anp_server_failures: LegacyCounter,
 }
+
+/// ANP's dial latency buckets.
+const ANP_LATENCY_BUCKETS: [f64; 9] =
+    [0.000001, 0.00001, 0.0001, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
 
 impl Health {
     pub(crate) fn new(server: &str) -> Health {
@@ -96,6 +104,9 @@ impl Health {
             dial_duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             bytes: Family::default(),
             reconnects: Counter::default(),
+            anp_dial_duration: Histogram::new(ANP_LATENCY_BUCKETS),
+            anp_dial_failures: Family::default(),
+            anp_server_failures: LegacyCounter::with_label("direction"),
         };
         for result in DIAL_RESULTS {
             let _ = metrics.dials.get_or_create(&[("result", result)]);
@@ -108,6 +119,9 @@ impl Health {
         }
         metrics.known_servers.set(1);
         let mut root = Registry::default();
+        root.register_collector(Box::new(
+            bridgehead_runtime::process_metrics::ProcessCollector,
+        ));
         let registry = root.sub_registry_with_prefix("bridgehead_agent");
         registry.register(
             "connected",
@@ -161,6 +175,26 @@ impl Health {
             "known_server_count",
             "Current number of servers the agent knows of",
             metrics.known_servers.clone(),
+        );
+        anp.register(
+            "open_endpoint_connections",
+            "Current number of open endpoint connections",
+            metrics.streams_open.clone(),
+        );
+        anp.register(
+            "dial_duration_seconds",
+            "Latency of dial to the remote endpoint in seconds",
+            metrics.anp_dial_duration.clone(),
+        );
+        anp.register(
+            "endpoint_dial_failure",
+            "Number of failures dialing the remote endpoint, by reason (timeout, unknown)",
+            metrics.anp_dial_failures.clone(),
+        );
+        anp.register(
+            "server_connection_failure_count",
+            "Sessions with a server that failed, by direction (to_server: writing failed; from_server: reading, keepalive or protocol)",
+            metrics.anp_server_failures.clone(),
         );
         Health {
             inner: Arc::new(Inner {
@@ -345,6 +379,33 @@ impl Metrics {
         };
         self.dials.get_or_create(&[("result", result)]).inc();
         self.dial_duration.observe(elapsed.as_secs_f64());
+        match result {
+            "ok" => self.anp_dial_duration.observe(elapsed.as_secs_f64()),
+            "timed_out" => {
+                self.anp_dial_failures
+                    .get_or_create(&[("reason", "timeout")])
+                    .inc();
+            }
+            _ => {
+                self.anp_dial_failures
+                    .get_or_create(&[("reason", "unknown")])
+                    .inc();
+            }
+        }
+    }
+
+    /// A session ended for `end`: a failure counts by direction, as ANP's
+    /// `server_connection_failure_count`.
+    pub(crate) fn session_ended(&self, end: &bridgehead_mux::SessionEnd) {
+        use bridgehead_mux::SessionEnd;
+        let direction = match end {
+            SessionEnd::Write(_) => "to_server",
+            SessionEnd::Protocol(_)
+            | SessionEnd::KeepaliveTimeout(_)
+            | SessionEnd::WebSocket(_) => "from_server",
+            SessionEnd::ClosedByPeer | SessionEnd::Shutdown | SessionEnd::Closed(_) => return,
+        };
+        self.anp_server_failures.inc_by(direction, 1);
     }
 
     /// A tunnel opened; it counts as open until the guard drops.
@@ -355,19 +416,25 @@ impl Metrics {
         }
     }
 
-    /// A splice finished having moved `moved` (`up` came from the target).
-    pub(crate) fn moved(&self, moved: Moved) {
-        self.bytes
-            .get_or_create(&[("direction", "from_target")])
-            .inc_by(moved.up);
-        self.bytes
-            .get_or_create(&[("direction", "to_target")])
-            .inc_by(moved.down);
-    }
-
     /// An attempt to reach a server, other than the first.
     pub(crate) fn reconnecting(&self) {
         self.reconnects.inc();
+    }
+}
+
+/// Counts a tunnel's bytes as they flow (the socket is the target: `up` came from it).
+impl Meter for Metrics {
+    fn moved(&self, up: u64, down: u64) {
+        if up > 0 {
+            self.bytes
+                .get_or_create(&[("direction", "from_target")])
+                .inc_by(up);
+        }
+        if down > 0 {
+            self.bytes
+                .get_or_create(&[("direction", "to_target")])
+                .inc_by(down);
+        }
     }
 }
 

@@ -242,6 +242,7 @@ fn spawn_session(
                     session.await
                 }
             };
+            health.metrics().session_ended(&reason);
             health.session_closed(key, reason.to_string());
             if shutdown.is_cancelled() {
                 info!(%reason, "session closed");

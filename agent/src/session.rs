@@ -143,8 +143,8 @@ fn tunnel(request: DialRequest, health: Health, policy: Arc<Policy>) -> impl Fut
         };
         let _open = metrics.stream_opened();
         let mut moved = Moved::default();
-        let result = splice::splice(&mut socket, &stream, Bytes::new(), &mut moved).await;
-        metrics.moved(moved);
+        let result =
+            splice::splice_metered(&mut socket, &stream, Bytes::new(), &mut moved, metrics).await;
         match result {
             Ok(()) => debug!(
                 from_target = moved.up,

@@ -144,3 +144,290 @@ fn the_log_level_changes_at_run_time_on_the_admin_ports_only() {
         assert!(body.contains("log level info"), "{body}");
     }
 }
+
+/// Each `# TYPE` line of a scrape, as name → type.
+fn types(body: &str) -> std::collections::BTreeMap<String, String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(name, kind)| (name.to_owned(), kind.to_owned()))
+        .collect()
+}
+
+/// The label names of `name`'s first sample (after its suffix, if any).
+fn label_names(body: &str, name: &str) -> Option<Vec<String>> {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let rest = rest
+                .strip_prefix("_total")
+                .or_else(|| rest.strip_prefix("_bucket"))
+                .unwrap_or(rest);
+            if let Some(labels) = rest.strip_prefix('{') {
+                let labels = &labels[..labels.find('}')?];
+                let mut names: Vec<String> = labels
+                    .split(',')
+                    .filter_map(|pair| pair.split_once('=').map(|(k, _)| k.to_owned()))
+                    .filter(|k| k != "le")
+                    .collect();
+                names.sort();
+                Some(names)
+            } else {
+                rest.starts_with(' ').then(Vec::new)
+            }
+        })
+}
+
+/// konnectivity's series (name, type, labels) on both binaries, beside Bridgehead's, and the
+/// standard process series: what dashboards and alerts built on ANP query.
+#[test]
+fn konnectivity_and_process_metrics_by_name_type_and_labels() {
+    let pki = Pki::new().unwrap();
+    let server = Server::start(
+        &pki,
+        ServerOptions {
+            args: vec!["--proxy-strategies".into(), "destHost,default".into()],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let agent = Agent::start(&pki, &server, AgentOptions::default()).unwrap();
+    server.wait_agents(1).unwrap();
+    // One tunnel that works, one dial the target refuses.
+    let echo = target::echo("127.0.0.1:0").unwrap();
+    let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+    assert_eq!(
+        kube_connect(conn.as_mut(), &echo.to_string())
+            .unwrap()
+            .status,
+        200
+    );
+    bridgehead_e2e::client::echo_round_trip(conn.as_mut(), b"hello");
+    drop(conn);
+    let closed = target::closed_port().unwrap();
+    let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+    assert_eq!(
+        kube_connect(conn.as_mut(), &closed.to_string())
+            .unwrap()
+            .status,
+        502
+    );
+    wait_until(IO_TIMEOUT, || {
+        server.metric("bridgehead_server_tunnels_open").unwrap() == 0.0
+    })
+    .unwrap();
+
+    let server_expected: &[(&str, &str, &[&str])] = &[
+        (
+            "konnectivity_network_proxy_server_dial_duration_seconds",
+            "histogram",
+            &[],
+        ),
+        (
+            "konnectivity_network_proxy_server_dial_failure_count",
+            "unknown",
+            &["reason"],
+        ),
+        (
+            "konnectivity_network_proxy_server_pending_backend_dials",
+            "gauge",
+            &[],
+        ),
+        (
+            "konnectivity_network_proxy_server_ready_backend_connections",
+            "gauge",
+            &[],
+        ),
+        (
+            "konnectivity_network_proxy_server_ready_backends",
+            "gauge",
+            &["proxy_strategy"],
+        ),
+        (
+            "konnectivity_network_proxy_server_established_connections",
+            "gauge",
+            &[],
+        ),
+        (
+            "konnectivity_network_proxy_server_http_connections",
+            "gauge",
+            &[],
+        ),
+        (
+            "konnectivity_network_proxy_server_connection_duration_seconds",
+            "histogram",
+            &[],
+        ),
+        ("bridgehead_server_dials", "counter", &["result"]),
+        ("bridgehead_server_bytes", "counter", &["direction"]),
+    ];
+    let agent_expected: &[(&str, &str, &[&str])] = &[
+        (
+            "konnectivity_network_proxy_agent_dial_duration_seconds",
+            "histogram",
+            &[],
+        ),
+        (
+            "konnectivity_network_proxy_agent_endpoint_dial_failure",
+            "counter",
+            &["reason"],
+        ),
+        (
+            "konnectivity_network_proxy_agent_open_server_connections",
+            "gauge",
+            &[],
+        ),
+        (
+            "konnectivity_network_proxy_agent_known_server_count",
+            "gauge",
+            &[],
+        ),
+        (
+            "konnectivity_network_proxy_agent_open_endpoint_connections",
+            "gauge",
+            &[],
+        ),
+        ("bridgehead_agent_dials", "counter", &["result"]),
+    ];
+    let process: &[(&str, &str, &[&str])] = &[
+        ("process_cpu_seconds", "counter", &[]),
+        ("process_resident_memory_bytes", "gauge", &[]),
+        ("process_virtual_memory_bytes", "gauge", &[]),
+        ("process_open_fds", "gauge", &[]),
+        ("process_max_fds", "gauge", &[]),
+        ("process_start_time_seconds", "gauge", &[]),
+    ];
+    let (_, server_body) = server.get("/metrics").unwrap();
+    let (_, agent_body) = agent.get("/metrics").unwrap();
+    for (body, expected) in [
+        (&server_body, server_expected),
+        (&agent_body, agent_expected),
+        (&server_body, process),
+        (&agent_body, process),
+    ] {
+        let types = types(body);
+        for (name, kind, labels) in expected {
+            assert_eq!(
+                types.get(*name).map(String::as_str),
+                Some(*kind),
+                "{name}\n{body}"
+            );
+            let found =
+                label_names(body, name).unwrap_or_else(|| panic!("{name} has no sample\n{body}"));
+            assert_eq!(found, *labels, "{name}");
+        }
+    }
+    // The values mean what ANP's do.
+    assert!(
+        server_body.contains("konnectivity_network_proxy_server_ready_backend_connections 1\n"),
+        "{server_body}"
+    );
+    assert!(
+        server_body.contains(
+            "konnectivity_network_proxy_server_ready_backends{proxy_strategy=\"default\"} 1\n"
+        ),
+        "{server_body}"
+    );
+    assert!(
+        server_body.contains(
+            "konnectivity_network_proxy_server_ready_backends{proxy_strategy=\"destHost\"} 0\n"
+        ),
+        "{server_body}"
+    );
+    assert!(
+        server_body.contains(
+            "konnectivity_network_proxy_server_dial_failure_count{reason=\"error_response\"} 1\n"
+        ),
+        "{server_body}"
+    );
+    assert!(
+        server_body.contains("konnectivity_network_proxy_server_dial_duration_seconds_count 1\n"),
+        "{server_body}"
+    );
+    assert!(
+        server_body
+            .contains("konnectivity_network_proxy_server_connection_duration_seconds_count 1\n"),
+        "{server_body}"
+    );
+    assert!(
+        agent_body.contains(
+            "konnectivity_network_proxy_agent_endpoint_dial_failure_total{reason=\"unknown\"} 1\n"
+        ),
+        "{agent_body}"
+    );
+    assert!(
+        agent_body.contains("konnectivity_network_proxy_agent_open_server_connections 1\n"),
+        "{agent_body}"
+    );
+    let rss = metric(&server_body, "process_resident_memory_bytes").unwrap();
+    assert!(rss > 1e6, "resident {rss}");
+    let started = metric(&agent_body, "process_start_time_seconds").unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        started <= now + 1.0 && started > now - 600.0,
+        "start {started}, now {now}"
+    );
+}
+
+/// Bytes are counted as they flow, not when the tunnel ends; its end is one info line.
+#[test]
+fn bytes_count_while_a_tunnel_runs_and_its_end_is_logged() {
+    let pki = Pki::new().unwrap();
+    let server = Server::start(&pki, ServerOptions::default()).unwrap();
+    let agent = Agent::start(&pki, &server, AgentOptions::default()).unwrap();
+    server.wait_agents(1).unwrap();
+    let echo = target::echo("127.0.0.1:0").unwrap();
+    let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+    assert_eq!(
+        kube_connect(conn.as_mut(), &echo.to_string())
+            .unwrap()
+            .status,
+        200
+    );
+    let message = vec![b'x'; 100_000];
+    bridgehead_e2e::client::echo_round_trip(conn.as_mut(), &message);
+    // Still open: both sides have counted every byte already.
+    wait_until(IO_TIMEOUT, || {
+        server
+            .metric("bridgehead_server_bytes_total{direction=\"to_target\"}")
+            .unwrap()
+            == 100_000.0
+            && server
+                .metric("bridgehead_server_bytes_total{direction=\"from_target\"}")
+                .unwrap()
+                == 100_000.0
+    })
+    .unwrap();
+    let (_, body) = agent.get("/metrics").unwrap();
+    assert_eq!(
+        metric(
+            &body,
+            "bridgehead_agent_bytes_total{direction=\"to_target\"}"
+        ),
+        Some(100_000.0),
+        "{body}"
+    );
+    assert_eq!(
+        server.metric("bridgehead_server_tunnels_open").unwrap(),
+        1.0
+    );
+    assert!(!server.process.stderr().contains("tunnel ended"));
+    drop(conn);
+    server.process.wait_log("tunnel ended", IO_TIMEOUT).unwrap();
+    let log = server.process.stderr();
+    let line = log.lines().find(|l| l.contains("tunnel ended")).unwrap();
+    for part in [
+        &format!("target={echo}") as &str,
+        "to_target=100000",
+        "from_target=100000",
+        "duration_ms=",
+        "agent=",
+    ] {
+        assert!(line.contains(part), "{part}: {line}");
+    }
+    assert!(line.contains("INFO"), "{line}");
+}

@@ -37,6 +37,13 @@ pub struct Moved {
     pub down: u64,
 }
 
+/// Told of bytes as a splice moves them (metrics that count bytes as they flow, not when a
+/// tunnel ends: a long `kubectl logs -f` shows up while it runs).
+pub trait Meter: Sync {
+    /// `up` more bytes went from the socket into the stream, `down` more the other way.
+    fn moved(&self, up: u64, down: u64);
+}
+
 /// Why a splice ended abnormally. The stream has been reset; the socket should be closed with
 /// a TCP RST so the client sees the failure.
 #[derive(Debug, thiserror::Error)]
@@ -63,7 +70,37 @@ pub fn splice<'a, S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    splice_inner(socket, stream, initial, moved, None)
+}
+
+/// [`splice`], telling `meter` of the bytes as they move.
+pub fn splice_metered<'a, S>(
+    socket: S,
+    stream: &'a MuxStream,
+    initial: Bytes,
+    moved: &'a mut Moved,
+    meter: &'a dyn Meter,
+) -> Splice<'a, S>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    splice_inner(socket, stream, initial, moved, Some(meter))
+}
+
+fn splice_inner<'a, S>(
+    socket: S,
+    stream: &'a MuxStream,
+    initial: Bytes,
+    moved: &'a mut Moved,
+    meter: Option<&'a dyn Meter>,
+) -> Splice<'a, S>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     moved.up += initial.len() as u64;
+    if let Some(meter) = meter {
+        meter.moved(initial.len() as u64, 0);
+    }
     // An empty `initial` may still pin the HTTP layer's read buffer: let it go now.
     let pending = if initial.is_empty() {
         Bytes::new()
@@ -74,6 +111,7 @@ where
         socket,
         stream,
         moved,
+        meter,
         up: Uplink {
             pending,
             big: BytesMut::new(),
@@ -120,6 +158,7 @@ pub struct Splice<'a, S> {
     socket: S,
     stream: &'a MuxStream,
     moved: &'a mut Moved,
+    meter: Option<&'a dyn Meter>,
     up: Uplink,
     down: Downlink,
 }
@@ -221,6 +260,9 @@ where
                 self.up.done = true;
             } else {
                 self.moved.up += chunk.len() as u64;
+                if let Some(meter) = self.meter {
+                    meter.moved(chunk.len() as u64, 0);
+                }
                 self.up.pending = chunk;
             }
         }
@@ -266,6 +308,9 @@ where
                 self.down.rest.push(chunk);
             }
             self.moved.down += size as u64;
+            if let Some(meter) = self.meter {
+                meter.moved(0, size as u64);
+            }
             self.down.head = first;
         }
         Ok(())

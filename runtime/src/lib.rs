@@ -8,7 +8,9 @@
 //! - [`signal`]: SIGTERM/SIGINT into a cancellation token.
 //! - [`health`]: the small HTTP server for `/healthz`, `/readyz`, `/metrics` and friends.
 //! - [`host`]: the host name, for default ids.
-//! - [`limits`]: raising the open-files limit.
+//! - [`legacy_counter`]: counters under konnectivity's names without `_total`.
+//! - [`limits`]: raising the open-files limit, TCP keepalive.
+//! - [`process_metrics`]: `process_*` metrics under Prometheus' standard names.
 //! - [`threads`]: the tokio runtime, sized by `--worker-threads`.
 //!
 //! Nothing here knows about tunnels.
@@ -18,8 +20,10 @@ pub mod compat;
 pub mod duration;
 pub mod health;
 pub mod host;
+pub mod legacy_counter;
 pub mod limits;
 pub mod logging;
+pub mod process_metrics;
 pub mod signal;
 pub mod threads;
 pub mod tls;

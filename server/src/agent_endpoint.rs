@@ -206,15 +206,19 @@ async fn session(
     };
     tracing::Span::current().record("agent", tracing::field::display(&name));
     ctx.metrics.agents_connected.inc();
+    ctx.metrics
+        .set_ready_backends(&ctx.registry.ready_backends());
     info!(identifiers = %identifiers, identity = %identity.subject, "agent connected");
     let watch_drain = {
         let mux = mux.clone();
-        let registry = ctx.registry.clone();
+        let ctx = ctx.clone();
         async move {
             mux.peer_drained().await;
             if mux.peer_draining() {
                 info!("agent drains: routing no new tunnels to it");
-                registry.set_draining(key);
+                ctx.registry.set_draining(key);
+                ctx.metrics
+                    .set_ready_backends(&ctx.registry.ready_backends());
             }
             std::future::pending::<()>().await
         }
@@ -225,6 +229,8 @@ async fn session(
     };
     ctx.registry.unregister(key);
     ctx.metrics.agents_connected.dec();
+    ctx.metrics
+        .set_ready_backends(&ctx.registry.ready_backends());
     match result {
         Ok(()) => {
             let reason = mux.closed().await;

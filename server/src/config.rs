@@ -269,6 +269,11 @@ pub struct Cli {
     /// the first probe after this much silence; unset: the kernel's default (2 h).
     #[arg(long, env = "BRIDGEHEAD_FRONTEND_KEEPALIVE_TIME", value_parser = duration::parse, value_name = "DURATION")]
     pub frontend_keepalive_time: Option<Duration>,
+    /// One info line per tunnel end (target, agent, bytes each way, duration, how it ended);
+    /// `false` logs it at debug only. The lines' target is `bridgehead::tunnel`, so
+    /// `RUST_LOG=info,bridgehead::tunnel=off` also silences them.
+    #[arg(long, env = "BRIDGEHEAD_LOG_TUNNELS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub log_tunnels: Option<bool>,
     #[command(flatten)]
     pub klog: KlogArgs,
     #[command(flatten)]
@@ -369,6 +374,8 @@ pub struct Config {
     pub tls: TlsPolicy,
     /// `--frontend-keepalive-time`.
     pub frontend_keepalive: Option<Duration>,
+    /// `--log-tunnels`.
+    pub log_tunnels: bool,
     /// klog's flags.
     pub log: LogSettings,
     /// Startup lines about flags accepted but ignored or mapped.
@@ -567,6 +574,7 @@ impl Cli {
             leases,
             tls,
             frontend_keepalive: self.frontend_keepalive_time.filter(|d| !d.is_zero()),
+            log_tunnels: self.log_tunnels.unwrap_or(true),
             log,
             notes,
             worker_threads: self.worker_threads,

@@ -46,6 +46,8 @@ pub struct Context {
     pub target_bytes_hold: Duration,
     /// `--frontend-keepalive-time`: TCP keepalive on CONNECT clients' connections.
     pub frontend_keepalive: Option<Duration>,
+    /// `--log-tunnels`: an info line per tunnel end.
+    pub log_tunnels: bool,
 }
 
 impl Context {
@@ -77,6 +79,7 @@ impl Context {
             tunnels: TaskTracker::new(),
             target_bytes_hold: config.target_bytes_hold,
             frontend_keepalive: config.frontend_keepalive,
+            log_tunnels: config.log_tunnels,
         }
     }
 }

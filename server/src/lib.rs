@@ -131,6 +131,8 @@ pub async fn run(
     };
     let agent_auth = agent_auth(&config.agent_auth, kube.clone())?;
     let ctx = Arc::new(Context::new(&config, agent_auth));
+    ctx.metrics
+        .set_ready_backends(&ctx.registry.ready_backends());
     let connections = TaskTracker::new();
     let sessions = TaskTracker::new();
     let session_token = CancellationToken::new();

@@ -1,5 +1,8 @@
-//! The server's Prometheus metrics.
+//! The server's Prometheus metrics: Bridgehead's own (`bridgehead_server_*`), konnectivity's
+//! names and meanings beside them (`konnectivity_network_proxy_server_*`, for dashboards and
+//! alerts built on ANP), and the standard `process_*` series.
 
+use bridgehead_runtime::legacy_counter::LegacyCounter;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -23,7 +26,30 @@ pub enum DialResult {
     Other,
 }
 
+/// ANP's buckets for dial latency, and for how long a tunnel was open.
+const ANP_LATENCY_BUCKETS: [f64; 9] =
+    [0.000001, 0.00001, 0.0001, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
+const ANP_CONNECTION_BUCKETS: [f64; 12] = [
+    1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0, 43200.0, 86400.0,
+];
+
 impl DialResult {
+    /// ANP's `dial_failure_count` reason for a failed dial, if it counts as one: ANP counts
+    /// dials that reached routing, not malformed or overloaded requests.
+    fn anp_failure(self) -> Option<&'static str> {
+        match self {
+            DialResult::NoAgent => Some("no_agent"),
+            DialResult::Refused
+            | DialResult::Unreachable
+            | DialResult::NameNotResolved
+            | DialResult::NotPermitted
+            | DialResult::Other => Some("error_response"),
+            DialResult::TimedOut => Some("backend_dial_timeout"),
+            DialResult::AgentLost => Some("backend_close"),
+            DialResult::Ok | DialResult::BadRequest | DialResult::Overloaded => None,
+        }
+    }
+
     /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -85,6 +111,7 @@ pub struct Metrics {
     handshakes_refused: Family<ListenerLabel, Counter>,
     lease_renewals: Family<ResultLabel, Counter>,
     leases_removed: Counter,
+    anp: Anp,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -92,9 +119,29 @@ struct ListenerLabel {
     listener: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StrategyLabel {
+    proxy_strategy: String,
+}
+
+/// konnectivity's series that have no Bridgehead twin of the same meaning.
+#[derive(Debug)]
+struct Anp {
+    dial_duration: Histogram,
+    dial_failures: LegacyCounter,
+    culled_leases: LegacyCounter,
+    connection_duration: Histogram,
+    http_connections: Gauge,
+    ready_backends: Family<StrategyLabel, Gauge>,
+}
+
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("bridgehead_server");
+        let mut root = Registry::default();
+        root.register_collector(Box::new(
+            bridgehead_runtime::process_metrics::ProcessCollector,
+        ));
+        let registry = root.sub_registry_with_prefix("bridgehead_server");
         let agents_connected = Gauge::default();
         let tunnels_open = Gauge::default();
         let dials_pending = Gauge::default();
@@ -147,8 +194,63 @@ impl Metrics {
             "Handshakes cut because their listener had its limit in progress and a newer connection came (listener: frontend, agent)",
             handshakes_refused.clone(),
         );
+        let anp = Anp {
+            dial_duration: Histogram::new(ANP_LATENCY_BUCKETS),
+            dial_failures: LegacyCounter::with_label("reason"),
+            culled_leases: LegacyCounter::single(),
+            connection_duration: Histogram::new(ANP_CONNECTION_BUCKETS),
+            http_connections: Gauge::default(),
+            ready_backends: Family::default(),
+        };
+        let konnectivity = root.sub_registry_with_prefix("konnectivity_network_proxy_server");
+        konnectivity.register(
+            "dial_duration_seconds",
+            "Latency of dial to the remote endpoint in seconds",
+            anp.dial_duration.clone(),
+        );
+        konnectivity.register(
+            "dial_failure_count",
+            "Number of dial failures observed (reason: no_agent, error_response, backend_dial_timeout, backend_close, frontend_close)",
+            anp.dial_failures.clone(),
+        );
+        konnectivity.register(
+            "connection_duration_seconds",
+            "Duration in seconds a proxied end-to-end connection was established (post-dial) before being closed",
+            anp.connection_duration.clone(),
+        );
+        konnectivity.register(
+            "http_connections",
+            "Number of current HTTP CONNECT connections",
+            anp.http_connections.clone(),
+        );
+        konnectivity.register(
+            "ready_backend_connections",
+            "Number of agents connected to the proxy server (deprecated in ANP for ready_backends)",
+            agents_connected.clone(),
+        );
+        konnectivity.register(
+            "ready_backends",
+            "Number of usable agents connected to the proxy server, per proxy strategy",
+            anp.ready_backends.clone(),
+        );
+        konnectivity.register(
+            "pending_backend_dials",
+            "Current number of pending backend dial requests",
+            dials_pending.clone(),
+        );
+        konnectivity.register(
+            "established_connections",
+            "Current number of established end-to-end connections (post-dial)",
+            tunnels_open.clone(),
+        );
+        konnectivity.register(
+            "culled_leases_count",
+            "Count of expired leases that the lease garbage collection controller has culled",
+            anp.culled_leases.clone(),
+        );
         Metrics {
-            registry,
+            registry: root,
+            anp,
             agents_connected,
             tunnels_open,
             dials_pending,
@@ -167,11 +269,48 @@ impl Metrics {
     }
 
     pub fn dial(&self, result: DialResult) {
+        if let Some(reason) = result.anp_failure() {
+            self.anp_dial_failure(reason);
+        }
         self.dials
             .get_or_create(&ResultLabel {
                 result: result.as_str(),
             })
             .inc();
+    }
+
+    /// ANP's `dial_failure_count{reason}`.
+    pub fn anp_dial_failure(&self, reason: &'static str) {
+        self.anp.dial_failures.inc_by(reason, 1);
+    }
+
+    /// A dial answered after `seconds`.
+    pub fn dialed(&self, seconds: f64) {
+        self.dial_duration.observe(seconds);
+        self.anp.dial_duration.observe(seconds);
+    }
+
+    /// A tunnel that was open `seconds` ended.
+    pub fn tunnel_ended(&self, seconds: f64) {
+        self.anp.connection_duration.observe(seconds);
+    }
+
+    /// A CONNECT client connection, counted until the guard drops.
+    pub fn http_connection(&self) -> GaugeGuard {
+        self.anp.http_connections.inc();
+        GaugeGuard(self.anp.http_connections.clone())
+    }
+
+    /// Usable agents per strategy, after a change.
+    pub fn set_ready_backends(&self, backends: &[(crate::router::Strategy, usize)]) {
+        for (strategy, count) in backends {
+            self.anp
+                .ready_backends
+                .get_or_create(&StrategyLabel {
+                    proxy_strategy: strategy.to_string(),
+                })
+                .set(*count as i64);
+        }
     }
 
     /// A handshake cut: `listener` had its limit in progress and a newer connection came.
@@ -196,6 +335,7 @@ impl Metrics {
             LeaseEvent::RenewFailed => "error",
             LeaseEvent::Removed => {
                 self.leases_removed.inc();
+                self.anp.culled_leases.inc_by("", 1);
                 return;
             }
         };
@@ -210,6 +350,16 @@ impl Metrics {
                 direction: direction.as_str(),
             })
             .inc_by(n);
+    }
+}
+
+/// Decrements its gauge when dropped.
+#[derive(Debug)]
+pub struct GaugeGuard(Gauge);
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

@@ -257,6 +257,11 @@ impl Registry {
         self.lock().table.ready()
     }
 
+    /// Usable agents per configured strategy.
+    pub fn ready_backends(&self) -> Vec<(crate::router::Strategy, usize)> {
+        self.lock().table.ready_backends()
+    }
+
     /// `--max-tunnels-per-agent`: routing skips an agent that carries this many, and each
     /// agent session refuses more streams.
     pub fn max_tunnels_per_agent(&self) -> usize {

@@ -190,12 +190,7 @@ impl RouteTable {
         let Some(&first) = self.strategies.first() else {
             return Err("no proxy strategy configured".to_owned());
         };
-        let members = match first {
-            Strategy::DestHost => self.dest_host.as_ref().map(HostIndex::members),
-            Strategy::DestCidr => self.dest_cidr.as_ref().map(CidrIndex::members),
-            Strategy::DefaultRoute => self.default_route.as_ref(),
-            Strategy::Default => self.default.as_ref(),
-        };
+        let members = self.members_of(first);
         if members.is_some_and(AgentSet::has_usable) {
             return Ok(());
         }
@@ -203,6 +198,28 @@ impl RouteTable {
             return Err(format!("every agent for strategy {first} is draining"));
         }
         Err(format!("no agent registered for strategy {first}"))
+    }
+
+    /// For each configured strategy, how many usable agents its storage holds (ANP's
+    /// `ready_backends{proxy_strategy}`).
+    pub fn ready_backends(&self) -> Vec<(Strategy, usize)> {
+        self.strategies
+            .iter()
+            .map(|&strategy| {
+                let usable = self.members_of(strategy).map_or(0, |m| m.usable().len());
+                (strategy, usable)
+            })
+            .collect()
+    }
+
+    /// Every agent `strategy`'s storage holds (`None` when it is not configured).
+    fn members_of(&self, strategy: Strategy) -> Option<&AgentSet> {
+        match strategy {
+            Strategy::DestHost => self.dest_host.as_ref().map(HostIndex::members),
+            Strategy::DestCidr => self.dest_cidr.as_ref().map(CidrIndex::members),
+            Strategy::DefaultRoute => self.default_route.as_ref(),
+            Strategy::Default => self.default.as_ref(),
+        }
     }
 
     /// How many agents are registered, draining or not.

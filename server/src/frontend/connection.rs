@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use bridgehead_mux::splice::{self, AbortOnClose, Moved};
+use bridgehead_mux::splice::{self, AbortOnClose, Meter, Moved};
 use bridgehead_mux::MuxStream;
 use bridgehead_proto::ErrorCode;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -18,7 +18,7 @@ use super::ClientSocket;
 use crate::admission::ClientKey;
 use crate::context::Context;
 use crate::dial;
-use crate::metrics::{DialResult, Direction};
+use crate::metrics::{DialResult, Direction, Metrics};
 use crate::refusal::Refusal;
 
 /// Most bytes a client may send behind its head before it has a tunnel (kept for it while
@@ -46,6 +46,24 @@ struct Opened {
     stream: MuxStream,
     /// Bytes the client sent behind its head: the tunnel's first.
     early: Bytes,
+    /// `host:port`, for the tunnel's log line.
+    target: String,
+    /// The agent that dialed it.
+    agent: String,
+}
+
+/// Counts a tunnel's bytes in the server's metrics as they flow.
+struct BytesMeter<'a>(&'a Metrics);
+
+impl Meter for BytesMeter<'_> {
+    fn moved(&self, up: u64, down: u64) {
+        if up > 0 {
+            self.0.bytes(Direction::ToTarget, up);
+        }
+        if down > 0 {
+            self.0.bytes(Direction::FromTarget, down);
+        }
+    }
 }
 
 /// Serves one client connection.
@@ -58,6 +76,7 @@ pub(super) async fn serve<S: ClientSocket>(
     client: ClientKey,
     ctx: Arc<Context>,
 ) {
+    let _connection = ctx.metrics.http_connection();
     let opened = match open(&mut *socket, client, &ctx).await {
         Ok(opened) => opened,
         Err(Failure::Gone(why)) => return debug!("{why}"),
@@ -99,16 +118,17 @@ async fn open<S: ClientSocket>(
     let (stream, agent) = tokio::select! {
         dialed = dial::dial(candidates, &target, ctx.dial_timeout) => dialed?,
         () = client_gone(socket, &mut early) => {
+            ctx.metrics.anp_dial_failure("frontend_close");
             return Err(Failure::Gone("client left while its dial was pending"));
         }
     };
-    ctx.metrics
-        .dial_duration
-        .observe(started.elapsed().as_secs_f64());
+    ctx.metrics.dialed(started.elapsed().as_secs_f64());
     span.record("agent", tracing::field::display(&agent));
     Ok(Opened {
         stream,
         early: early.freeze(),
+        target: target.to_string(),
+        agent: agent.to_string(),
     })
 }
 
@@ -141,27 +161,49 @@ pub(super) async fn refuse<S: ClientSocket>(socket: &mut S, ctx: &Context, refus
 }
 
 /// Splices the answered tunnel until both directions end; a failed tunnel ends the client's
-/// connection with a reset.
+/// connection with a reset. Bytes are counted as they flow; the end is one line (target, agent,
+/// bytes each way, duration, how it ended) at info, unless `--log-tunnels=false`.
 async fn tunnel<S: ClientSocket>(mut socket: Box<S>, opened: Opened, ctx: &Context) {
-    let Opened { stream, early } = opened;
+    let Opened {
+        stream,
+        early,
+        target,
+        agent,
+    } = opened;
     let _tunnel = ctx.tunnels.token();
     ctx.metrics.tunnels_open.inc();
+    let started = Instant::now();
     let mut moved = Moved::default();
     // A target that speaks first waits for the client's first byte, or the hold time (unless
     // the client already sent bytes behind its head).
     let hold = Some(ctx.target_bytes_hold).filter(|_| early.is_empty());
+    let meter = BytesMeter(&ctx.metrics);
     let result = {
         let held = Held::new(&mut *socket, hold);
-        splice::splice(held, &stream, early, &mut moved).await
+        splice::splice_metered(held, &stream, early, &mut moved, &meter).await
     };
     ctx.metrics.tunnels_open.dec();
-    ctx.metrics.bytes(Direction::ToTarget, moved.up);
-    ctx.metrics.bytes(Direction::FromTarget, moved.down);
-    match result {
-        Ok(()) => debug!(up = moved.up, down = moved.down, "tunnel closed"),
+    let duration = started.elapsed();
+    ctx.metrics.tunnel_ended(duration.as_secs_f64());
+    let ended = match &result {
+        Ok(()) => "closed".to_owned(),
         Err(error) => {
             socket.abort_on_close();
-            debug!(%error, up = moved.up, down = moved.down, "tunnel failed");
+            format!("reset: {error}")
         }
+    };
+    if ctx.log_tunnels {
+        info!(
+            target: "bridgehead::tunnel",
+            %target,
+            %agent,
+            to_target = moved.up,
+            from_target = moved.down,
+            duration_ms = duration.as_millis() as u64,
+            %ended,
+            "tunnel ended"
+        );
+    } else {
+        debug!(%target, %agent, up = moved.up, down = moved.down, %ended, "tunnel ended");
     }
 }
