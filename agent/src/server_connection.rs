@@ -86,8 +86,7 @@ pub(crate) async fn connect_to_server(
     held: &[String],
 ) -> Result<Connected, ConnectError> {
     let server = config.server_authority();
-    let tls = crate::tls::client_config(&config.ca_cert, config.client_cert.as_ref(), &config.alpn)
-        .map_err(ConnectError::TlsFiles)?;
+    let tls = crate::tls::current_client_config(config).map_err(ConnectError::TlsFiles)?;
 
     let tcp = tokio::time::timeout(
         TCP_CONNECT_TIMEOUT,

@@ -118,6 +118,18 @@ impl Pki {
     /// `CN=node`, the SANs `node` and each of `addresses`): the names and addresses the server's
     /// `--bind-agent-identifiers` lets that agent announce. `node` must be a DNS name
     /// ([`CertError::InvalidNodeName`]); IP literals among `addresses` become IP SANs.
+    /// New server, client, cluster and agent certificates (new keys) from the same CAs: a
+    /// rotation of the leaves, as cert-manager renews them.
+    pub fn renew_leaves(&mut self, extra_sans: &[String]) -> Result<(), CertError> {
+        let sans = san::server_sans(extra_sans)?;
+        let (front, back) = (&self.frontend_issuer, &self.cluster_issuer);
+        self.server = profile::leaf(front, SERVER_COMMON_NAME, &[], Role::Server, &sans)?;
+        self.client = profile::leaf(front, CLIENT_COMMON_NAME, &[], Role::Client, &[])?;
+        self.cluster = profile::leaf(back, CLUSTER_COMMON_NAME, &[], Role::Server, &sans)?;
+        self.agent = profile::leaf(back, AGENT_COMMON_NAME, &[], Role::Client, &[])?;
+        Ok(())
+    }
+
     pub fn issue_agent(&self, node: &str, addresses: &[String]) -> Result<CertKey, CertError> {
         profile::agent(&self.cluster_issuer, node, addresses)
     }

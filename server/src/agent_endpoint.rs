@@ -46,7 +46,7 @@ pub const MAX_QUERY_BYTES: usize = 8 * 1024;
 /// is cancelled.
 pub async fn serve(
     listener: TcpListener,
-    acceptor: TlsAcceptor,
+    tls: Arc<crate::tls_config::ReloadingConfig>,
     ctx: Arc<Context>,
     shutdown: CancellationToken,
     sessions: CancellationToken,
@@ -81,7 +81,7 @@ pub async fn serve(
             session(
                 tcp,
                 peer,
-                acceptor.clone(),
+                TlsAcceptor::from(tls.current()),
                 ctx.clone(),
                 sessions.clone(),
                 handshaking,

@@ -13,7 +13,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bridgehead_mux::splice::AbortOnClose;
-use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
@@ -39,7 +38,7 @@ impl<T: AsyncRead + AsyncWrite + AbortOnClose + Unpin + Send + 'static> ClientSo
 /// Accepts mTLS CONNECT clients until `shutdown`.
 pub async fn serve_tcp(
     listener: TcpListener,
-    tls: Arc<ServerConfig>,
+    tls: Arc<crate::tls_config::ReloadingConfig>,
     allowed_clients: Arc<[String]>,
     ctx: Arc<Context>,
     shutdown: CancellationToken,
@@ -69,7 +68,7 @@ pub async fn serve_tcp(
             }
         }
         let span = tracing::debug_span!("client", peer = %peer, target = tracing::field::Empty, agent = tracing::field::Empty);
-        let tls = tls.clone();
+        let tls = tls.current();
         let ctx = ctx.clone();
         let allowed_clients = allowed_clients.clone();
         connections.spawn(

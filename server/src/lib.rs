@@ -107,15 +107,14 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     bridgehead_runtime::tls::install_crypto_provider();
-    let cluster_tls = tokio_rustls::TlsAcceptor::from(
-        tls_config::server_config(
-            &config.cluster_cert,
-            &config.cluster_key,
-            config.agent_auth.cluster_ca.as_deref(),
-            &config.tls,
-        )
-        .context("agent endpoint TLS")?,
-    );
+    let cluster_tls = tls_config::ReloadingConfig::load(
+        "agent endpoint",
+        &config.cluster_cert,
+        &config.cluster_key,
+        config.agent_auth.cluster_ca.as_deref(),
+        &config.tls,
+    )
+    .context("agent endpoint TLS")?;
     if config.shared_ca {
         warn!("--server-ca-cert and --cluster-ca-cert hold the same CA (--allow-shared-ca): every agent certificate is also a valid CONNECT client certificate; make a two-CA PKI with bridgehead-certs init");
     }
@@ -160,8 +159,15 @@ pub async fn run(
             else {
                 anyhow::bail!("a TCP frontend listener needs a TCP frontend configuration");
             };
-            let tls = tls_config::server_config(cert, key, Some(client_ca), &config.tls)
-                .context("frontend TLS")?;
+            let tls = tls_config::ReloadingConfig::load(
+                "frontend",
+                cert,
+                key,
+                Some(client_ca),
+                &config.tls,
+            )
+            .context("frontend TLS")?;
+            background.spawn(tls.clone().watch(shutdown.clone()));
             announce("frontend", &listener.local_addr()?.to_string());
             background.spawn(frontend::serve_tcp(
                 listener,
@@ -185,6 +191,7 @@ pub async fn run(
     announce("agent endpoint", &agent_addr.to_string());
     announce("health", &health_addr.to_string());
     announce("admin", &admin_addr.to_string());
+    background.spawn(cluster_tls.clone().watch(shutdown.clone()));
     background.spawn(agent_endpoint::serve(
         listeners.agent,
         cluster_tls,

@@ -3,14 +3,18 @@
 //! over ALPN. ANP's `--cipher-suites` and `--tls-min-version` (Go's names) choose the TLS 1.2
 //! suites and the versions of both ([`TlsPolicy`]).
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use anyhow::Context;
 use bridgehead_runtime::tls::{load_certs, load_key, load_roots, provider};
 use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
 use rustls::{CipherSuite, ServerConfig, SupportedProtocolVersion};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
 
 /// The TLS versions and TLS 1.2 cipher suites both endpoints accept.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -219,6 +223,139 @@ pub fn server_config(
     // HTTP/1.1 only: Go offers h2 to proxies and must not get it.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
+}
+
+/// How often the certificate files are looked at for a change.
+pub const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A TLS endpoint's configuration, rebuilt when its files change on disk: cert-manager or
+/// kubelet rotating them, or the atomic symlink swap of a Secret or projected volume (the
+/// files are compared by what their paths resolve to: device, inode, size, mtime). New
+/// connections take the new configuration; connections open keep theirs. A change that does
+/// not load (a half-written or mismatched pair, a broken CA) is logged, and the last good
+/// configuration stays until the files load again.
+#[derive(Debug)]
+pub struct ReloadingConfig {
+    what: &'static str,
+    cert: PathBuf,
+    key: PathBuf,
+    client_ca: Option<PathBuf>,
+    policy: TlsPolicy,
+    current: RwLock<Arc<ServerConfig>>,
+    seen: Mutex<Vec<Option<FileStamp>>>,
+    reloads: AtomicU64,
+}
+
+/// What a path resolves to, to tell a changed file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+}
+
+fn stamp(path: &Path) -> Option<FileStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    Some(FileStamp {
+        dev: meta.dev(),
+        ino: meta.ino(),
+        len: meta.len(),
+        mtime: (meta.mtime(), meta.mtime_nsec()),
+    })
+}
+
+impl ReloadingConfig {
+    /// Loads the configuration now (an error if it does not load: a server must not start
+    /// without its certificates).
+    pub fn load(
+        what: &'static str,
+        cert: &Path,
+        key: &Path,
+        client_ca: Option<&Path>,
+        policy: &TlsPolicy,
+    ) -> anyhow::Result<Arc<ReloadingConfig>> {
+        let reloading = ReloadingConfig {
+            what,
+            cert: cert.to_owned(),
+            key: key.to_owned(),
+            client_ca: client_ca.map(Path::to_owned),
+            policy: policy.clone(),
+            current: RwLock::new(server_config(cert, key, client_ca, policy)?),
+            seen: Mutex::new(Vec::new()),
+            reloads: AtomicU64::new(0),
+        };
+        *reloading.seen.lock().unwrap_or_else(|p| p.into_inner()) = reloading.stamps();
+        Ok(Arc::new(reloading))
+    }
+
+    /// The configuration for a new connection.
+    pub fn current(&self) -> Arc<ServerConfig> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// How many times the files were reloaded.
+    pub fn reloads(&self) -> u64 {
+        self.reloads.load(Ordering::Relaxed)
+    }
+
+    fn stamps(&self) -> Vec<Option<FileStamp>> {
+        [Some(&self.cert), Some(&self.key), self.client_ca.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|path| stamp(path))
+            .collect()
+    }
+
+    /// Looks at the files once; reloads when they changed. Returns whether it reloaded.
+    pub fn check(&self) -> bool {
+        let stamps = self.stamps();
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            if *seen == stamps {
+                return false;
+            }
+            *seen = stamps;
+        }
+        match server_config(
+            &self.cert,
+            &self.key,
+            self.client_ca.as_deref(),
+            &self.policy,
+        ) {
+            Ok(config) => {
+                *self.current.write().unwrap_or_else(|p| p.into_inner()) = config;
+                self.reloads.fetch_add(1, Ordering::Relaxed);
+                info!(endpoint = self.what, cert = %self.cert.display(), "certificates reloaded: new connections use them");
+                true
+            }
+            Err(error) => {
+                // Seen, so the same broken files are not retried every second; the next
+                // change (the rest of a rotation) is.
+                warn!(endpoint = self.what, error = %format!("{error:#}"), "changed certificate files do not load; keeping the previous ones");
+                false
+            }
+        }
+    }
+
+    /// Checks every [`RELOAD_INTERVAL`] until `stop`.
+    pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(RELOAD_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = stop.cancelled() => return,
+            }
+            // File reads and key parsing off the async workers.
+            let this = self.clone();
+            let _ = tokio::task::spawn_blocking(move || this.check()).await;
+        }
+    }
 }
 
 #[cfg(test)]
