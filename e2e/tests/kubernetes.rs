@@ -63,11 +63,18 @@ fn kube_apiservers_traffic_reaches_every_kind_of_backend_through_bridgehead() {
     let mut lines = BufReader::new(follow.stdout.take().unwrap()).lines();
     let started = Instant::now();
     let mut arrivals = Vec::new();
+    let from_target = "bridgehead_server_bytes_total{direction=\"from_target\"}";
+    let mut counted = Vec::new();
     for expected in 0..20 {
         let line = lines.next().expect("kubectl logs -f ended").unwrap();
         assert_eq!(line, format!("log line {expected} from {}", stand_in.name));
         arrivals.push(started.elapsed());
+        if expected == 5 || expected == 19 {
+            counted.push(cluster.server.metric(from_target).unwrap());
+        }
     }
+    // The stream's bytes are counted while it runs, not when it ends.
+    assert!(counted[1] > counted[0], "bytes counted: {counted:?}");
     let _ = follow.kill();
     let _ = follow.wait();
     // The kubelet writes one line every 100 ms: twenty lines cannot come in one burst.
