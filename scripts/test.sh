@@ -15,7 +15,7 @@ skips=$(mktemp)
 trap 'rm -f "$skips"' EXIT
 export BRIDGEHEAD_SKIP_LOG="$skips"
 status=0
-cargo test --workspace "$@" || status=$?
+cargo test --workspace --no-fail-fast "$@" || status=$?
 count=$(wc -l < "$skips")
 if [ "$count" -gt 0 ]; then
   echo

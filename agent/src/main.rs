@@ -42,15 +42,14 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         let listeners = bridgehead_agent::Listeners::bind(&config).await?;
+        // For scripts that read the addresses; nobody reading them (a closed pipe) is no
+        // reason to stop.
         let mut stdout = std::io::stdout().lock();
         for (what, listener) in [("health", &listeners.health), ("admin", &listeners.admin)] {
-            writeln!(
-                stdout,
-                "bridgehead-agent {what} listening on {}",
-                listener.local_addr()?
-            )?;
+            let address = listener.local_addr()?;
+            let _ = writeln!(stdout, "bridgehead-agent {what} listening on {address}");
         }
-        stdout.flush()?;
+        let _ = stdout.flush();
         drop(stdout);
         let shutdown = CancellationToken::new();
         signal::cancel_on_signal(shutdown.clone())?;

@@ -1,6 +1,8 @@
 //! konnectivity's command lines, run unchanged but for the binary name: the flags of the
 //! deployments operators run (kubeadm's "Set up Konnectivity service" task page, ANP's own
-//! example manifests, GCE's configure-helper manifests, k0s, HyperShift, Kubermatic), with
+//! example manifests as its repository has them, and GCE's configure-helper manifests, k0s,
+//! HyperShift and Kubermatic as those projects publish them, reconstructed here without
+//! network access to check them line by line), with
 //! paths adapted to the test's PKI and files, every port 0 and every listener on loopback (a
 //! test binds no fixed port and no other address), `--mode=grpc` turned into
 //! `--mode=http-connect` (the one change the migration asks for, with the

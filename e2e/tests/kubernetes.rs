@@ -519,7 +519,7 @@ fn kubectl_names_the_cause_when_a_tunnel_fails() {
     cluster
         .server
         .process
-        .wait_log("tunnel failed", Duration::from_secs(10))
+        .wait_log("ended=reset", Duration::from_secs(10))
         .unwrap();
     let _ = &mut cluster;
 }

@@ -1,6 +1,8 @@
 //! `--log-format json`: every line on stderr is one JSON object a log collector can read, with
 //! the structured fields (the agent's announced identifiers, bound addresses).
 
+use bridgehead_e2e::client::{echo_round_trip, http_get, kube_connect, uds_connect};
+use bridgehead_e2e::process::wait_until;
 use bridgehead_e2e::{Agent, AgentOptions, Pki, Server, ServerOptions};
 
 fn json_lines(log: &str) -> Vec<serde_json::Value> {
@@ -102,5 +104,148 @@ fn trace_logs_carry_no_token_and_no_payload() {
             let line = log.lines().find(|line| line.contains(secret));
             assert!(line.is_none(), "{what} logged {secret:?}: {line:?}");
         }
+    }
+}
+
+/// Reads `child`'s stdout until it has announced `wants` (`<binary> <what> listening on
+/// <address>`); the addresses, in order.
+fn announced(stdout: &mut impl std::io::BufRead, wants: &[&str]) -> Vec<String> {
+    let mut found = vec![String::new(); wants.len()];
+    let mut line = String::new();
+    while found.iter().any(String::is_empty) {
+        line.clear();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "stdout ended early"
+        );
+        for (i, what) in wants.iter().enumerate() {
+            if let Some((_, address)) = line.split_once(&format!(" {what} listening on ")) {
+                found[i] = address.trim().to_owned();
+            }
+        }
+    }
+    found
+}
+
+/// A process whose log readers went away (a collector that died, a closed terminal): every
+/// line after that meets a broken pipe. Logging must drop them, not panic and not wedge: a
+/// tunnel still works and logs its end, and SIGTERM still drains and exits 0.
+#[test]
+fn closed_output_pipes_neither_crash_nor_wedge_either_binary() {
+    use std::io::BufReader;
+    use std::process::{Command, Stdio};
+
+    let pki = Pki::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("s.sock");
+    let path = |f: &str| pki.path(f).display().to_string();
+    let mut server = Command::new(bridgehead_e2e::process::binary("bridgehead-server").unwrap())
+        .args([
+            "--uds-name",
+            &socket.display().to_string(),
+            "--server-port=0",
+        ])
+        .args([
+            "--cluster-cert",
+            &path("cluster.crt"),
+            "--cluster-key",
+            &path("cluster.key"),
+        ])
+        .args(["--cluster-ca-cert", &path("cluster-ca.crt")])
+        .args([
+            "--agent-port=0",
+            "--agent-bind-address=127.0.0.1",
+            "--health-port=0",
+        ])
+        .args([
+            "--health-bind-address=127.0.0.1",
+            "--admin-port=0",
+            "--shutdown-grace-period=5s",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(server.stdout.take().unwrap());
+    let addresses = announced(&mut out, &["agent endpoint", "admin"]);
+    let agent_port = addresses[0].rsplit(':').next().unwrap().to_owned();
+    let admin: std::net::SocketAddr = addresses[1].parse().unwrap();
+    let mut agent = Command::new(bridgehead_e2e::process::binary("bridgehead-agent").unwrap())
+        .args([
+            "--proxy-server-port",
+            &agent_port,
+            "--ca-cert",
+            &path("cluster-ca.crt"),
+        ])
+        .args([
+            "--agent-cert",
+            &path("agent.crt"),
+            "--agent-key",
+            &path("agent.key"),
+        ])
+        .args(["--health-server-port=0", "--health-bind-address=127.0.0.1"])
+        .args([
+            "--admin-server-port=0",
+            "--keepalive-time=1s",
+            "--drain-grace-period=5s",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The readers go away: the agent's before it has written anything (even the addresses it
+    // announces on stdout), the server's once it has announced its own.
+    drop(agent.stdout.take());
+    drop(agent.stderr.take());
+    drop(out);
+    drop(server.stderr.take());
+
+    // Both still work, every line they log meanwhile meeting a closed pipe.
+    let agents = || -> usize {
+        let Ok((_, body)) = http_get(admin, "/agents") else {
+            return 0;
+        };
+        serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["agents"].as_array().map(Vec::len))
+            .unwrap_or(0)
+    };
+    wait_until(std::time::Duration::from_secs(20), || agents() == 1).unwrap_or_else(|_| {
+        panic!(
+            "the agent did not connect; it exited: {:?}",
+            agent.try_wait()
+        )
+    });
+    let echo = bridgehead_e2e::target::echo("127.0.0.1:0").unwrap();
+    for round in 0..3 {
+        let mut conn = uds_connect(&socket).unwrap();
+        assert_eq!(
+            kube_connect(conn.as_mut(), &echo.to_string())
+                .unwrap()
+                .status,
+            200
+        );
+        echo_round_trip(conn.as_mut(), format!("round {round}").as_bytes());
+    }
+    for (child, name) in [(&mut agent, "agent"), (&mut server, "server")] {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(child),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name} still running after SIGTERM"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert_eq!(status.code(), Some(0), "{name}: {status}");
     }
 }
