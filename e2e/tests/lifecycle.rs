@@ -141,6 +141,41 @@ fn a_killed_agent_fails_the_tunnel_instead_of_ending_it() {
     assert!(server.agents().unwrap().is_empty());
 }
 
+/// A target that resets its connection: the client gets a reset too, not a clean EOF that
+/// would pass for the target's normal end; the bytes sent before it arrive first.
+#[test]
+fn a_target_reset_reaches_the_client_as_a_reset() {
+    let pki = Pki::new().unwrap();
+    let (server, _agent) = start_pair(&pki, ServerOptions::default()).unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = listener.local_addr().unwrap();
+    let resetter = std::thread::spawn(move || {
+        let (mut socket, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 5];
+        socket.read_exact(&mut buf).unwrap();
+        std::io::Write::write_all(&mut socket, b"before the reset").unwrap();
+        // Give the bytes time to leave before the RST overtakes them in the agent's socket.
+        let mut ack = [0u8; 3];
+        socket.read_exact(&mut ack).unwrap();
+        rustix::net::sockopt::set_socket_linger(&socket, Some(Duration::ZERO)).unwrap();
+        drop(socket);
+    });
+    let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+    let reply = kube_connect(conn.as_mut(), &target.to_string()).unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    conn.write_all(b"hello").unwrap();
+    let mut got = vec![0u8; b"before the reset".len()];
+    conn.read_exact(&mut got).unwrap();
+    assert_eq!(got, b"before the reset");
+    conn.write_all(b"ack").unwrap();
+    resetter.join().unwrap();
+    assert_reset(conn.as_mut(), "a target reset");
+    server
+        .process
+        .wait_log("ended=reset", Duration::from_secs(10))
+        .unwrap();
+}
+
 #[test]
 fn the_agent_reconnects_to_a_restarted_server() {
     let pki = Pki::new().unwrap();
