@@ -61,6 +61,23 @@ pub fn check_selector(selector: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `name` is a DNS subdomain as Kubernetes names them (RFC 1123): at most 253
+/// characters, dot-separated labels of 1 to 63 lower-case letters, digits and `-`, neither
+/// starting nor ending with `-`.
+pub fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
 /// A label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63
 /// characters of alphanumerics, `-`, `_`, `.`, starting and ending alphanumeric.
 fn check_key(key: &str) -> Result<(), String> {
@@ -69,18 +86,7 @@ fn check_key(key: &str) -> Result<(), String> {
         None => (None, key),
     };
     if let Some(prefix) = prefix {
-        let ok = !prefix.is_empty()
-            && prefix.len() <= 253
-            && prefix.split('.').all(|label| {
-                !label.is_empty()
-                    && label.len() <= 63
-                    && label
-                        .bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                    && !label.starts_with('-')
-                    && !label.ends_with('-')
-            });
-        if !ok {
+        if !is_dns_subdomain(prefix) {
             return Err(format!(
                 "label key {key:?}: the prefix is not a DNS subdomain"
             ));

@@ -62,17 +62,7 @@ pub fn count_valid<'a>(leases: impl IntoIterator<Item = &'a Lease>, now: Timesta
 /// subdomains: lower case, digits, `-` and `.`).
 pub fn lease_name(server_id: &str) -> Result<String, String> {
     let name = format!("{LEASE_NAME_PREFIX}{server_id}");
-    let ok = name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        });
-    if ok {
+    if crate::labels::is_dns_subdomain(&name) {
         Ok(name)
     } else {
         Err(format!(
