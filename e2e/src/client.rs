@@ -365,6 +365,27 @@ pub fn http_request(
     Ok((kube::status(head)?, body.to_owned()))
 }
 
+/// The value of `series` (its name and labels exactly as written) on a Prometheus page.
+pub fn metric_in(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            (name == series)
+                .then(|| value.trim().parse().ok())
+                .flatten()
+        })
+}
+
+/// An mTLS tunnel to `target` through the frontend at `frontend`, with `pki`'s client
+/// certificate; panics unless the answer is 200.
+pub fn open_tunnel(pki: &Pki, frontend: SocketAddr, target: &str) -> Box<dyn Conn> {
+    let mut conn = tls_connect(pki, frontend).unwrap();
+    let reply = kube_connect(conn.as_mut(), target).unwrap();
+    assert_eq!(reply.status, 200, "CONNECT {target}: {}", reply.head);
+    conn
+}
+
 /// Writes `message` and reads it back from an echo target; panics on any difference.
 pub fn echo_round_trip(conn: &mut dyn Conn, message: &[u8]) {
     conn.write_all(message).expect("writing to the tunnel");

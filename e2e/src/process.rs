@@ -477,13 +477,7 @@ impl Server {
     /// The value of a metric line `name{labels} value` on /metrics (0 when absent).
     pub fn metric(&self, series: &str) -> anyhow::Result<f64> {
         let (_, body) = self.get("/metrics")?;
-        Ok(body
-            .lines()
-            .find_map(|line| {
-                line.strip_prefix(series)
-                    .and_then(|rest| rest.trim().parse().ok())
-            })
-            .unwrap_or(0.0))
+        Ok(crate::client::metric_in(&body, series).unwrap_or(0.0))
     }
 }
 
@@ -606,5 +600,11 @@ impl Agent {
     /// GET on the agent's health port.
     pub fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
         crate::client::http_get(self.health, path)
+    }
+
+    /// The value of a metric line `name{labels} value` on /metrics (0 when absent).
+    pub fn metric(&self, series: &str) -> anyhow::Result<f64> {
+        let (_, body) = self.get("/metrics")?;
+        Ok(crate::client::metric_in(&body, series).unwrap_or(0.0))
     }
 }

@@ -1,7 +1,9 @@
 //! The health ports (liveness, readiness that follows the agent session, metrics) and the
 //! admin port (/agents), each serving only its own routes.
 
-use bridgehead_e2e::client::{http_get, http_request, kube_connect, tls_connect, IO_TIMEOUT};
+use bridgehead_e2e::client::{
+    http_get, http_request, kube_connect, open_tunnel, tls_connect, IO_TIMEOUT,
+};
 use bridgehead_e2e::process::wait_until;
 use bridgehead_e2e::{target, Agent, AgentOptions, Pki, Server, ServerOptions};
 
@@ -196,13 +198,7 @@ fn konnectivity_and_process_metrics_by_name_type_and_labels() {
     server.wait_agents(1).unwrap();
     // One tunnel that works, one dial the target refuses.
     let echo = target::echo("127.0.0.1:0").unwrap();
-    let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
-    assert_eq!(
-        kube_connect(conn.as_mut(), &echo.to_string())
-            .unwrap()
-            .status,
-        200
-    );
+    let mut conn = open_tunnel(&pki, server.frontend_addr(), &echo.to_string());
     bridgehead_e2e::client::echo_round_trip(conn.as_mut(), b"hello");
     drop(conn);
     let closed = target::closed_port().unwrap();
@@ -381,13 +377,7 @@ fn bytes_count_while_a_tunnel_runs_and_its_end_is_logged() {
     let agent = Agent::start(&pki, &server, AgentOptions::default()).unwrap();
     server.wait_agents(1).unwrap();
     let echo = target::echo("127.0.0.1:0").unwrap();
-    let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
-    assert_eq!(
-        kube_connect(conn.as_mut(), &echo.to_string())
-            .unwrap()
-            .status,
-        200
-    );
+    let mut conn = open_tunnel(&pki, server.frontend_addr(), &echo.to_string());
     let message = vec![b'x'; 100_000];
     bridgehead_e2e::client::echo_round_trip(conn.as_mut(), &message);
     // Still open: both sides have counted every byte already.
@@ -402,14 +392,11 @@ fn bytes_count_while_a_tunnel_runs_and_its_end_is_logged() {
                 == 100_000.0
     })
     .unwrap();
-    let (_, body) = agent.get("/metrics").unwrap();
     assert_eq!(
-        metric(
-            &body,
-            "bridgehead_agent_bytes_total{direction=\"to_target\"}"
-        ),
-        Some(100_000.0),
-        "{body}"
+        agent
+            .metric("bridgehead_agent_bytes_total{direction=\"to_target\"}")
+            .unwrap(),
+        100_000.0
     );
     assert_eq!(
         server.metric("bridgehead_server_tunnels_open").unwrap(),

@@ -235,10 +235,7 @@ impl Plane {
 
 /// A counter or gauge's value in a Prometheus text page (0 when absent).
 fn metric(page: &str, series: &str) -> u64 {
-    page.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
+    bridgehead_e2e::client::metric_in(page, series).map_or(0, |v| v as u64)
 }
 
 /// Agents `/agents` lists as not draining.
