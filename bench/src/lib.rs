@@ -24,6 +24,7 @@
 pub mod budget;
 pub mod callgrind;
 pub mod flamegraph;
+pub mod konnectivity;
 pub mod latency;
 pub mod machine;
 pub mod memory;
@@ -34,6 +35,7 @@ pub mod report;
 pub mod rig;
 pub mod route;
 pub mod setup;
+pub mod side_by_side;
 pub mod stall;
 pub mod summary;
 pub mod throughput;
@@ -127,6 +129,9 @@ pub enum Measurement {
     Memory,
     /// A bulk tunnel's throughput beside a stalled one.
     Stall,
+    /// Bridgehead and konnectivity (built by scripts/anp-build.sh) side by side on both
+    /// frontends: bulk, CPU per GiB, setup, round trips.
+    SideBySide,
 }
 
 /// Runs the selected measurements, prints the tables and writes the JSON lines and plots.
@@ -250,6 +255,34 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
                 record_noise(&mut report, "stall", &noise);
             }
         });
+    }
+    if selected(Measurement::SideBySide) {
+        match konnectivity::binaries() {
+            Some((server, agent)) => {
+                let rig = Rig::start(true, &extra)?;
+                let peer = konnectivity::Konnectivity::start(&server, &agent)?;
+                let mut pids = rig.all_pids();
+                pids.extend(peer.pids());
+                let noise = Noise::start(&pids);
+                runtime.block_on(side_by_side::run(
+                    &rig,
+                    &peer,
+                    target.addr,
+                    &budget,
+                    &mut report,
+                ));
+                record_noise(&mut report, "side_by_side", &noise);
+            }
+            None => {
+                eprintln!(
+                    "== side by side: konnectivity is not built (scripts/anp-build.sh): skipped"
+                );
+                report.record(
+                    "side_by_side",
+                    json!({ "skipped": "konnectivity not built: run scripts/anp-build.sh" }),
+                )?;
+            }
+        }
     }
     if selected(Measurement::Memory) {
         let counts: Vec<usize> = budget

@@ -27,6 +27,11 @@ pub enum Route {
     Direct,
     /// Through a Bridgehead frontend.
     Bridgehead(Frontend),
+    /// Through another proxy's HTTP CONNECT frontend (konnectivity), named by `label`.
+    Peer {
+        label: &'static str,
+        frontend: Frontend,
+    },
 }
 
 impl Route {
@@ -43,6 +48,26 @@ impl Route {
     /// The plain Unix-socket frontend at `path`.
     pub fn uds(path: PathBuf) -> Route {
         Route::Bridgehead(Frontend::Uds { path })
+    }
+
+    /// Another proxy's mTLS frontend, with the same client settings as [`Route::mtls`].
+    pub fn peer_mtls(
+        label: &'static str,
+        pki: &Pki,
+        frontend: SocketAddr,
+    ) -> anyhow::Result<Route> {
+        let Route::Bridgehead(frontend) = Route::mtls(pki, frontend)? else {
+            anyhow::bail!("Route::mtls made no frontend");
+        };
+        Ok(Route::Peer { label, frontend })
+    }
+
+    /// Another proxy's Unix-socket frontend.
+    pub fn peer_uds(label: &'static str, path: PathBuf) -> Route {
+        Route::Peer {
+            label,
+            frontend: Frontend::Uds { path },
+        }
     }
 
     /// The TLS version and cipher suite the mTLS frontend negotiates with this client (one
@@ -72,6 +97,7 @@ impl Route {
             Route::Direct => "direct",
             Route::Bridgehead(Frontend::Mtls { .. }) => "bridgehead-mtls",
             Route::Bridgehead(Frontend::Uds { .. }) => "bridgehead-uds",
+            Route::Peer { label, .. } => label,
         }
     }
 
@@ -91,7 +117,9 @@ impl Route {
                 tcp.set_nodelay(true)?;
                 Ok(Box::new(tcp))
             }
-            Route::Bridgehead(frontend) => frontend.open(&target.to_string()).await,
+            Route::Bridgehead(frontend) | Route::Peer { frontend, .. } => {
+                frontend.open(&target.to_string()).await
+            }
         }
     }
 }

@@ -189,7 +189,7 @@ pub async fn run(
             let floor = match route {
                 Route::Bridgehead(Frontend::Mtls { .. }) => MTLS_RATE,
                 Route::Bridgehead(Frontend::Uds { .. }) => UDS_RATE,
-                Route::Direct => continue,
+                Route::Direct | Route::Peer { .. } => continue,
             };
             if concurrency != 1 {
                 continue;

@@ -64,3 +64,50 @@ pub fn nofile_of(pid: u32) -> anyhow::Result<(String, String)> {
 pub fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| dir.count())
 }
+
+/// The TCP addresses `pid` listens on (IPv4, from `/proc/net/tcp` and its socket inodes):
+/// for programs that do not say which ephemeral ports they bound.
+pub fn listening_v4(pid: u32) -> Vec<std::net::SocketAddr> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| std::fs::read_link(entry.path()).ok())
+        .filter_map(|link| {
+            let link = link.to_string_lossy().into_owned();
+            link.strip_prefix("socket:[")?
+                .strip_suffix(']')
+                .map(str::to_owned)
+        })
+        .collect();
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local_address, st (0A: LISTEN), inode.
+            let (local, state, inode) = (fields.get(1)?, fields.get(3)?, fields.get(9)?);
+            if *state != "0A" || !inodes.contains(*inode) {
+                return None;
+            }
+            let (ip, port) = local.split_once(':')?;
+            let ip = u32::from_str_radix(ip, 16).ok()?;
+            let port = u16::from_str_radix(port, 16).ok()?;
+            // The kernel prints the network-order address as a native integer.
+            let ip = std::net::Ipv4Addr::from(ip.to_ne_bytes());
+            Some(std::net::SocketAddr::new(ip.into(), port))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn finds_this_processes_listeners() {
+        let listener = std::net::TcpListener::bind("127.0.0.3:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let found = super::listening_v4(std::process::id());
+        assert!(found.contains(&addr), "{addr} not in {found:?}");
+    }
+}

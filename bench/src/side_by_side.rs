@@ -1,0 +1,227 @@
+//! Bridgehead and konnectivity side by side in one run: bulk at 1, 16 and 64 tunnels both
+//! ways with server+agent CPU per GiB, tunnel setup at concurrency 1 and 16, and round trips,
+//! each on both frontends (mTLS and the Unix socket), with direct loopback as the yardstick.
+//! The paths take turns for every row, so load changes hit them alike. Each Bridgehead path
+//! is checked against konnectivity's on the same frontend: ahead on every row.
+
+use std::net::SocketAddr;
+
+use serde_json::json;
+
+use crate::budget::Budget;
+use crate::konnectivity::Konnectivity;
+use crate::latency;
+use crate::report::{micros, rate, Check, Outcome, Report};
+use crate::rig::Rig;
+use crate::route::Route;
+use crate::setup;
+use crate::throughput::{self, Direction};
+
+/// Tunnel counts of the bulk rows.
+const TUNNELS: [usize; 3] = [1, 16, 64];
+
+/// A path under test: its route and whose CPU counts.
+struct Path<'a> {
+    route: &'a Route,
+    pids: Vec<u32>,
+}
+
+/// One row's figure on each path, in the order of the paths.
+type Figures = Vec<Option<f64>>;
+
+/// Runs every row over direct, both Bridgehead frontends and both konnectivity frontends.
+pub async fn run(
+    rig: &Rig,
+    peer: &Konnectivity,
+    target: SocketAddr,
+    budget: &Budget,
+    report: &mut Report,
+) {
+    eprintln!("== side by side: Bridgehead and konnectivity, both frontends");
+    let direct = Route::Direct;
+    let Some((uds, uds_pids)) = rig.uds() else {
+        eprintln!("  (no Unix-socket pair started: side by side skipped)");
+        return;
+    };
+    let paths = [
+        Path {
+            route: &direct,
+            pids: vec![std::process::id()],
+        },
+        Path {
+            route: &rig.mtls,
+            pids: rig.pids(),
+        },
+        Path {
+            route: uds,
+            pids: uds_pids.to_vec(),
+        },
+        Path {
+            route: &peer.mtls.route,
+            pids: peer.mtls.pids(),
+        },
+        Path {
+            route: &peer.uds.route,
+            pids: peer.uds.pids(),
+        },
+    ];
+    let labels: Vec<&str> = paths.iter().map(|p| p.route.label()).collect();
+    let mut header = vec!["row"];
+    header.extend(labels.iter().copied());
+
+    for tunnels in TUNNELS {
+        for direction in [Direction::Upload, Direction::Download] {
+            let row = format!("bulk, {tunnels} tunnel(s), {}", direction.label());
+            let mut rates = Figures::new();
+            let mut cpus = Figures::new();
+            for path in &paths {
+                let bulk = throughput::bulk(
+                    path.route,
+                    target,
+                    direction,
+                    tunnels,
+                    budget.bulk_bytes,
+                    budget.bulk_time,
+                    &path.pids,
+                )
+                .await;
+                match bulk {
+                    Ok(bulk) => {
+                        rates.push(Some(bulk.rate()));
+                        cpus.push(bulk.cpu_per_gib());
+                        let _ = report.record(
+                            "side_by_side",
+                            json!({
+                                "row": row, "route": path.route.label(), "bytes_per_s": bulk.rate(),
+                                "cpu_s_per_gib": bulk.cpu_per_gib(),
+                            }),
+                        );
+                    }
+                    Err(error) => {
+                        eprintln!("  {row}, {}: {error:#}", path.route.label());
+                        rates.push(None);
+                        cpus.push(None);
+                    }
+                }
+            }
+            table(report, &header, &row, "MiB/s", &rates, rate);
+            table(
+                report,
+                &header,
+                &format!("{row}, CPU s/GiB"),
+                "",
+                &cpus,
+                |v| format!("{v:.2}"),
+            );
+            compare(report, &row, "throughput", &labels, &rates, Higher, rate);
+            compare(report, &row, "CPU per GiB", &labels, &cpus, Lower, |v| {
+                format!("{v:.2} s/GiB")
+            });
+        }
+    }
+    for concurrency in setup::CONCURRENCY {
+        let row = format!("setup, concurrency {concurrency}");
+        let mut rates = Figures::new();
+        for path in &paths {
+            let run = setup::setup(
+                path.route,
+                target,
+                concurrency,
+                budget.setup_count,
+                budget.setup_time,
+            )
+            .await;
+            let value = (run.opened > 0).then(|| run.rate());
+            let _ = report.record(
+                "side_by_side",
+                json!({ "row": row, "route": path.route.label(), "tunnels_per_s": value, "errors": run.errors }),
+            );
+            rates.push(value);
+        }
+        table(report, &header, &row, "tunnels/s", &rates, |v| {
+            format!("{v:.0}")
+        });
+        compare(report, &row, "setup rate", &labels, &rates, Higher, |v| {
+            format!("{v:.0}/s")
+        });
+    }
+    let row = "round trip p50".to_owned();
+    let mut p50s = Figures::new();
+    for path in &paths {
+        let result =
+            latency::round_trips(path.route, target, budget.rtt_count, budget.rtt_time).await;
+        let value = result.ok().map(|s| s.p50.as_secs_f64());
+        let _ = report.record(
+            "side_by_side",
+            json!({ "row": row, "route": path.route.label(), "p50_s": value }),
+        );
+        p50s.push(value);
+    }
+    let as_micros = |v: f64| micros(std::time::Duration::from_secs_f64(v));
+    table(report, &header, &row, "", &p50s, as_micros);
+    compare(report, &row, "round trip", &labels, &p50s, Lower, as_micros);
+}
+
+/// Which way is better.
+#[derive(Clone, Copy)]
+enum Better {
+    Higher,
+    Lower,
+}
+use Better::{Higher, Lower};
+
+/// One row of the side-by-side table.
+fn table(
+    report: &mut Report,
+    header: &[&str],
+    row: &str,
+    unit: &str,
+    figures: &Figures,
+    show: impl Fn(f64) -> String,
+) {
+    let name = if unit.is_empty() {
+        row.to_owned()
+    } else {
+        format!("{row} ({unit})")
+    };
+    let mut cells = vec![name];
+    cells.extend(figures.iter().map(|v| v.map_or("error".to_owned(), &show)));
+    report.row(
+        "Side by side with konnectivity (same run, paths alternated)",
+        header,
+        cells,
+    );
+}
+
+/// Bridgehead against konnectivity on the same frontend: paths 1 and 3 (mTLS), 2 and 4 (Unix
+/// socket).
+fn compare(
+    report: &mut Report,
+    row: &str,
+    what: &str,
+    labels: &[&str],
+    figures: &Figures,
+    better: Better,
+    show: impl Fn(f64) -> String,
+) {
+    for (ours, theirs) in [(1, 3), (2, 4)] {
+        let (Some(a), Some(b)) = (figures[ours], figures[theirs]) else {
+            continue;
+        };
+        let ahead = match better {
+            Higher => a >= b,
+            Lower => a <= b,
+        };
+        let _ = report.check(Check {
+            what: format!("{what} vs konnectivity, {row}, {}", labels[ours]),
+            bridgehead: show(a),
+            direct: format!("{} (konnectivity)", show(b)),
+            ratio: format!("{:.2}", a / b.max(1e-12)),
+            target: match better {
+                Higher => "≥ konnectivity".to_owned(),
+                Lower => "≤ konnectivity".to_owned(),
+            },
+            outcome: Outcome::of(ahead),
+        });
+    }
+}
