@@ -295,6 +295,14 @@ impl TestNet {
         &self.hosts[i]
     }
 
+    /// Takes host `i`'s link down (`up` false) or up again, on the root side: a partition
+    /// between the host and everything outside it, with no packet refused (they vanish).
+    pub fn set_link(&self, i: usize, up: bool) -> anyhow::Result<()> {
+        let state = if up { "up" } else { "down" };
+        ip(&["link", "set", &self.hosts[i].root_link, state])?;
+        Ok(())
+    }
+
     /// The root namespace's address on host `i`'s link.
     pub fn root_v4(&self, i: usize) -> Ipv4Addr {
         self.hosts[i].root_v4
