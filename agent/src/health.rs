@@ -123,6 +123,7 @@ impl Health {
             bridgehead_runtime::process_metrics::ProcessCollector,
         ));
         let registry = root.sub_registry_with_prefix("bridgehead_agent");
+        registry.register_collector(Box::new(bridgehead_runtime::logging::DroppedCollector));
         registry.register(
             "connected",
             "1 while at least one session with a server is up and not draining",

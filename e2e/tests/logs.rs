@@ -168,9 +168,10 @@ fn closed_output_pipes_neither_crash_nor_wedge_either_binary() {
         .spawn()
         .unwrap();
     let mut out = BufReader::new(server.stdout.take().unwrap());
-    let addresses = announced(&mut out, &["agent endpoint", "admin"]);
+    let addresses = announced(&mut out, &["agent endpoint", "admin", "health"]);
     let agent_port = addresses[0].rsplit(':').next().unwrap().to_owned();
     let admin: std::net::SocketAddr = addresses[1].parse().unwrap();
+    let health: std::net::SocketAddr = addresses[2].parse().unwrap();
     let mut agent = Command::new(bridgehead_e2e::process::binary("bridgehead-agent").unwrap())
         .args([
             "--proxy-server-port",
@@ -229,6 +230,12 @@ fn closed_output_pipes_neither_crash_nor_wedge_either_binary() {
         );
         echo_round_trip(conn.as_mut(), format!("round {round}").as_bytes());
     }
+    // The lines that met the closed pipe are counted, not lost silently.
+    let (_, page) = http_get(health, "/metrics").unwrap();
+    let dropped =
+        bridgehead_e2e::client::metric_in(&page, "bridgehead_server_log_lines_dropped_total")
+            .unwrap_or(0.0);
+    assert!(dropped >= 3.0, "dropped lines: {dropped}\n{page}");
     for (child, name) in [(&mut agent, "agent"), (&mut server, "server")] {
         rustix::process::kill_process(
             rustix::process::Pid::from_child(child),

@@ -17,6 +17,68 @@ use tracing_subscriber::{reload, EnvFilter, Layer, Registry};
 
 use crate::compat::{level_for, LogFile, LogSettings};
 
+/// Lines that could not be written (a closed or full stderr, a log file that fails).
+static DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many log lines could not be written so far.
+pub fn dropped_lines() -> u64 {
+    DROPPED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A log destination whose write errors drop the line and count it: a reader that went
+/// away must cost the process nothing but the lines.
+#[derive(Debug, Clone, Copy)]
+struct Dropping<M>(M);
+
+/// The writer [`Dropping`] makes.
+struct DroppingWriter<W>(W);
+
+impl<W: Write> Write for DroppingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self.0.write_all(buf) {
+            Ok(()) => Ok(buf.len()),
+            Err(_) => {
+                DROPPED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok(buf.len())
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = self.0.flush();
+        Ok(())
+    }
+}
+
+impl<'a, M: MakeWriter<'a>> MakeWriter<'a> for Dropping<M> {
+    type Writer = DroppingWriter<M::Writer>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        DroppingWriter(self.0.make_writer())
+    }
+}
+
+/// `log_lines_dropped_total`: lines lost to a closed or failing log destination.
+#[derive(Debug, Default)]
+pub struct DroppedCollector;
+
+impl prometheus_client::collector::Collector for DroppedCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        let counter = prometheus_client::metrics::counter::ConstCounter::new(dropped_lines());
+        let metric = encoder.encode_descriptor(
+            "log_lines_dropped",
+            "Log lines that could not be written (stderr or the log file closed or failing)",
+            None,
+            counter.metric_type(),
+        )?;
+        counter.encode(metric)
+    }
+}
+
 /// The installed filter, for [`set_verbosity`].
 static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 
@@ -110,14 +172,15 @@ pub fn init(format: LogFormat, settings: &LogSettings) {
                 None
             }
         });
+    let stderr = Dropping(std::io::stderr);
     let layers = match file {
-        None => output(format, std::io::stderr, ansi),
+        None => output(format, stderr, ansi),
         Some(file) => {
             let threshold = settings
                 .stderr_threshold
                 .map_or(LevelFilter::OFF, LevelFilter::from_level);
-            output(format, file, false)
-                .and_then(output(format, std::io::stderr, ansi).with_filter(threshold))
+            output(format, Dropping(file), false)
+                .and_then(output(format, stderr, ansi).with_filter(threshold))
                 .boxed()
         }
     };

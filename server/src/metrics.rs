@@ -142,6 +142,7 @@ impl Metrics {
             bridgehead_runtime::process_metrics::ProcessCollector,
         ));
         let registry = root.sub_registry_with_prefix("bridgehead_server");
+        registry.register_collector(Box::new(bridgehead_runtime::logging::DroppedCollector));
         let agents_connected = Gauge::default();
         let tunnels_open = Gauge::default();
         let dials_pending = Gauge::default();
