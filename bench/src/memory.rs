@@ -255,6 +255,24 @@ async fn verify_sample(held: &Arc<Mutex<Vec<Conn>>>) -> anyhow::Result<()> {
     result
 }
 
+/// Server + agent bytes per idle tunnel on `route` with `count` of them open (each with one
+/// 64-byte round trip), over the RSS of `pids` just before; the tunnels are closed after.
+pub(crate) async fn idle_cost(
+    route: &Route,
+    target: SocketAddr,
+    count: usize,
+    pids: &[u32],
+) -> anyhow::Result<u64> {
+    warm_up(route, target).await?;
+    let base = settle(pids).await;
+    let held = Arc::new(Mutex::new(Vec::new()));
+    open_idle(route, target, count, &held).await?;
+    let total = settle(pids).await;
+    verify_sample(&held).await?;
+    let have = held.lock().map_or(0, |h| h.len());
+    Ok(total.saturating_sub(base) / have.max(1) as u64)
+}
+
 /// Waits until server + agent RSS stops moving (bounded), returns it.
 async fn settle(pids: &[u32]) -> u64 {
     let deadline = Instant::now() + SETTLE_MAX;

@@ -1,5 +1,6 @@
 //! Bridgehead and konnectivity side by side in one run: bulk at 1, 16 and 64 tunnels both
-//! ways with server+agent CPU per GiB, tunnel setup at concurrency 1 and 16, and round trips,
+//! ways with server+agent CPU per GiB, tunnel setup at concurrency 1 and 16, idle memory per
+//! tunnel, and round trips,
 //! each on both frontends (mTLS and the Unix socket), with direct loopback as the yardstick.
 //! The paths take turns for every row, so load changes hit them alike. Each Bridgehead path
 //! is checked against konnectivity's on the same frontend: ahead on every row.
@@ -11,6 +12,7 @@ use serde_json::json;
 use crate::budget::Budget;
 use crate::konnectivity::Konnectivity;
 use crate::latency;
+use crate::memory;
 use crate::report::{micros, rate, Check, Outcome, Report};
 use crate::rig::Rig;
 use crate::route::Route;
@@ -68,6 +70,34 @@ pub async fn run(
     let labels: Vec<&str> = paths.iter().map(|p| p.route.label()).collect();
     let mut header = vec!["row"];
     header.extend(labels.iter().copied());
+
+    // First, while every process is fresh: later rows leave freed memory in the allocators
+    // that new tunnels would reuse unseen.
+    let count = budget.idle.first().copied().unwrap_or(100);
+    let row = format!("idle memory per tunnel, {count} tunnels");
+    let mut costs = Figures::new();
+    for path in &paths {
+        if matches!(path.route, Route::Direct) {
+            costs.push(None);
+            continue;
+        }
+        let cost = memory::idle_cost(path.route, target, count, &path.pids).await;
+        let value = match cost {
+            Ok(bytes) => Some(bytes as f64 / 1024.0),
+            Err(error) => {
+                eprintln!("  {row}, {}: {error:#}", path.route.label());
+                None
+            }
+        };
+        let _ = report.record(
+            "side_by_side",
+            json!({ "row": row, "route": path.route.label(), "kib_per_tunnel": value }),
+        );
+        costs.push(value);
+    }
+    let as_kib = |v: f64| format!("{v:.1} KiB");
+    table(report, &header, &row, "", &costs, as_kib);
+    compare(report, &row, "idle memory", &labels, &costs, Lower, as_kib);
 
     for tunnels in TUNNELS {
         for direction in [Direction::Upload, Direction::Download] {
@@ -185,7 +215,12 @@ fn table(
         format!("{row} ({unit})")
     };
     let mut cells = vec![name];
-    cells.extend(figures.iter().map(|v| v.map_or("error".to_owned(), &show)));
+    // Direct (the first path) has no proxy to measure in some rows.
+    cells.extend(figures.iter().enumerate().map(|(i, v)| match v {
+        Some(v) => show(*v),
+        None if i == 0 => "-".to_owned(),
+        None => "error".to_owned(),
+    }));
     report.row(
         "Side by side with konnectivity (same run, paths alternated)",
         header,
