@@ -351,9 +351,9 @@ impl ReloadingConfig {
                 _ = tick.tick() => {}
                 () = stop.cancelled() => return,
             }
-            // File reads and key parsing off the async workers.
-            let this = self.clone();
-            let _ = tokio::task::spawn_blocking(move || this.check()).await;
+            // Three stat calls a second, and a parse when something changed: inline (a
+            // blocking-pool thread for it would outlive the check and count as a worker).
+            self.check();
         }
     }
 }
