@@ -346,3 +346,82 @@ async fn the_writer_batches_queued_frames_into_messages_of_256_kib() {
     })
     .await
 }
+
+/// A socket that remembers the largest read it was asked for.
+struct Recording {
+    io: DuplexStream,
+    largest_read: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl tokio::io::AsyncRead for Recording {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        this.largest_read
+            .fetch_max(buf.remaining(), std::sync::atomic::Ordering::SeqCst);
+        std::pin::Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Recording {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// `websocket_config` reads the socket 4 KiB at a time, however large the message:
+/// tungstenite zero-fills its read buffer before every read, so a larger one costs a memset of
+/// its size per read (docs/benchmarks.md).
+#[tokio::test]
+async fn the_websocket_reads_at_most_4_kib_at_a_time() {
+    bounded(async {
+        let (a, b) = tokio::io::duplex(4 * MAX_MESSAGE);
+        let largest_read = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let socket = Recording {
+            io: a,
+            largest_read: largest_read.clone(),
+        };
+        let ws =
+            WebSocketStream::from_raw_socket(socket, Role::Server, Some(websocket_config())).await;
+        let mut peer = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
+        let mux = Mux::agent();
+        let shutdown = CancellationToken::new();
+        let run = tokio::spawn({
+            let (mux, shutdown) = (mux.clone(), shutdown.clone());
+            async move { mux.run(ws, QUIET, shutdown).await }
+        });
+        peer.send(message(&[dial(1)])).await.unwrap();
+        let _first = mux.accept().await.unwrap();
+        peer.send(data_message(1, 64 * 1024)).await.unwrap();
+        peer.send(message(&[dial(2)])).await.unwrap();
+        let _second = mux.accept().await.unwrap();
+        assert_eq!(
+            largest_read.load(std::sync::atomic::Ordering::SeqCst),
+            4 * 1024
+        );
+        shutdown.cancel();
+        let _ = run.await.unwrap();
+    })
+    .await
+}

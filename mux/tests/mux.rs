@@ -445,3 +445,26 @@ async fn a_reset_or_a_dropped_stream_reaches_the_other_end() {
     })
     .await
 }
+
+/// The router's load: the streams open or dialing, and of those the dials the agent has not
+/// answered yet.
+#[tokio::test]
+async fn load_counts_the_dials_still_waiting_for_their_answer() {
+    bounded(async {
+        let p = pair().await;
+        assert_eq!(p.server.load(), (0, 0));
+        let server = p.server.clone();
+        let opening =
+            tokio::spawn(async move { server.open("x", 1, Duration::from_secs(5)).await });
+        // The server counted the dial before its DIAL went out.
+        let dial = next_dial(&p.agent).await;
+        assert_eq!(p.server.load(), (1, 1));
+        let _agent_stream = dial.accept().unwrap();
+        let stream = opening.await.unwrap().unwrap();
+        assert_eq!(p.server.load(), (1, 0));
+        drop(stream);
+        assert_eq!(p.server.load(), (0, 0));
+        p.shutdown.cancel();
+    })
+    .await
+}
