@@ -42,11 +42,18 @@ fn an_id_is_replaced_only_by_the_same_identity() {
     );
     assert_ne!(first, second);
     assert_eq!(names(&registry), ["node-a"]);
-    // The old session's end does not unregister its replacement.
+    // The old session's end does not unregister its replacement, nor free its id.
     registry.unregister(first);
     assert_eq!(names(&registry), ["node-a"]);
+    let error = registry
+        .register(registration("node-a", "cert B"))
+        .unwrap_err();
+    assert!(matches!(error, RegisterError::IdTaken { .. }), "{error}");
     registry.unregister(second);
     assert!(names(&registry).is_empty());
+    // Once its last session is gone, the id is free for any identity.
+    registry.register(registration("node-a", "cert B")).unwrap();
+    assert_eq!(names(&registry), ["node-a"]);
 }
 
 #[test]
@@ -67,4 +74,10 @@ fn sessions_per_identity_are_capped() {
     registry.unregister(b);
     registry.register(registration("d", "shared")).unwrap();
     assert_eq!(names(&registry), ["c", "e", "d"]);
+    // Only that one place was freed: the identity holds its two again.
+    let error = registry.register(registration("f", "shared")).unwrap_err();
+    assert!(
+        matches!(error, RegisterError::TooManySessions { limit: 2, .. }),
+        "{error}"
+    );
 }

@@ -163,8 +163,8 @@ async fn a_draining_agent_gets_no_tunnel_and_readiness_says_so() {
 async fn full_agents_are_passed_over_and_then_refused() {
     bounded(async {
         let shutdown = CancellationToken::new();
-        let registry = Registry::new(vec![Strategy::Default], 1);
-        assert_eq!(registry.max_tunnels_per_agent(), 1);
+        let registry = Registry::new(vec![Strategy::Default], 2);
+        assert_eq!(registry.max_tunnels_per_agent(), 2);
         let mut held = Vec::new();
         let mut free = None;
         for name in ["full1", "full2", "full3", "free"] {
@@ -174,16 +174,20 @@ async fn full_agents_are_passed_over_and_then_refused() {
                 free = Some(mux);
             } else {
                 held.push(tunnel(&mux).await);
+                held.push(tunnel(&mux).await);
             }
         }
         for _ in 0..50 {
             let route = registry.route(&target("x")).unwrap();
             assert_eq!(names(&route), ["free"]);
         }
-        held.push(tunnel(&free.unwrap()).await);
+        let free = free.unwrap();
+        held.push(tunnel(&free).await);
+        assert_eq!(names(&registry.route(&target("x")).unwrap()), ["free"]);
+        held.push(tunnel(&free).await);
         assert!(matches!(
             registry.route(&target("x")),
-            Err(RouteError::Full(1))
+            Err(RouteError::Full(2))
         ));
         shutdown.cancel();
     })

@@ -242,6 +242,34 @@ mod tests {
         assert!(set.is_empty());
     }
 
+    /// A set keeps its position index only while it has more than [`LINEAR_MAX`] members: it
+    /// is built when the 17th joins and let go once removals leave half that.
+    #[test]
+    fn only_sets_of_more_than_16_keep_a_position_index() {
+        let mut set = AgentSet::default();
+        for agent in 0..LINEAR_MAX as AgentKey {
+            set.insert(agent, false);
+            assert!(set.positions.is_none(), "{} members", set.members.len());
+        }
+        set.insert(LINEAR_MAX as AgentKey, false);
+        assert!(set.positions.is_some());
+        set.check();
+        for agent in (0..=LINEAR_MAX as AgentKey).rev() {
+            set.remove(agent);
+            set.check();
+            let len = set.members.len();
+            assert_eq!(
+                set.positions.is_some(),
+                len > LINEAR_MAX / 2,
+                "{len} members"
+            );
+            if len == LINEAR_MAX / 2 {
+                break;
+            }
+        }
+        assert_eq!(set.members.len(), 8);
+    }
+
     /// Random operations against a model, across the linear/indexed threshold both ways.
     #[test]
     fn matches_model() {
