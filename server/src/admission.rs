@@ -109,5 +109,10 @@ mod tests {
         drop(first);
         let _again = admission.admit(&a).unwrap();
         assert_eq!(admission.pending.get(), 3);
+        // The client holds two again: its own bound refuses it, before the total's.
+        assert!(matches!(
+            admission.admit(&a),
+            Err(Refusal::ClientOverloaded(2))
+        ));
     }
 }

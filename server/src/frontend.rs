@@ -209,3 +209,6 @@ pub fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
     let _ = std::fs::remove_dir(&private);
     bound
 }
+
+#[cfg(test)]
+mod tests;

@@ -169,6 +169,79 @@ mod tests {
         .await
     }
 
+    /// Vectored writes wait for the hold like any others, then reach the socket whole.
+    #[tokio::test(start_paused = true)]
+    async fn vectored_writes_are_held_then_written() {
+        bounded(async {
+            let (mut socket, mut client) = tokio::io::duplex(1024);
+            let mut held = Held::new(&mut socket, Some(Duration::from_secs(60)));
+            let slices = [IoSlice::new(b"ban"), IoSlice::new(b"ner")];
+            let polled =
+                poll_fn(|cx| Poll::Ready(Pin::new(&mut held).poll_write_vectored(cx, &slices)))
+                    .await;
+            assert!(polled.is_pending(), "written before the client spoke");
+            client.write_all(b"hi").await.unwrap();
+            let mut buf = [0u8; 2];
+            held.read_exact(&mut buf).await.unwrap();
+            // The pipe has room for both slices: one call takes them.
+            assert_eq!(held.write_vectored(&slices).await.unwrap(), 6);
+            held.shutdown().await.unwrap();
+            let mut got = Vec::new();
+            client.read_to_end(&mut got).await.unwrap();
+            assert_eq!(got, b"banner");
+        })
+        .await
+    }
+
+    /// A socket that writes one buffer per call, as sockets without vectored writes do.
+    struct OneBuffer;
+
+    impl AsyncWrite for OneBuffer {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// The held socket says whether it writes vectored as its socket does, so the splice
+    /// batches chunks only where the socket takes them in one call.
+    #[test]
+    fn a_held_socket_writes_vectored_as_its_socket_does() {
+        let (mut duplex, _client) = tokio::io::duplex(1024);
+        assert!(Held::new(&mut duplex, None).is_write_vectored());
+        let mut one_buffer = OneBuffer;
+        assert!(!Held::new(&mut one_buffer, None).is_write_vectored());
+    }
+
+    /// A flush reaches the socket: a buffered socket (as the TLS stream keeps records) writes
+    /// out what it holds.
+    #[tokio::test]
+    async fn a_flush_reaches_the_socket() {
+        bounded(async {
+            let (socket, mut client) = tokio::io::duplex(1024);
+            let mut buffered = tokio::io::BufWriter::new(socket);
+            let mut held = Held::new(&mut buffered, None);
+            held.write_all(b"banner").await.unwrap();
+            held.flush().await.unwrap();
+            assert!(buffered.buffer().is_empty());
+            let mut got = [0u8; 6];
+            client.read_exact(&mut got).await.unwrap();
+            assert_eq!(&got, b"banner");
+        })
+        .await
+    }
+
     #[tokio::test(start_paused = true)]
     async fn no_hold_writes_at_once() {
         bounded(async {
