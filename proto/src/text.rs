@@ -72,6 +72,18 @@ impl fmt::Display for Ascii<'_> {
 mod tests {
     use super::*;
 
+    /// The first character past ASCII, U+0080, is a (C1) control: escaped as such in both
+    /// forms, where U+007F, the last ASCII one, is a byte escape.
+    #[test]
+    fn the_edge_of_ascii_is_escaped_on_both_sides() {
+        assert_eq!(Printable::new("\u{7f}\u{80}").to_string(), "\\x7f\\u{80}");
+        assert_eq!(
+            Printable::new("\u{7f}\u{80}").ascii().to_string(),
+            "\\x7f\\u{80}"
+        );
+        assert_eq!(Printable::new("~\u{a0}").ascii().to_string(), "~\\u{a0}");
+    }
+
     #[test]
     fn control_characters_are_escaped_and_long_text_is_cut() {
         let forged = "refused\n2026-12-01T00:00:00Z INFO agent connected\x1b[2J\\";

@@ -549,3 +549,65 @@ fn encode_transmit_fills_a_message_up_to_its_size_and_no_further() {
     assert_eq!(server.encode_transmit(&mut dst, max), 1, "the rest");
     assert!(!server.has_transmit());
 }
+
+/// The server counts the dials still waiting for their answer (the router's pending bound).
+#[test]
+fn dialing_counts_the_dials_not_yet_answered() {
+    let mut server = session(Role::Server, 1000);
+    assert_eq!(server.dialing(), 0);
+    let first = server.open("target", 1, 1000, 0).unwrap();
+    server.open("target", 2, 1000, 0).unwrap();
+    assert_eq!(server.dialing(), 2);
+    server
+        .handle_frame(Frame::DialOk {
+            stream: first,
+            window: 10,
+        })
+        .unwrap();
+    assert_eq!(server.dialing(), 1);
+}
+
+/// A server whose transmit queue holds at most `max_queued` DATA bytes, with open streams
+/// of `credit` each.
+fn queue_bound(max_queued: usize, credits: &[u32]) -> (Session, Vec<StreamId>) {
+    let mut server = Session::new(SessionConfig {
+        initial_window: 1000,
+        max_queued,
+        ..SessionConfig::new(Role::Server)
+    });
+    let ids = credits.iter().map(|&c| open_one(&mut server, c)).collect();
+    (server, ids)
+}
+
+/// The transmit queue bounds what streams may send: a stream with credit that finds the
+/// queue full waits, and is woken (only it) once DATA leaves the queue; the room is what
+/// left it.
+#[test]
+fn a_full_transmit_queue_holds_senders_until_data_leaves_it() {
+    let (mut server, ids) = queue_bound(100, &[1000, 1000, 0]);
+    let (a, b, none) = (ids[0], ids[1], ids[2]);
+    assert_eq!(server.send_credit(a), Ok(100));
+    assert_eq!(server.send(a, Bytes::from(vec![b'a'; 60])), Ok(60));
+    // Room left, and credit: nothing to wait for.
+    assert_eq!(server.send_credit(b), Ok(40));
+    assert_eq!(server.send(b, Bytes::from(vec![b'b'; 40])), Ok(40));
+    // Full: b waits for room; a stream without credit waits for a WINDOW, not for room.
+    assert_eq!(server.send_credit(b), Ok(0));
+    assert_eq!(server.send_credit(none), Ok(0));
+    assert!(events(&mut server).is_empty());
+    assert!(matches!(server.poll_transmit(), Some(Frame::Data { stream, .. }) if stream == a));
+    assert_eq!(events(&mut server), [Event::Writable { stream: b }]);
+    assert_eq!(server.send_credit(b), Ok(60));
+}
+
+/// A reset stream's queued DATA leaves the queue with it, and frees its room at once.
+#[test]
+fn a_reset_frees_the_room_its_queued_data_took() {
+    let (mut server, ids) = queue_bound(100, &[1000, 1000]);
+    let (a, b) = (ids[0], ids[1]);
+    assert_eq!(server.send(a, Bytes::from(vec![b'a'; 100])), Ok(100));
+    assert_eq!(server.send_credit(b), Ok(0));
+    server.reset(a, ErrorCode::Cancelled, "gone");
+    assert!(events(&mut server).contains(&Event::Writable { stream: b }));
+    assert_eq!(server.send_credit(b), Ok(100));
+}
