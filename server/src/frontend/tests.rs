@@ -145,6 +145,8 @@ fn context_with_dial_timeout(registry: Registry, dial_timeout: Duration) -> Arc<
         keepalive: Keepalive::default(),
         tunnels: TaskTracker::new(),
         target_bytes_hold: Duration::ZERO,
+        frontend_keepalive: None,
+        log_tunnels: true,
     })
 }
 
@@ -549,10 +551,12 @@ async fn allowed_clients_narrow_the_tls_frontend_to_named_certificates() {
         let other = pki.issue_client("curl-on-a-laptop").unwrap();
         std::fs::write(dir.path().join("other.crt"), &other.cert_pem).unwrap();
         std::fs::write(dir.path().join("other.key"), &other.key_pem).unwrap();
-        let tls = crate::tls_config::server_config(
+        let tls = crate::tls_config::ReloadingConfig::load(
+            "frontend",
             &dir.path().join("server.crt"),
             &dir.path().join("server.key"),
             Some(&dir.path().join("frontend-ca.crt")),
+            &crate::tls_config::TlsPolicy::default(),
         )
         .unwrap();
         let ctx = context(Registry::new(vec![Strategy::Default], 100));
