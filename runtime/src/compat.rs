@@ -342,6 +342,20 @@ mod tests {
     }
 
     #[test]
+    fn a_size_bound_without_a_file_is_named_only_when_a_file_was_asked_for() {
+        let (_, notes) = parse(&["--logtostderr=false", "--log-file-max-size=5"]);
+        assert!(
+            notes
+                .0
+                .iter()
+                .any(|n| n.contains("--log-file-max-size is ignored")),
+            "{notes:?}"
+        );
+        let (_, notes) = parse(&["--log-file-max-size=5"]);
+        assert!(notes.0.is_empty(), "{notes:?}");
+    }
+
+    #[test]
     fn ignored_flags_are_named() {
         let (_, notes) = parse(&[
             "--skip-headers",

@@ -262,6 +262,55 @@ fn colored(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
 mod tests {
     use super::*;
 
+    /// A destination whose every write fails, as a closed pipe.
+    struct Closed;
+
+    impl Write for Closed {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+    }
+
+    #[test]
+    fn failed_writes_drop_the_line_count_it_and_report_success() {
+        let before = dropped_lines();
+        let mut closed = DroppingWriter(Closed);
+        assert_eq!(closed.write(b"a line\n").unwrap(), 7);
+        assert!(closed.flush().is_ok());
+        assert_eq!(dropped_lines(), before + 1);
+        let mut kept = DroppingWriter(Vec::new());
+        assert_eq!(kept.write(b"kept\n").unwrap(), 5);
+        assert_eq!(kept.0, b"kept\n");
+        assert_eq!(dropped_lines(), before + 1);
+        // The count is on the metrics page.
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(DroppedCollector));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(&format!("log_lines_dropped_total {}", dropped_lines())),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_empty_log_file_starts_again_past_its_bound_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.log");
+        let file = SizedFile::open(&LogFile {
+            path: path.clone(),
+            max_bytes: 10,
+        })
+        .unwrap();
+        (&file).write_all(b"first\n").unwrap();
+        (&file).write_all(b"again\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "again\n");
+    }
+
     #[test]
     fn a_log_file_starts_again_past_its_bound() {
         let dir = tempfile::tempdir().unwrap();

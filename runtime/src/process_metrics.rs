@@ -160,6 +160,17 @@ mod tests {
         registry.register_collector(Box::new(ProcessCollector));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        // This process started moments ago: boot time plus its start after boot is now.
+        let start: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("process_start_time_seconds "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        assert!((now - start).abs() < 600.0, "start {start}, now {now}");
         for series in [
             "# TYPE process_cpu_seconds counter",
             "process_cpu_seconds_total ",
