@@ -369,3 +369,74 @@ impl Default for Metrics {
         Metrics::new()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::router::Strategy;
+    use bridgehead_kubeapi::leases::LeaseEvent;
+
+    fn page(metrics: &Metrics) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, metrics.registry()).unwrap();
+        text
+    }
+
+    #[test]
+    fn konnectivity_series_mean_what_anps_do() {
+        let metrics = Metrics::new();
+        for result in [
+            DialResult::Ok,
+            DialResult::BadRequest,
+            DialResult::Overloaded,
+            DialResult::NoAgent,
+            DialResult::Refused,
+            DialResult::Unreachable,
+            DialResult::NameNotResolved,
+            DialResult::NotPermitted,
+            DialResult::Other,
+            DialResult::TimedOut,
+            DialResult::AgentLost,
+        ] {
+            metrics.dial(result);
+        }
+        metrics.anp_dial_failure("frontend_close");
+        metrics.dialed(0.002);
+        metrics.tunnel_ended(3.0);
+        metrics.lease(LeaseEvent::Renewed);
+        metrics.lease(LeaseEvent::RenewFailed);
+        metrics.lease(LeaseEvent::Removed);
+        metrics.set_ready_backends(&[(Strategy::DestHost, 2), (Strategy::Default, 5)]);
+        let open = metrics.http_connection();
+        let second = metrics.http_connection();
+        drop(second);
+        let text = page(&metrics);
+        let anp = "konnectivity_network_proxy_server_";
+        for line in [
+            // Malformed and overloaded requests never reached a dial: not dial failures.
+            format!("{anp}dial_failure_count{{reason=\"no_agent\"}} 1\n"),
+            format!("{anp}dial_failure_count{{reason=\"error_response\"}} 5\n"),
+            format!("{anp}dial_failure_count{{reason=\"backend_dial_timeout\"}} 1\n"),
+            format!("{anp}dial_failure_count{{reason=\"backend_close\"}} 1\n"),
+            format!("{anp}dial_failure_count{{reason=\"frontend_close\"}} 1\n"),
+            format!("{anp}dial_duration_seconds_count 1\n"),
+            format!("{anp}dial_duration_seconds_bucket{{le=\"0.005\"}} 1\n"),
+            format!("{anp}dial_duration_seconds_bucket{{le=\"0.0001\"}} 0\n"),
+            format!("{anp}connection_duration_seconds_bucket{{le=\"5.0\"}} 1\n"),
+            format!("{anp}connection_duration_seconds_bucket{{le=\"1.0\"}} 0\n"),
+            format!("{anp}http_connections 1\n"),
+            format!("{anp}culled_leases_count 1\n"),
+            format!("{anp}ready_backends{{proxy_strategy=\"destHost\"}} 2\n"),
+            format!("{anp}ready_backends{{proxy_strategy=\"default\"}} 5\n"),
+            "bridgehead_server_dial_duration_seconds_count 1\n".to_owned(),
+            "bridgehead_server_leases_removed_total 1\n".to_owned(),
+            "bridgehead_server_lease_renewals_total{result=\"ok\"} 1\n".to_owned(),
+            "bridgehead_server_lease_renewals_total{result=\"error\"} 1\n".to_owned(),
+        ] {
+            assert!(text.contains(&line), "{line}{text}");
+        }
+        assert_eq!(text.matches("dial_failure_count{").count(), 5, "{text}");
+        drop(open);
+        assert!(page(&metrics).contains(&format!("{anp}http_connections 0\n")));
+    }
+}

@@ -369,6 +369,48 @@ mod tests {
     }
 
     #[test]
+    fn changed_files_reload_broken_ones_keep_the_last_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut pki = bridgehead_certs::Pki::generate(&[]).unwrap();
+        pki.write_dir(dir.path(), true).unwrap();
+        let (cert, key) = (dir.path().join("server.crt"), dir.path().join("server.key"));
+        let ca = dir.path().join("frontend-ca.crt");
+        let reloading =
+            ReloadingConfig::load("frontend", &cert, &key, Some(&ca), &TlsPolicy::default())
+                .unwrap();
+        let first = reloading.current();
+        // Nothing changed: nothing reloaded.
+        assert!(!reloading.check());
+        assert!(Arc::ptr_eq(&first, &reloading.current()));
+        // New files, written in place of the old (a rename, as a volume swaps them).
+        pki.renew_leaves(&[]).unwrap();
+        let staged = tempfile::tempdir().unwrap();
+        pki.write_dir(staged.path(), true).unwrap();
+        std::fs::rename(staged.path().join("server.crt"), &cert).unwrap();
+        std::fs::rename(staged.path().join("server.key"), &key).unwrap();
+        assert!(reloading.check());
+        assert_eq!(reloading.reloads(), 1);
+        let second = reloading.current();
+        assert!(!Arc::ptr_eq(&first, &second));
+        // A broken certificate: not taken, and not retried until the files change again.
+        std::fs::write(&cert, "not a certificate").unwrap();
+        assert!(!reloading.check());
+        assert!(!reloading.check());
+        assert_eq!(reloading.reloads(), 1);
+        assert!(Arc::ptr_eq(&second, &reloading.current()));
+        // Fixed: taken.
+        std::fs::write(&cert, &pki.server.cert_pem).unwrap();
+        assert!(reloading.check());
+        assert_eq!(reloading.reloads(), 2);
+        // A file that cannot load at start is an error.
+        std::fs::write(&key, "not a key").unwrap();
+        assert!(
+            ReloadingConfig::load("frontend", &cert, &key, Some(&ca), &TlsPolicy::default())
+                .is_err()
+        );
+    }
+
+    #[test]
     fn go_names_choose_the_tls12_suites() {
         assert_eq!(policy(&[], None).0.unwrap(), TlsPolicy::default());
         let (chosen, notes) = policy(
