@@ -473,5 +473,12 @@ mod tests {
         );
         let (_, versions) = policy(&[], Some("VersionTLS13")).0.unwrap().apply();
         assert_eq!(versions, [&rustls::version::TLS13]);
+        // TLS 1.3 asked for with TLS 1.2 suites named: no line about falling back to 1.3.
+        let (chosen, notes) = policy(
+            &["TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"],
+            Some("VersionTLS13"),
+        );
+        assert!(chosen.unwrap().tls13_only);
+        assert!(notes.is_empty(), "{notes:?}");
     }
 }
