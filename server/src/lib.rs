@@ -33,6 +33,8 @@ pub mod metrics;
 pub mod refusal;
 pub mod registry;
 pub mod router;
+#[cfg(test)]
+mod test_util;
 pub mod tls_config;
 
 use std::io::Write;

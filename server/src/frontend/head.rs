@@ -68,15 +68,7 @@ pub(super) fn refusal(refusal: &Refusal) -> Vec<u8> {
 mod tests {
     use super::*;
 
-    /// Every async test fails after this long instead of hanging the suite.
-    const TEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-
-    /// Runs a test body under [`TEST_TIMEOUT`].
-    async fn bounded<F: std::future::Future>(body: F) -> F::Output {
-        tokio::time::timeout(TEST_TIMEOUT, body)
-            .await
-            .expect("test timed out")
-    }
+    use crate::test_util::bounded;
 
     async fn head_of(input: &[u8]) -> Head {
         let mut socket = input;

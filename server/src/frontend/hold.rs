@@ -118,15 +118,7 @@ mod tests {
 
     use super::*;
 
-    /// Every async test fails after this long instead of hanging the suite.
-    const TEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-
-    /// Runs a test body under [`TEST_TIMEOUT`].
-    async fn bounded<F: std::future::Future>(body: F) -> F::Output {
-        tokio::time::timeout(TEST_TIMEOUT, body)
-            .await
-            .expect("test timed out")
-    }
+    use crate::test_util::bounded;
 
     /// Polls one write of `held`; whether it went through.
     async fn try_write(held: &mut Held<'_, tokio::io::DuplexStream>) -> bool {

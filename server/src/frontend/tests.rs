@@ -36,15 +36,7 @@ use crate::metrics::Metrics;
 use crate::registry::{Registration, Registry};
 use crate::router::Strategy;
 
-/// Every async test fails after this long instead of hanging the suite.
-const TEST_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Runs a test body under [`TEST_TIMEOUT`].
-async fn bounded<F: std::future::Future>(body: F) -> F::Output {
-    tokio::time::timeout(TEST_TIMEOUT, body)
-        .await
-        .expect("test timed out")
-}
+use crate::test_util::{bounded, TEST_TIMEOUT};
 
 const HEAD: &[u8] = b"CONNECT 10.0.0.5:10250 HTTP/1.1\r\nHost: 10.0.0.5:10250\r\n\r\n";
 

@@ -13,15 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::*;
 
-/// Every async test fails after this long instead of hanging the suite.
-const TEST_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Runs a test body under [`TEST_TIMEOUT`].
-async fn bounded<F: std::future::Future>(body: F) -> F::Output {
-    tokio::time::timeout(TEST_TIMEOUT, body)
-        .await
-        .expect("test timed out")
-}
+use crate::test_util::bounded;
 
 /// One agent's session: the server's end (what the registry holds) and the agent's, which
 /// accepts every dial and keeps the streams until the session ends.
