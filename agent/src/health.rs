@@ -81,6 +81,9 @@ pub(crate) struct Metrics {
     dials: Family<Label, Counter>,
     dial_duration: Histogram,
     bytes: Family<Label, Counter>,
+    /// `bytes{direction}`'s two counters, taken once: they are counted per spliced chunk.
+    bytes_from_target: Counter,
+    bytes_to_target: Counter,
     reconnects: Counter,
     anp_dial_duration: Histogram,
     anp_dial_failures: Family<Label, Counter>,
@@ -93,7 +96,7 @@ const ANP_LATENCY_BUCKETS: [f64; 9] =
 
 impl Health {
     pub(crate) fn new(server: &str) -> Health {
-        let metrics = Metrics {
+        let mut metrics = Metrics {
             connected: Gauge::default(),
             server_sessions: Family::default(),
             open_server_connections: Gauge::default(),
@@ -103,6 +106,8 @@ impl Health {
             // 1 ms .. ~16 s.
             dial_duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             bytes: Family::default(),
+            bytes_from_target: Counter::default(),
+            bytes_to_target: Counter::default(),
             reconnects: Counter::default(),
             anp_dial_duration: Histogram::new(ANP_LATENCY_BUCKETS),
             anp_dial_failures: Family::default(),
@@ -111,9 +116,14 @@ impl Health {
         for result in DIAL_RESULTS {
             let _ = metrics.dials.get_or_create(&[("result", result)]);
         }
-        for direction in ["to_target", "from_target"] {
-            let _ = metrics.bytes.get_or_create(&[("direction", direction)]);
-        }
+        metrics.bytes_from_target = metrics
+            .bytes
+            .get_or_create(&[("direction", "from_target")])
+            .clone();
+        metrics.bytes_to_target = metrics
+            .bytes
+            .get_or_create(&[("direction", "to_target")])
+            .clone();
         for state in ["active", "draining"] {
             let _ = metrics.server_sessions.get_or_create(&[("state", state)]);
         }
@@ -427,14 +437,10 @@ impl Metrics {
 impl Meter for Metrics {
     fn moved(&self, up: u64, down: u64) {
         if up > 0 {
-            self.bytes
-                .get_or_create(&[("direction", "from_target")])
-                .inc_by(up);
+            self.bytes_from_target.inc_by(up);
         }
         if down > 0 {
-            self.bytes
-                .get_or_create(&[("direction", "to_target")])
-                .inc_by(down);
+            self.bytes_to_target.inc_by(down);
         }
     }
 }

@@ -106,7 +106,9 @@ pub struct Metrics {
     pub dials_pending: Gauge,
     dials: Family<ResultLabel, Counter>,
     pub dial_duration: Histogram,
-    bytes: Family<DirectionLabel, Counter>,
+    /// `bytes{direction}`'s two counters, taken once: they are counted per spliced chunk.
+    bytes_to_target: Counter,
+    bytes_from_target: Counter,
     token_reviews: Family<ResultLabel, Counter>,
     handshakes_refused: Family<ListenerLabel, Counter>,
     lease_renewals: Family<ResultLabel, Counter>,
@@ -185,6 +187,17 @@ impl Metrics {
             dial_duration.clone(),
         );
         registry.register("bytes", "Bytes carried by tunnels", bytes.clone());
+        let direction = |d: Direction| {
+            bytes
+                .get_or_create(&DirectionLabel {
+                    direction: d.as_str(),
+                })
+                .clone()
+        };
+        let (bytes_to_target, bytes_from_target) = (
+            direction(Direction::ToTarget),
+            direction(Direction::FromTarget),
+        );
         registry.register(
             "token_reviews",
             "Agent token checks by result: authenticated, rejected (by kube-apiserver), error (no answer), cached",
@@ -257,7 +270,8 @@ impl Metrics {
             dials_pending,
             dials,
             dial_duration,
-            bytes,
+            bytes_to_target,
+            bytes_from_target,
             token_reviews,
             handshakes_refused,
             lease_renewals,
@@ -346,11 +360,10 @@ impl Metrics {
     }
 
     pub fn bytes(&self, direction: Direction, n: u64) {
-        self.bytes
-            .get_or_create(&DirectionLabel {
-                direction: direction.as_str(),
-            })
-            .inc_by(n);
+        match direction {
+            Direction::ToTarget => self.bytes_to_target.inc_by(n),
+            Direction::FromTarget => self.bytes_from_target.inc_by(n),
+        };
     }
 }
 
