@@ -13,6 +13,7 @@ use bridgehead_proto::ident::AgentIdentifiers;
 use bridgehead_runtime::compat::{AnpIgnoredArgs, KlogArgs, LogSettings, Notes};
 use bridgehead_runtime::duration;
 use bridgehead_runtime::logging::LogFormat;
+use bridgehead_runtime::memory::MemoryArgs;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 use rustls_pki_types::ServerName;
@@ -239,6 +240,9 @@ pub struct Cli {
     pub probe_interval: Option<Duration>,
 
     #[command(flatten)]
+    pub memory: MemoryArgs,
+
+    #[command(flatten)]
     pub klog: KlogArgs,
 
     #[command(flatten)]
@@ -341,6 +345,8 @@ pub struct Config {
     pub lease_counting: Option<LeaseCounting>,
     /// `--alpn-proto`.
     pub alpn: Vec<String>,
+    /// `--tunnel-memory-budget`, `--tunnel-socket-buffer`.
+    pub memory: MemoryArgs,
     /// klog's flags.
     pub log: LogSettings,
     /// Startup lines about flags accepted but ignored or mapped.
@@ -369,6 +375,7 @@ impl Config {
             own_ports,
             own_addresses,
         )
+        .with_socket_buffer(self.memory.socket_buffer())
     }
 
     /// `host:port` of the server, with brackets around an IPv6 literal: for URLs and logs.
@@ -498,6 +505,7 @@ impl Cli {
             sync_forever: self.sync_forever.unwrap_or(false),
             drain_grace_period: self.drain_grace_period,
             log_format: self.log_format,
+            memory: self.memory,
             worker_threads: self.worker_threads,
             allowed_destinations: parse_rules(&self.allowed_destinations)
                 .context("--allowed-destinations")?,

@@ -74,10 +74,25 @@ pub async fn dial(
     deadline: Duration,
     policy: &Policy,
 ) -> Result<TcpStream, DialError> {
-    let socket = dial_with(host, port, deadline, policy, TcpStream::connect).await?;
+    let buffer = policy.socket_buffer();
+    let socket = dial_with(host, port, deadline, policy, |addr| connect(addr, buffer)).await?;
     // Interactive protocols (kubectl exec) must not wait for Nagle.
     let _ = socket.set_nodelay(true);
     Ok(socket)
+}
+
+/// Connects to `addr`, the socket's kernel buffers set first (so the window announced in the
+/// handshake is bounded too) when `buffer` says so.
+async fn connect(addr: SocketAddr, buffer: Option<usize>) -> io::Result<TcpStream> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    if let Some(size) = buffer {
+        bridgehead_runtime::memory::set_socket_buffers(&socket, size)?;
+    }
+    socket.connect(addr).await
 }
 
 /// [`dial`] with the connect step supplied: tests pass one that never finishes.

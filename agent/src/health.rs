@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bridgehead_mux::splice::Meter;
+use bridgehead_proto::budget::Budget;
 use bridgehead_proto::ErrorCode;
 use bridgehead_runtime::health::{metrics_reply, Reply};
 use bridgehead_runtime::legacy_counter::LegacyCounter;
@@ -68,6 +69,8 @@ struct Inner {
     status: Mutex<Status>,
     registry: Registry,
     metrics: Metrics,
+    /// `--tunnel-memory-budget`, shared by every session.
+    budget: Budget,
 }
 
 /// The agent's metrics. Clones share the values.
@@ -95,7 +98,8 @@ const ANP_LATENCY_BUCKETS: [f64; 9] =
     [0.000001, 0.00001, 0.0001, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
 
 impl Health {
-    pub(crate) fn new(server: &str) -> Health {
+    /// The health state of an agent of `server`, its metrics showing `budget`.
+    pub(crate) fn new(server: &str, budget: Budget) -> Health {
         let mut metrics = Metrics {
             connected: Gauge::default(),
             server_sessions: Family::default(),
@@ -134,6 +138,10 @@ impl Health {
         ));
         let registry = root.sub_registry_with_prefix("bridgehead_agent");
         registry.register_collector(Box::new(bridgehead_runtime::logging::DroppedCollector));
+        let shown = budget.clone();
+        registry.register_collector(Box::new(bridgehead_runtime::memory::BudgetCollector(
+            move || (shown.buffered(), shown.limit(), shown.refused()),
+        )));
         registry.register(
             "connected",
             "1 while at least one session with a server is up and not draining",
@@ -217,12 +225,18 @@ impl Health {
                 }),
                 registry: root,
                 metrics,
+                budget,
             }),
         }
     }
 
     pub(crate) fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// The process's budget of buffered tunnel data.
+    pub(crate) fn budget(&self) -> &Budget {
+        &self.inner.budget
     }
 
     /// Session `key` with `server_id` at `peer` is up.

@@ -91,7 +91,10 @@ pub async fn run(
         "starting"
     );
 
-    let health = Health::new(&config.server_authority());
+    let health = Health::new(
+        &config.server_authority(),
+        bridgehead_proto::budget::Budget::new(config.memory.tunnel_memory_budget),
+    );
     let health_stop = CancellationToken::new();
     let health_tasks = TaskTracker::new();
     let routes = {

@@ -125,6 +125,8 @@ pub struct Policy {
     own_ports: Vec<u16>,
     /// Addresses that are this host (besides loopback and unspecified): what it announces.
     own_addresses: Vec<IpAddr>,
+    /// `--tunnel-socket-buffer`: the kernel buffers every permitted connection is made with.
+    socket_buffer: Option<usize>,
 }
 
 impl Policy {
@@ -139,7 +141,22 @@ impl Policy {
             denied,
             own_ports,
             own_addresses: own_addresses.into_iter().map(canonical).collect(),
+            socket_buffer: None,
         }
+    }
+
+    /// The policy, its connections made with `size` bytes of kernel buffers each way
+    /// (`None`: the kernel's autotuning).
+    pub fn with_socket_buffer(self, size: Option<usize>) -> Policy {
+        Policy {
+            socket_buffer: size,
+            ..self
+        }
+    }
+
+    /// The kernel buffer size of the connections this policy permits.
+    pub fn socket_buffer(&self) -> Option<usize> {
+        self.socket_buffer
     }
 
     /// Whether the agent may connect to `addr`.

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use bridgehead_mux::splice::{self, AbortOnClose, Moved};
 use bridgehead_mux::{DialRequest, Mux, MuxStream, SessionEnd};
 use bridgehead_proto::host::HostPort;
+use bridgehead_proto::session::{Role, SessionConfig};
 use bytes::Bytes;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -35,7 +36,10 @@ pub(crate) async fn run(
     shutdown: &CancellationToken,
     on_server_drain: impl FnOnce(),
 ) -> SessionEnd {
-    let mux = Mux::agent();
+    let mux = Mux::new(SessionConfig {
+        budget: health.budget().clone(),
+        ..SessionConfig::new(Role::Agent)
+    });
     let tracker = TaskTracker::new();
     // Stops the driver; cancelled only at the end of a drain, never straight from `shutdown`.
     let stop = CancellationToken::new();

@@ -32,6 +32,9 @@ pub enum ErrorCode {
     Shutdown,
     /// An internal error in the sender.
     Internal,
+    /// The sender's memory budget for buffered tunnel data is spent: it takes no new streams
+    /// until some of it drains.
+    Overloaded,
     /// A code this implementation does not know.
     Unknown(u8),
 }
@@ -54,6 +57,7 @@ impl ErrorCode {
             ErrorCode::ConnectionReset => 11,
             ErrorCode::Shutdown => 12,
             ErrorCode::Internal => 13,
+            ErrorCode::Overloaded => 14,
             ErrorCode::Unknown(code) => code,
         }
     }
@@ -75,6 +79,7 @@ impl ErrorCode {
             11 => ErrorCode::ConnectionReset,
             12 => ErrorCode::Shutdown,
             13 => ErrorCode::Internal,
+            14 => ErrorCode::Overloaded,
             other => ErrorCode::Unknown(other),
         }
     }
@@ -96,6 +101,7 @@ impl ErrorCode {
             ErrorCode::ConnectionReset => "connection_reset",
             ErrorCode::Shutdown => "shutdown",
             ErrorCode::Internal => "internal",
+            ErrorCode::Overloaded => "overloaded",
             ErrorCode::Unknown(_) => "unknown",
         }
     }

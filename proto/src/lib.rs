@@ -1,5 +1,6 @@
 //! The Bridgehead wire protocol, with no I/O: no tokio, no sockets, no clock.
 //!
+//! - [`budget`]: the memory budget for buffered tunnel data and the window policy under it.
 //! - [`frame`]: the frames carried in WebSocket binary messages, their encoding and decoding.
 //! - [`ErrorCode`]: why a dial failed or a stream was reset.
 //! - [`host`]: host names and `host:port` (one DNS-name check, IPv6 brackets).
@@ -13,6 +14,7 @@
 //! The byte-level specification is `docs/protocol.md`. Time is passed in by the caller as
 //! milliseconds on any monotonic clock.
 
+pub mod budget;
 pub mod error_code;
 pub mod frame;
 pub mod host;

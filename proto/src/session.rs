@@ -20,12 +20,16 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use bytes::{Bytes, BytesMut};
 
+use crate::budget::Budget;
 use crate::frame::{Frame, StreamId, HEADER_LEN, MAX_DATA_PAYLOAD};
 use crate::ErrorCode;
 use stream::{Phase, Stream};
 
-/// Default receive window per stream and direction.
-pub const DEFAULT_WINDOW: u32 = 256 * 1024;
+/// Default receive window a stream starts with, per direction (before the budget's pressure
+/// shrinks it; see [`crate::budget`]).
+pub const DEFAULT_INITIAL_WINDOW: u32 = 64 * 1024;
+/// Default largest receive window a reading stream earns.
+pub const DEFAULT_MAX_WINDOW: u32 = 256 * 1024;
 /// Largest credit a peer may hold out on one stream at any time (16 MiB): a DIAL or DIAL_OK
 /// window, or a WINDOW that would take the credit above it, resets the stream
 /// (`flow_control`). A peer granting more would only make this end read its client faster
@@ -51,8 +55,14 @@ pub enum Role {
 pub struct SessionConfig {
     /// This end's role.
     pub role: Role,
-    /// Receive window announced for every stream (bytes the peer may send before a grant).
+    /// Receive window a stream starts with while the budget is not pressed (bytes the peer
+    /// may send before a grant).
     pub initial_window: u32,
+    /// Largest receive window a stream earns by reading; equal to `initial_window` for fixed
+    /// windows.
+    pub max_window: u32,
+    /// The process's budget of buffered bytes, shared by its sessions.
+    pub budget: Budget,
     /// Most streams open at once; beyond it the agent answers `too_many_streams` and the
     /// server refuses to open.
     pub max_streams: usize,
@@ -65,7 +75,9 @@ impl SessionConfig {
     pub fn new(role: Role) -> SessionConfig {
         SessionConfig {
             role,
-            initial_window: DEFAULT_WINDOW,
+            initial_window: DEFAULT_INITIAL_WINDOW,
+            max_window: DEFAULT_MAX_WINDOW,
+            budget: Budget::unlimited(),
             max_streams: DEFAULT_MAX_STREAMS,
             max_queued: DEFAULT_MAX_QUEUED,
         }
@@ -139,6 +151,8 @@ pub struct Session {
     data: VecDeque<Frame>,
     /// DATA payload bytes in `data`.
     queued: usize,
+    /// DATA bytes received and not read yet, all streams together (held in the budget).
+    buffered: u64,
     /// Streams that had credit but found the queue full: woken (Writable) when it drains.
     queue_waiters: BTreeSet<StreamId>,
     events: VecDeque<Event>,
@@ -157,6 +171,7 @@ impl Session {
             control: VecDeque::new(),
             data: VecDeque::new(),
             queued: 0,
+            buffered: 0,
             queue_waiters: BTreeSet::new(),
             events: VecDeque::new(),
             draining: false,
@@ -205,15 +220,17 @@ impl Session {
         let id = self.last_id.checked_add(1).ok_or(OpenError::IdsExhausted)?;
         self.last_id = id;
         let deadline = now_ms.saturating_add(u64::from(timeout_ms));
-        self.streams.insert(
-            id,
-            Stream::new(Phase::Dialing { deadline }, self.config.initial_window),
-        );
+        let window = self
+            .config
+            .budget
+            .initial_window(self.config.initial_window);
+        self.streams
+            .insert(id, Stream::new(Phase::Dialing { deadline }, window));
         self.deadlines.insert((deadline, id));
         self.control.push_back(Frame::Dial {
             stream: id,
             timeout_ms,
-            window: self.config.initial_window,
+            window,
             port,
             host: host.to_owned(),
         });
@@ -223,7 +240,6 @@ impl Session {
     /// Agent: the dial for `stream` succeeded. Fails with [`StreamError::Gone`] when the server
     /// reset the stream meanwhile: close the new connection.
     pub fn dial_succeeded(&mut self, stream: StreamId) -> Result<(), StreamError> {
-        let window = self.config.initial_window;
         let state = self
             .streams
             .get_mut(&stream)
@@ -232,6 +248,7 @@ impl Session {
             return Err(StreamError::Gone(stream));
         }
         state.phase = Phase::Open;
+        let window = state.window;
         self.control.push_back(Frame::DialOk { stream, window });
         Ok(())
     }
@@ -303,7 +320,10 @@ impl Session {
         if state.aborted {
             // What arrived before the session ended is still delivered, then the stream goes.
             return match state.recv_buf.pop_front() {
-                Some(chunk) => ReadOutcome::Data(chunk),
+                Some(chunk) => {
+                    self.unbuffer(chunk.len());
+                    ReadOutcome::Data(chunk)
+                }
                 // EOF stays readable (a peek must not consume it); the stream goes when its
                 // owner resets it, as every dropped stream handle does.
                 None if state.recv_closed => ReadOutcome::Eof,
@@ -316,9 +336,16 @@ impl Session {
         let outcome = match state.recv_buf.pop_front() {
             Some(chunk) => {
                 state.consumed(chunk.len());
-                if let Some(increment) = state.grant_due(self.config.initial_window) {
+                let config = &self.config;
+                let target = config.budget.window(
+                    config.initial_window,
+                    config.max_window,
+                    state.read_total,
+                );
+                if let Some(increment) = state.grant_due(target) {
                     self.control.push_back(Frame::Window { stream, increment });
                 }
+                self.unbuffer(chunk.len());
                 ReadOutcome::Data(chunk)
             }
             None if state.recv_closed => ReadOutcome::Eof,
@@ -488,8 +515,21 @@ impl Session {
         });
     }
 
+    /// `len` received bytes left the buffers (read, or discarded with their stream).
+    fn unbuffer(&mut self, len: usize) {
+        self.buffered -= len as u64;
+        self.config.budget.release(len as u64);
+    }
+
+    /// DATA received for `stream`: it waits in the stream's buffer, held in the budget.
+    fn buffer(&mut self, len: usize) {
+        self.buffered += len as u64;
+        self.config.budget.hold(len as u64);
+    }
+
     fn remove(&mut self, stream: StreamId) -> Option<Stream> {
         let state = self.streams.remove(&stream)?;
+        self.unbuffer(state.recv_buf.len());
         if let Phase::Dialing { deadline } = state.phase {
             self.deadlines.remove(&(deadline, stream));
         }
@@ -509,11 +549,23 @@ impl Session {
         Some(state)
     }
 
+    /// DATA bytes received and not read yet, all streams together.
+    pub fn buffered(&self) -> u64 {
+        self.buffered
+    }
+
     /// Frees `stream` once both directions ended and every received byte was read.
     fn maybe_close(&mut self, stream: StreamId) {
         if self.streams.get(&stream).is_some_and(Stream::finished) {
             self.streams.remove(&stream);
             self.events.push_back(Event::Closed { stream });
         }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // Data nobody will read any more leaves the process's budget with the session.
+        self.config.budget.release(self.buffered);
     }
 }

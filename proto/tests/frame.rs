@@ -133,7 +133,7 @@ fn error_codes_round_trip() {
         assert_eq!(decoded.to_u8(), code);
         assert_eq!(
             matches!(decoded, ErrorCode::Unknown(_)),
-            code > 13,
+            code > 14,
             "code {code}"
         );
     }

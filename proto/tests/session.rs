@@ -97,6 +97,7 @@ impl World {
     fn new(window: u32) -> World {
         let config = |role| SessionConfig {
             initial_window: window,
+            max_window: window,
             max_streams: 16,
             ..SessionConfig::new(role)
         };
@@ -393,7 +394,8 @@ proptest! {
         frames in proptest::collection::vec(arbitrary_frame(), 0..64),
     ) {
         let role = if agent { Role::Agent } else { Role::Server };
-        let mut session = Session::new(SessionConfig { initial_window: 1000, ..SessionConfig::new(role) });
+        let mut session = Session::new(SessionConfig { initial_window: 1000,
+        max_window: 1000, ..SessionConfig::new(role) });
         if role == Role::Server {
             for _ in 0..4 {
                 let _ = session.open("x", 1, 100, 0);
@@ -453,6 +455,7 @@ fn arbitrary_frame() -> impl Strategy<Value = Frame> {
 fn flow_control_violation_resets_only_that_stream() {
     let mut server = Session::new(SessionConfig {
         initial_window: 100,
+        max_window: 100,
         ..SessionConfig::new(Role::Server)
     });
     let a = server.open("a", 1, 1000, 0).unwrap();
@@ -625,6 +628,7 @@ fn an_unread_stream_buffers_at_most_its_window_and_only_reading_grants_more() {
     const WINDOW: u32 = 64 * 1024;
     let config = |role| SessionConfig {
         initial_window: WINDOW,
+        max_window: WINDOW,
         ..SessionConfig::new(role)
     };
     let mut server = Session::new(config(Role::Server));
@@ -691,6 +695,8 @@ fn the_transmit_queue_is_bounded_and_credit_is_clamped() {
     const QUEUE: usize = 100_000;
     let config = |role| SessionConfig {
         max_queued: QUEUE,
+        initial_window: 256 * 1024,
+        max_window: 256 * 1024,
         ..SessionConfig::new(role)
     };
     let mut server = Session::new(config(Role::Server));

@@ -4,6 +4,7 @@
 //! much, drain in both directions, what a reset drops and what an abort keeps readable, and how
 //! queued frames are batched into one message.
 
+use bridgehead_proto::budget::{Budget, MIN_WINDOW};
 use bridgehead_proto::frame::{Frame, HEADER_LEN};
 use bridgehead_proto::session::{
     Event, OpenError, ReadOutcome, Role, Session, SessionConfig, StreamError,
@@ -19,6 +20,7 @@ const LIMIT: u32 = 16_777_216;
 fn session(role: Role, window: u32) -> Session {
     Session::new(SessionConfig {
         initial_window: window,
+        max_window: window,
         max_queued: 2 * LIMIT as usize,
         ..SessionConfig::new(role)
     })
@@ -76,18 +78,12 @@ fn is_reset(frame: &Frame, id: StreamId, want: ErrorCode) -> bool {
 }
 
 #[test]
-fn the_default_window_is_256_kib_in_dial_and_dial_ok() {
+fn the_default_window_is_64_kib_in_dial_and_dial_ok() {
     let mut server = Session::new(SessionConfig::new(Role::Server));
     let id = server.open("target", 1, 1000, 0).unwrap();
     let sent = frames(&mut server);
     assert!(
-        matches!(
-            &sent[..],
-            [Frame::Dial {
-                window: 262_144,
-                ..
-            }]
-        ),
+        matches!(&sent[..], [Frame::Dial { window: 65_536, .. }]),
         "{sent:?}"
     );
     let mut agent = Session::new(SessionConfig::new(Role::Agent));
@@ -100,7 +96,7 @@ fn the_default_window_is_256_kib_in_dial_and_dial_ok() {
         answer,
         [Frame::DialOk {
             stream: id,
-            window: 262_144
+            window: 65_536
         }]
     );
 }
@@ -572,6 +568,7 @@ fn dialing_counts_the_dials_not_yet_answered() {
 fn queue_bound(max_queued: usize, credits: &[u32]) -> (Session, Vec<StreamId>) {
     let mut server = Session::new(SessionConfig {
         initial_window: 1000,
+        max_window: 1000,
         max_queued,
         ..SessionConfig::new(Role::Server)
     });
@@ -610,4 +607,172 @@ fn a_reset_frees_the_room_its_queued_data_took() {
     server.reset(a, ErrorCode::Cancelled, "gone");
     assert!(events(&mut server).contains(&Event::Writable { stream: b }));
     assert_eq!(server.send_credit(b), Ok(100));
+}
+
+/// A server session with the default windows, under `budget`.
+fn budgeted(budget: &Budget) -> Session {
+    Session::new(SessionConfig {
+        budget: budget.clone(),
+        max_queued: 2 * LIMIT as usize,
+        ..SessionConfig::new(Role::Server)
+    })
+}
+
+/// Delivers `len` bytes to `id` in frames of at most 16 KiB (as much as its window allows).
+fn deliver(server: &mut Session, id: StreamId, len: usize) {
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(16 * 1024);
+        server.handle_frame(data(id, n)).unwrap();
+        left -= n;
+    }
+}
+
+/// Reads `id` dry; returns the credit granted back.
+fn read_all(server: &mut Session, id: StreamId) -> u64 {
+    while let ReadOutcome::Data(_) = server.read(id) {}
+    frames(server)
+        .iter()
+        .map(|frame| match frame {
+            Frame::Window { stream, increment } if *stream == id => u64::from(*increment),
+            _ => 0,
+        })
+        .sum()
+}
+
+fn dial_window(server: &mut Session) -> (StreamId, u32) {
+    let id = server.open("target", 1, 1000, 0).unwrap();
+    let window = frames(server)
+        .iter()
+        .find_map(|frame| match frame {
+            Frame::Dial { window, .. } => Some(*window),
+            _ => None,
+        })
+        .expect("a DIAL");
+    server
+        .handle_frame(Frame::DialOk {
+            stream: id,
+            window: LIMIT,
+        })
+        .unwrap();
+    events(server);
+    (id, window)
+}
+
+#[test]
+fn a_reading_stream_earns_its_window_up_to_the_maximum() {
+    let budget = Budget::unlimited();
+    let mut server = budgeted(&budget);
+    let (id, window) = dial_window(&mut server);
+    assert_eq!(window, 64 * 1024);
+    // The peer sends 16 KiB frames while it has credit and the reader keeps up: the credit
+    // the peer holds right after each grant is the window, which grows with what was read
+    // (a quarter of it) to 256 KiB and no further.
+    let (mut credit, mut read) = (u64::from(window), 0u64);
+    let mut after_grants = Vec::new();
+    while read < 8 << 20 {
+        let n = credit.min(16 * 1024);
+        assert!(
+            n > 0,
+            "the reader read everything and the peer has no credit"
+        );
+        server.handle_frame(data(id, n as usize)).unwrap();
+        credit -= n;
+        let granted = read_all(&mut server, id);
+        read += n;
+        if granted > 0 {
+            credit += granted;
+            after_grants.push((read, credit));
+        }
+    }
+    assert!(
+        after_grants
+            .iter()
+            .all(|&(read, credit)| credit <= (read / 4).clamp(64 << 10, 256 << 10)),
+        "a window grew before it was earned: {after_grants:?}"
+    );
+    assert_eq!(after_grants.iter().map(|&(_, c)| c).max(), Some(256 << 10));
+    assert_eq!(budget.buffered(), 0);
+}
+
+#[test]
+fn stalled_streams_make_new_streams_start_small_and_the_spent_budget_refuses_dials() {
+    // A budget of 1 MiB shared by two sessions, as a process's sessions share it.
+    let budget = Budget::new(1024 * 1024);
+    let mut one = budgeted(&budget);
+    let mut two = budgeted(&budget);
+    let mut stalled = Vec::new();
+    let mut windows = Vec::new();
+    // Streams that are sent their whole window and never read: each start smaller.
+    while budget.buffered() < budget.limit() {
+        let (id, window) = dial_window(&mut one);
+        deliver(&mut one, id, window as usize);
+        stalled.push(id);
+        windows.push(window);
+    }
+    assert_eq!(windows[0], 64 * 1024);
+    assert_eq!(windows.last(), Some(&MIN_WINDOW), "{windows:?}");
+    assert!(windows.windows(2).all(|w| w[1] <= w[0]), "{windows:?}");
+    assert_eq!(one.buffered(), budget.buffered());
+    // Past the budget an agent refuses a DIAL on any of the process's sessions.
+    let mut agent = Session::new(SessionConfig {
+        budget: budget.clone(),
+        ..SessionConfig::new(Role::Agent)
+    });
+    agent.handle_frame(dial(1, 1000)).unwrap();
+    assert!(
+        matches!(
+            &frames(&mut agent)[..],
+            [Frame::DialErr {
+                stream: 1,
+                code: ErrorCode::Overloaded,
+                ..
+            }]
+        ),
+        "the agent admitted a stream past its budget"
+    );
+    assert!(!budget.admit());
+    assert_eq!(budget.refused(), 2);
+    // A reading stream on the other session still gets at least the floor back.
+    let (id, window) = dial_window(&mut two);
+    assert_eq!(window, MIN_WINDOW);
+    deliver(&mut two, id, window as usize);
+    assert_eq!(read_all(&mut two, id), u64::from(MIN_WINDOW));
+    // Resetting stalled streams, or dropping their session, gives their bytes back.
+    for id in stalled.drain(..stalled.len() / 2) {
+        one.reset(id, ErrorCode::Cancelled, "client left");
+    }
+    assert_eq!(one.buffered(), budget.buffered());
+    assert!(budget.admit());
+    one.abort("the WebSocket closed");
+    assert_eq!(
+        one.buffered(),
+        budget.buffered(),
+        "aborted data stays readable"
+    );
+    drop(one);
+    assert_eq!(budget.buffered(), 0);
+}
+
+#[test]
+fn pressure_caps_what_a_reading_stream_is_granted() {
+    let budget = Budget::new(4 * 1024 * 1024);
+    let mut server = budgeted(&budget);
+    let (fast, _) = dial_window(&mut server);
+    // The fast stream earned the maximum.
+    for _ in 0..32 {
+        deliver(&mut server, fast, 64 * 1024);
+        read_all(&mut server, fast);
+    }
+    // Stalled neighbours fill three quarters of the budget.
+    while budget.buffered() < 3 * budget.limit() / 4 {
+        let (id, window) = dial_window(&mut server);
+        deliver(&mut server, id, window as usize);
+    }
+    deliver(&mut server, fast, 128 * 1024);
+    let granted = read_all(&mut server, fast);
+    assert!(
+        (64 * 1024..256 * 1024).contains(&granted),
+        "granted {granted} at 3/4 pressure"
+    );
 }

@@ -10,10 +10,11 @@
 //! - [`host`]: the host name, for default ids.
 //! - [`legacy_counter`]: counters under konnectivity's names without `_total`.
 //! - [`limits`]: raising the open-files limit, TCP keepalive.
+//! - [`memory`]: `--tunnel-memory-budget` and `--tunnel-socket-buffer`, byte sizes.
 //! - [`process_metrics`]: `process_*` metrics under Prometheus' standard names.
 //! - [`threads`]: the tokio runtime, sized by `--worker-threads`.
 //!
-//! Nothing here knows about tunnels.
+//! Nothing here knows about tunnels beyond the numbers their flags give.
 
 pub mod accept;
 pub mod compat;
@@ -23,6 +24,7 @@ pub mod host;
 pub mod legacy_counter;
 pub mod limits;
 pub mod logging;
+pub mod memory;
 pub mod process_metrics;
 pub mod signal;
 pub mod threads;

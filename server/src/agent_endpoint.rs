@@ -152,6 +152,7 @@ async fn session(
             .unwrap_or_else(|| peer.to_string());
         let mux = Mux::new(SessionConfig {
             max_streams: ctx.registry.max_tunnels_per_agent(),
+            budget: ctx.budget.clone(),
             ..SessionConfig::new(Role::Server)
         });
         let registration = Registration {

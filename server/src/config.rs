@@ -12,6 +12,7 @@ use bridgehead_proto::servers::{check_server_id, MAX_SERVER_COUNT};
 use bridgehead_runtime::compat::{AnpIgnoredArgs, KlogArgs, LogSettings, Notes};
 use bridgehead_runtime::duration;
 use bridgehead_runtime::logging::LogFormat;
+use bridgehead_runtime::memory::MemoryArgs;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 
@@ -275,6 +276,8 @@ pub struct Cli {
     #[arg(long, env = "BRIDGEHEAD_LOG_TUNNELS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub log_tunnels: Option<bool>,
     #[command(flatten)]
+    pub memory: MemoryArgs,
+    #[command(flatten)]
     pub klog: KlogArgs,
     #[command(flatten)]
     pub anp_ignored: AnpIgnoredArgs,
@@ -376,6 +379,8 @@ pub struct Config {
     pub frontend_keepalive: Option<Duration>,
     /// `--log-tunnels`.
     pub log_tunnels: bool,
+    /// `--tunnel-memory-budget`, `--tunnel-socket-buffer`.
+    pub memory: MemoryArgs,
     /// klog's flags.
     pub log: LogSettings,
     /// Startup lines about flags accepted but ignored or mapped.
@@ -575,6 +580,7 @@ impl Cli {
             tls,
             frontend_keepalive: self.frontend_keepalive_time.filter(|d| !d.is_zero()),
             log_tunnels: self.log_tunnels.unwrap_or(true),
+            memory: self.memory,
             log,
             notes,
             worker_threads: self.worker_threads,

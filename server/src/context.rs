@@ -5,6 +5,7 @@ use std::time::Duration;
 use bridgehead_runtime::accept::RateLimit;
 
 use bridgehead_mux::Keepalive;
+use bridgehead_proto::budget::Budget;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::Admission;
@@ -48,11 +49,16 @@ pub struct Context {
     pub frontend_keepalive: Option<Duration>,
     /// `--log-tunnels`: an info line per tunnel end.
     pub log_tunnels: bool,
+    /// `--tunnel-memory-budget`: every agent session's buffered data counts against it.
+    pub budget: Budget,
+    /// `--tunnel-socket-buffer`: the kernel buffers of every CONNECT client's socket.
+    pub socket_buffer: Option<usize>,
 }
 
 impl Context {
     pub fn new(config: &Config, agent_auth: AgentAuth) -> Context {
-        let metrics = Metrics::new();
+        let budget = Budget::new(config.memory.tunnel_memory_budget);
+        let metrics = Metrics::new(&budget);
         Context {
             registry: Registry::with_limits(
                 config.strategies.clone(),
@@ -80,6 +86,8 @@ impl Context {
             target_bytes_hold: config.target_bytes_hold,
             frontend_keepalive: config.frontend_keepalive,
             log_tunnels: config.log_tunnels,
+            budget,
+            socket_buffer: config.memory.socket_buffer(),
         }
     }
 }

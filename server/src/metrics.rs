@@ -138,13 +138,18 @@ struct Anp {
 }
 
 impl Metrics {
-    pub fn new() -> Metrics {
+    /// The server's metrics, `budget`'s among them.
+    pub fn new(budget: &bridgehead_proto::budget::Budget) -> Metrics {
         let mut root = Registry::default();
         root.register_collector(Box::new(
             bridgehead_runtime::process_metrics::ProcessCollector,
         ));
         let registry = root.sub_registry_with_prefix("bridgehead_server");
         registry.register_collector(Box::new(bridgehead_runtime::logging::DroppedCollector));
+        let budget = budget.clone();
+        registry.register_collector(Box::new(bridgehead_runtime::memory::BudgetCollector(
+            move || (budget.buffered(), budget.limit(), budget.refused()),
+        )));
         let agents_connected = Gauge::default();
         let tunnels_open = Gauge::default();
         let dials_pending = Gauge::default();
@@ -379,7 +384,7 @@ impl Drop for GaugeGuard {
 
 impl Default for Metrics {
     fn default() -> Metrics {
-        Metrics::new()
+        Metrics::new(&bridgehead_proto::budget::Budget::unlimited())
     }
 }
 
@@ -397,7 +402,7 @@ mod tests {
 
     #[test]
     fn konnectivity_series_mean_what_anps_do() {
-        let metrics = Metrics::new();
+        let metrics = Metrics::new(&bridgehead_proto::budget::Budget::unlimited());
         for result in [
             DialResult::Ok,
             DialResult::BadRequest,

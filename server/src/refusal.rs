@@ -34,6 +34,8 @@ pub enum Refusal {
     Overloaded(usize),
     #[error("overloaded: this client has its limit of {0} dials pending")]
     ClientOverloaded(usize),
+    #[error("overloaded: {buffered} bytes of tunnel data buffered, the --tunnel-memory-budget of {limit} is spent")]
+    MemoryBudget { buffered: u64, limit: u64 },
     #[error("agent {agent} could not dial {target}: {code}: {message}")]
     Dial {
         agent: String,
@@ -67,9 +69,10 @@ impl Refusal {
             }
             Refusal::NotConnect => StatusCode::METHOD_NOT_ALLOWED,
             Refusal::ClientNotAllowed(_) => StatusCode::FORBIDDEN,
-            Refusal::NoAgent(_) | Refusal::Overloaded(_) | Refusal::ClientOverloaded(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Refusal::NoAgent(_)
+            | Refusal::Overloaded(_)
+            | Refusal::ClientOverloaded(_)
+            | Refusal::MemoryBudget { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::Dial { code, .. } => dial_failure(*code).0,
             Refusal::TimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
             Refusal::AgentLost { .. } => StatusCode::BAD_GATEWAY,
@@ -87,7 +90,9 @@ impl Refusal {
             | Refusal::BadTarget(_) => DialResult::BadRequest,
             Refusal::ClientNotAllowed(_) => DialResult::NotPermitted,
             Refusal::NoAgent(_) => DialResult::NoAgent,
-            Refusal::Overloaded(_) | Refusal::ClientOverloaded(_) => DialResult::Overloaded,
+            Refusal::Overloaded(_)
+            | Refusal::ClientOverloaded(_)
+            | Refusal::MemoryBudget { .. } => DialResult::Overloaded,
             Refusal::Dial { code, .. } => dial_failure(*code).1,
             Refusal::TimedOut { .. } => DialResult::TimedOut,
             Refusal::AgentLost { .. } => DialResult::AgentLost,
@@ -104,7 +109,7 @@ fn dial_failure(code: ErrorCode) -> (StatusCode, DialResult) {
         // The agent's destination policy refused it: the target exists, the client may not.
         ErrorCode::NotPermitted => (StatusCode::FORBIDDEN, DialResult::NotPermitted),
         ErrorCode::TimedOut => (StatusCode::GATEWAY_TIMEOUT, DialResult::TimedOut),
-        ErrorCode::Draining | ErrorCode::TooManyStreams => {
+        ErrorCode::Draining | ErrorCode::TooManyStreams | ErrorCode::Overloaded => {
             (StatusCode::SERVICE_UNAVAILABLE, DialResult::Overloaded)
         }
         ErrorCode::Other

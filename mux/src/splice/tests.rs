@@ -12,7 +12,7 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
-use bridgehead_proto::session::{Role as SessionRole, SessionConfig, DEFAULT_WINDOW};
+use bridgehead_proto::session::{Role as SessionRole, SessionConfig, DEFAULT_MAX_WINDOW};
 
 use super::{splice, Moved, Splice, IDLE_READ};
 use crate::{Keepalive, Mux, MuxStream};
@@ -29,7 +29,7 @@ async fn bounded<F: std::future::Future>(body: F) -> F::Output {
 
 /// A server stream and its agent end, over a live session.
 async fn stream_pair() -> (MuxStream, MuxStream, CancellationToken) {
-    let (mut server, mut agent, shutdown) = streams(DEFAULT_WINDOW, 1).await;
+    let (mut server, mut agent, shutdown) = streams(DEFAULT_MAX_WINDOW, 1).await;
     (server.remove(0), agent.remove(0), shutdown)
 }
 
@@ -39,6 +39,7 @@ async fn streams(window: u32, n: usize) -> (Vec<MuxStream>, Vec<MuxStream>, Canc
     let (a, b) = tokio::io::duplex(256 * 1024);
     let config = |role| SessionConfig {
         initial_window: window,
+        max_window: window,
         ..SessionConfig::new(role)
     };
     let server = Mux::new(config(SessionRole::Server));

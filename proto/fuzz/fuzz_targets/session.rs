@@ -32,6 +32,7 @@ fuzz_target!(|data: &[u8]| {
 fn config(role: Role, window: u32) -> SessionConfig {
     SessionConfig {
         initial_window: window,
+        max_window: window,
         max_streams: 8,
         ..SessionConfig::new(role)
     }

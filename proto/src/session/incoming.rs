@@ -39,9 +39,18 @@ impl Session {
                         ErrorCode::TooManyStreams,
                         "the agent carries its limit of streams",
                     );
+                } else if !self.config.budget.admit() {
+                    self.refuse(
+                        stream,
+                        ErrorCode::Overloaded,
+                        "overloaded: the agent's tunnel memory budget is spent",
+                    );
                 } else {
-                    let mut state =
-                        Stream::new(Phase::Dialing { deadline: 0 }, self.config.initial_window);
+                    let own = self
+                        .config
+                        .budget
+                        .initial_window(self.config.initial_window);
+                    let mut state = Stream::new(Phase::Dialing { deadline: 0 }, own);
                     state.send_credit = u64::from(window);
                     self.streams.insert(stream, state);
                     self.events.push_back(Event::DialRequested {
@@ -119,12 +128,14 @@ impl Session {
                     );
                     self.reset_stream(stream, ErrorCode::FlowControl, &reason, false);
                 } else {
-                    state.recv_allowed -= payload.len() as u64;
+                    let len = payload.len();
+                    state.recv_allowed -= len as u64;
                     let was_empty = state.recv_buf.is_empty();
                     state.recv_buf.push_back(payload);
                     if was_empty {
                         self.events.push_back(Event::Readable { stream });
                     }
+                    self.buffer(len);
                 }
             }
             Frame::Window { stream, increment } => {

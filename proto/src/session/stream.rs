@@ -31,8 +31,13 @@ pub(super) struct Stream {
     pub(super) recv_buf: RecvBuf,
     /// Bytes the peer may still send before it needs another grant.
     pub(super) recv_allowed: u64,
+    /// The receive window: bytes the peer may have sent beyond what was read before the
+    /// last grant (`recv_allowed` + buffered + `unacked`).
+    pub(super) window: u32,
     /// Bytes read since the last grant.
     pub(super) unacked: u64,
+    /// Bytes read in all: what the stream earned its window with.
+    pub(super) read_total: u64,
     /// The session ended while this stream still held received data: it stays only until
     /// that data is read.
     pub(super) aborted: bool,
@@ -47,7 +52,9 @@ impl Stream {
             recv_closed: false,
             recv_buf: RecvBuf::Empty,
             recv_allowed: u64::from(window),
+            window,
             unacked: 0,
+            read_total: 0,
             aborted: false,
         }
     }
@@ -64,16 +71,22 @@ impl Stream {
 
     pub(super) fn consumed(&mut self, len: usize) {
         self.unacked += len as u64;
+        self.read_total += len as u64;
     }
 
-    /// A WINDOW increment to send, once half the window was read since the last one. No grant
-    /// after the peer's FIN: it will send nothing more.
-    pub(super) fn grant_due(&mut self, window: u32) -> Option<u32> {
-        if self.recv_closed || self.unacked == 0 || self.unacked < u64::from(window / 2) {
+    /// A WINDOW increment to send, once the bytes the peer may still send or has sent unread
+    /// are half of `target` or less: the increment brings them back to `target`, which
+    /// becomes the window. A `target` smaller than the window shrinks it as the peer's bytes
+    /// are read. No grant after the peer's FIN: it will send nothing more.
+    pub(super) fn grant_due(&mut self, target: u32) -> Option<u32> {
+        let outstanding = u64::from(self.window).saturating_sub(self.unacked);
+        let target = u64::from(target);
+        if self.recv_closed || self.unacked == 0 || outstanding > target - target / 2 {
             return None;
         }
-        let increment = u32::try_from(self.unacked).unwrap_or(u32::MAX);
-        self.unacked -= u64::from(increment);
+        let increment = u32::try_from(target - outstanding).ok()?;
+        self.window = target as u32;
+        self.unacked = 0;
         self.recv_allowed += u64::from(increment);
         Some(increment)
     }
@@ -102,6 +115,15 @@ pub(super) enum RecvBuf {
 impl RecvBuf {
     pub(super) fn is_empty(&self) -> bool {
         matches!(self, RecvBuf::Empty)
+    }
+
+    /// Bytes held.
+    pub(super) fn len(&self) -> usize {
+        match self {
+            RecvBuf::Empty => 0,
+            RecvBuf::One(chunk) => chunk.len(),
+            RecvBuf::Many(queue) => queue.iter().map(Bytes::len).sum(),
+        }
     }
 
     pub(super) fn push_back(&mut self, chunk: Bytes) {

@@ -108,6 +108,13 @@ async fn open<S: ClientSocket>(
         };
     let span = tracing::Span::current();
     span.record("target", tracing::field::display(&target));
+    if !ctx.budget.admit() {
+        return Err(Refusal::MemoryBudget {
+            buffered: ctx.budget.buffered(),
+            limit: ctx.budget.limit(),
+        }
+        .into());
+    }
     let _slot = ctx.admission.admit(&client)?;
     drop(client);
     let candidates = ctx.registry.route(&target.host).map_err(Refusal::from)?;

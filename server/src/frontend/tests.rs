@@ -120,7 +120,8 @@ fn context(registry: Registry) -> Arc<Context> {
 
 /// [`context`] with `--dial-timeout` `dial_timeout`.
 fn context_with_dial_timeout(registry: Registry, dial_timeout: Duration) -> Arc<Context> {
-    let metrics = Metrics::new();
+    let budget = bridgehead_proto::budget::Budget::unlimited();
+    let metrics = Metrics::new(&budget);
     Arc::new(Context {
         registry,
         admission: Admission::new(16, 16, metrics.dials_pending.clone()),
@@ -139,6 +140,8 @@ fn context_with_dial_timeout(registry: Registry, dial_timeout: Duration) -> Arc<
         target_bytes_hold: Duration::ZERO,
         frontend_keepalive: None,
         log_tunnels: true,
+        budget,
+        socket_buffer: None,
     })
 }
 

@@ -1,0 +1,186 @@
+//! The memory flags both binaries share: the budget of buffered tunnel data
+//! (`--tunnel-memory-budget`) and the kernel buffers of every tunnel socket
+//! (`--tunnel-socket-buffer`), with byte sizes written as Kubernetes quantities (`256Mi`).
+//!
+//! The flags are plain numbers here; the budget itself is `bridgehead_proto::budget`.
+
+use std::os::fd::AsFd;
+
+/// `--tunnel-memory-budget` and `--tunnel-socket-buffer`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MemoryArgs {
+    /// Most bytes of tunnel data this process holds received but not yet taken by its
+    /// sockets (clients or targets that do not read), all tunnels together. As it fills, new
+    /// tunnels start with smaller windows and reading tunnels stop growing theirs; once it is
+    /// spent, new tunnels are refused (503 "overloaded") until some of it drains. A size:
+    /// bytes, or with Ki, Mi, Gi (or k, M, G).
+    #[arg(long, env = "BRIDGEHEAD_TUNNEL_MEMORY_BUDGET", default_value = "256Mi", value_parser = parse_size, value_name = "SIZE")]
+    pub tunnel_memory_budget: u64,
+    /// Kernel send and receive buffer of every tunnel socket this process owns (the CONNECT
+    /// clients' on the server, the dialed targets' on the agent), so that a tunnel that does
+    /// not move holds at most this much kernel memory per direction; 0 leaves them to the
+    /// kernel's autotuning (up to net.ipv4.tcp_rmem's and tcp_wmem's maximum, megabytes per
+    /// socket). A size, as for --tunnel-memory-budget.
+    #[arg(long, env = "BRIDGEHEAD_TUNNEL_SOCKET_BUFFER", default_value = "256Ki", value_parser = parse_size, value_name = "SIZE")]
+    pub tunnel_socket_buffer: u64,
+}
+
+impl MemoryArgs {
+    /// The socket buffer size to set, `None` for the kernel's autotuning.
+    pub fn socket_buffer(&self) -> Option<usize> {
+        usize::try_from(self.tunnel_socket_buffer)
+            .ok()
+            .filter(|&size| size > 0)
+    }
+}
+
+/// Sets `socket`'s send and receive buffers to `size` bytes (the kernel doubles the value it
+/// is given for its bookkeeping, and turns its autotuning off for the socket). A receive
+/// buffer set before `connect`/`listen` also bounds the window announced in the handshake.
+pub fn set_socket_buffers(socket: &impl AsFd, size: usize) -> std::io::Result<()> {
+    use rustix::net::sockopt;
+    sockopt::set_socket_send_buffer_size(socket, size)?;
+    sockopt::set_socket_recv_buffer_size(socket, size)?;
+    Ok(())
+}
+
+/// The budget's series, read at each scrape: `tunnel_buffered_bytes`,
+/// `tunnel_memory_budget_bytes` and `tunnel_memory_refusals_total` (under the registry's
+/// prefix). `read` gives (buffered, budget, refusals).
+pub struct BudgetCollector<F>(pub F);
+
+impl<F> std::fmt::Debug for BudgetCollector<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BudgetCollector")
+    }
+}
+
+impl<F> prometheus_client::collector::Collector for BudgetCollector<F>
+where
+    F: Fn() -> (u64, u64, u64) + Send + Sync + 'static,
+{
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let (buffered, budget, refusals) = (self.0)();
+        for (name, help, value) in [
+            (
+                "tunnel_buffered_bytes",
+                "Tunnel data received and not yet taken by its socket, all tunnels together",
+                buffered,
+            ),
+            (
+                "tunnel_memory_budget_bytes",
+                "--tunnel-memory-budget: the most tunnel data this process buffers before it refuses new tunnels",
+                budget,
+            ),
+        ] {
+            let gauge = ConstGauge::new(value as i64);
+            let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+            gauge.encode(metric)?;
+        }
+        let counter = ConstCounter::new(refusals);
+        let metric = encoder.encode_descriptor(
+            "tunnel_memory_refusals",
+            "New tunnels refused because the tunnel memory budget was spent",
+            None,
+            counter.metric_type(),
+        )?;
+        counter.encode(metric)
+    }
+}
+
+/// A byte size: digits with an optional Kubernetes quantity suffix, binary (`Ki`, `Mi`, `Gi`)
+/// or decimal (`k`, `M`, `G`).
+pub fn parse_size(input: &str) -> Result<u64, String> {
+    let input = input.trim();
+    let split = input
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(input.len());
+    let (digits, suffix) = input.split_at(split);
+    let unit: u64 = match suffix {
+        "" => 1,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        other => {
+            return Err(format!(
+                "{input:?}: unknown unit {other:?} (use bytes, Ki, Mi, Gi, k, M or G)"
+            ))
+        }
+    };
+    let number: u64 = digits
+        .parse()
+        .map_err(|_| format!("{input:?} is not a size (digits, then Ki, Mi, Gi, k, M or G)"))?;
+    number
+        .checked_mul(unit)
+        .ok_or_else(|| format!("{input:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_kubernetes_quantities() {
+        assert_eq!(parse_size("65536"), Ok(65_536));
+        assert_eq!(parse_size("256Ki"), Ok(256 * 1024));
+        assert_eq!(parse_size("256Mi"), Ok(256 << 20));
+        assert_eq!(parse_size("2Gi"), Ok(2 << 30));
+        assert_eq!(parse_size("64k"), Ok(64_000));
+        assert_eq!(parse_size("1M"), Ok(1_000_000));
+        assert_eq!(parse_size("1G"), Ok(1_000_000_000));
+        assert_eq!(parse_size(" 0 "), Ok(0));
+        for bad in [
+            "",
+            "Mi",
+            "1.5Mi",
+            "-1",
+            "1MB",
+            "1mi",
+            "99999999999999999999Gi",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad:?} parsed");
+        }
+        assert!(parse_size("18446744073709551615Ki")
+            .unwrap_err()
+            .contains("too large"));
+    }
+
+    #[test]
+    fn the_budgets_series_carry_the_prefix() {
+        let mut root = prometheus_client::registry::Registry::default();
+        root.sub_registry_with_prefix("bridgehead_agent")
+            .register_collector(Box::new(BudgetCollector(|| (3, 1024, 2))));
+        let mut page = String::new();
+        prometheus_client::encoding::text::encode(&mut page, &root).unwrap();
+        for line in [
+            "bridgehead_agent_tunnel_buffered_bytes 3",
+            "bridgehead_agent_tunnel_memory_budget_bytes 1024",
+            "bridgehead_agent_tunnel_memory_refusals_total 2",
+        ] {
+            assert!(page.lines().any(|l| l == line), "{line:?} not in:\n{page}");
+        }
+    }
+
+    #[test]
+    fn socket_buffers_are_set_and_zero_means_the_kernels() {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        set_socket_buffers(&socket, 64 * 1024).unwrap();
+        let got = rustix::net::sockopt::socket_recv_buffer_size(&socket).unwrap();
+        // Linux doubles the value for its bookkeeping.
+        assert!((64 * 1024..=128 * 1024).contains(&got), "{got}");
+        let off = MemoryArgs {
+            tunnel_memory_budget: 1,
+            tunnel_socket_buffer: 0,
+        };
+        assert_eq!(off.socket_buffer(), None);
+    }
+}
