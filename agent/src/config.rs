@@ -375,7 +375,7 @@ impl Config {
             own_ports,
             own_addresses,
         )
-        .with_socket_buffer(self.memory.socket_buffer())
+        .with_socket_tuning(self.memory.socket_tuning())
     }
 
     /// `host:port` of the server, with brackets around an IPv6 literal: for URLs and logs.

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bridgehead_proto::ErrorCode;
+use bridgehead_runtime::memory::SocketTuning;
 
 use crate::policy::{Denied, Policy};
 use tokio::net::TcpStream;
@@ -74,24 +75,22 @@ pub async fn dial(
     deadline: Duration,
     policy: &Policy,
 ) -> Result<TcpStream, DialError> {
-    let buffer = policy.socket_buffer();
-    let socket = dial_with(host, port, deadline, policy, |addr| connect(addr, buffer)).await?;
+    let tuning = policy.socket_tuning();
+    let socket = dial_with(host, port, deadline, policy, |addr| connect(addr, tuning)).await?;
     // Interactive protocols (kubectl exec) must not wait for Nagle.
     let _ = socket.set_nodelay(true);
     Ok(socket)
 }
 
-/// Connects to `addr`, the socket's kernel buffers set first (so the window announced in the
-/// handshake is bounded too) when `buffer` says so.
-async fn connect(addr: SocketAddr, buffer: Option<usize>) -> io::Result<TcpStream> {
+/// Connects to `addr`, the socket's kernel buffer options set first (so the window announced
+/// in the handshake is bounded too).
+async fn connect(addr: SocketAddr, tuning: SocketTuning) -> io::Result<TcpStream> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
         tokio::net::TcpSocket::new_v6()?
     };
-    if let Some(size) = buffer {
-        bridgehead_runtime::memory::set_socket_buffers(&socket, size)?;
-    }
+    tuning.apply(&socket)?;
     socket.connect(addr).await
 }
 

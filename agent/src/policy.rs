@@ -17,6 +17,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::ops::RangeInclusive;
 
+use bridgehead_runtime::memory::SocketTuning;
 use ipnet::IpNet;
 
 /// One rule: a network and a port range.
@@ -125,8 +126,9 @@ pub struct Policy {
     own_ports: Vec<u16>,
     /// Addresses that are this host (besides loopback and unspecified): what it announces.
     own_addresses: Vec<IpAddr>,
-    /// `--tunnel-socket-buffer`: the kernel buffers every permitted connection is made with.
-    socket_buffer: Option<usize>,
+    /// `--tunnel-receive-buffer`, `--tunnel-unsent-limit`: the kernel buffer options every
+    /// permitted connection is made with.
+    socket_tuning: SocketTuning,
 }
 
 impl Policy {
@@ -141,22 +143,21 @@ impl Policy {
             denied,
             own_ports,
             own_addresses: own_addresses.into_iter().map(canonical).collect(),
-            socket_buffer: None,
+            socket_tuning: SocketTuning::default(),
         }
     }
 
-    /// The policy, its connections made with `size` bytes of kernel buffers each way
-    /// (`None`: the kernel's autotuning).
-    pub fn with_socket_buffer(self, size: Option<usize>) -> Policy {
+    /// The policy, its connections made with `tuning`'s kernel buffer options.
+    pub fn with_socket_tuning(self, tuning: SocketTuning) -> Policy {
         Policy {
-            socket_buffer: size,
+            socket_tuning: tuning,
             ..self
         }
     }
 
-    /// The kernel buffer size of the connections this policy permits.
-    pub fn socket_buffer(&self) -> Option<usize> {
-        self.socket_buffer
+    /// The kernel buffer options of the connections this policy permits.
+    pub fn socket_tuning(&self) -> SocketTuning {
+        self.socket_tuning
     }
 
     /// Whether the agent may connect to `addr`.

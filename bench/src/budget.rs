@@ -16,6 +16,8 @@ pub struct Budget {
     /// Idle tunnel counts, ascending.
     pub idle: Vec<usize>,
     pub stall_rounds: usize,
+    /// Stalled readers of the stalled-readers measurement.
+    pub stalled_readers: usize,
 }
 
 impl Budget {
@@ -30,6 +32,7 @@ impl Budget {
             rtt_time: Duration::from_secs(3),
             idle: vec![1_000, 10_000],
             stall_rounds: 3,
+            stalled_readers: 5_000,
         }
     }
 
@@ -44,6 +47,7 @@ impl Budget {
             rtt_time: Duration::from_millis(500),
             idle: vec![100, 500],
             stall_rounds: 1,
+            stalled_readers: 300,
         }
     }
 }

@@ -37,6 +37,7 @@ pub mod route;
 pub mod setup;
 pub mod side_by_side;
 pub mod stall;
+pub mod stalled;
 pub mod summary;
 pub mod throughput;
 
@@ -104,6 +105,9 @@ pub struct Options {
     /// Internal: serve the bench target in this process (the memory measurement's child).
     #[arg(long, hide = true)]
     pub serve_target: bool,
+    /// Internal: the served target's send buffer.
+    #[arg(long, hide = true)]
+    pub target_send_buffer: Option<u32>,
 }
 
 impl Options {
@@ -129,6 +133,9 @@ pub enum Measurement {
     Memory,
     /// A bulk tunnel's throughput beside a stalled one.
     Stall,
+    /// Server+agent memory, the machine's TCP memory and a bulk tunnel's speed with 5,000
+    /// tunnels whose clients never read.
+    StalledReaders,
     /// Bridgehead and konnectivity (built by scripts/anp-build.sh) side by side on both
     /// frontends: bulk, CPU per GiB, setup, round trips.
     SideBySide,
@@ -138,7 +145,7 @@ pub enum Measurement {
 /// Returns whether every target was met.
 pub fn run(options: &Options) -> anyhow::Result<bool> {
     if options.serve_target {
-        Target::serve_standalone()?;
+        Target::serve_standalone(options.target_send_buffer)?;
         return Ok(true);
     }
     if let Some(results) = &options.replot {
@@ -284,6 +291,23 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
             }
         }
     }
+    if selected(Measurement::StalledReaders) {
+        // Fresh processes and a target of its own, its sockets' send buffers small.
+        let rig = Rig::start(false, &extra)?;
+        let (target_process, firehose) = spawn_target_with(Some(stalled::TARGET_SEND_BUFFER))?;
+        let mut pids = rig.pids();
+        pids.push(target_process.pid());
+        let noise = Noise::start(&pids);
+        runtime.block_on(stalled::run(
+            &rig,
+            firehose,
+            target.addr,
+            budget.stalled_readers,
+            &budget,
+            &mut report,
+        ));
+        record_noise(&mut report, "stalled_readers", &noise);
+    }
     if selected(Measurement::Memory) {
         let counts: Vec<usize> = budget
             .idle
@@ -376,9 +400,19 @@ fn run_callgrind(options: &Options, dir: &std::path::Path) -> anyhow::Result<boo
 /// Starts this binary with `--serve-target` ([`Target::serve_standalone`]) in a child process,
 /// killed on drop.
 fn spawn_target() -> anyhow::Result<(bridgehead_e2e::process::Process, std::net::SocketAddr)> {
+    spawn_target_with(None)
+}
+
+/// [`spawn_target`], the target's sockets' send buffer set to `send_buffer` bytes.
+fn spawn_target_with(
+    send_buffer: Option<u32>,
+) -> anyhow::Result<(bridgehead_e2e::process::Process, std::net::SocketAddr)> {
     // /proc/self/exe still runs when a rebuild replaced the binary during the run.
     let mut command = std::process::Command::new("/proc/self/exe");
     command.arg("--serve-target");
+    if let Some(size) = send_buffer {
+        command.arg(format!("--target-send-buffer={size}"));
+    }
     let (process, addrs) = bridgehead_e2e::process::Process::spawn(command, &["bench target"])?;
     Ok((process, addrs[0].parse()?))
 }

@@ -68,18 +68,7 @@ pub fn fd_count(pid: u32) -> usize {
 /// The TCP addresses `pid` listens on (IPv4, from `/proc/net/tcp` and its socket inodes):
 /// for programs that do not say which ephemeral ports they bound.
 pub fn listening_v4(pid: u32) -> Vec<std::net::SocketAddr> {
-    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| std::fs::read_link(entry.path()).ok())
-        .filter_map(|link| {
-            let link = link.to_string_lossy().into_owned();
-            link.strip_prefix("socket:[")?
-                .strip_suffix(']')
-                .map(str::to_owned)
-        })
-        .collect();
+    let inodes = socket_inodes(pid);
     let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
     table
         .lines()
@@ -109,5 +98,84 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let found = super::listening_v4(std::process::id());
         assert!(found.contains(&addr), "{addr} not in {found:?}");
+    }
+}
+
+/// The inodes of the sockets `pid` holds open.
+fn socket_inodes(pid: u32) -> std::collections::HashSet<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| std::fs::read_link(entry.path()).ok())
+        .filter_map(|link| {
+            let link = link.to_string_lossy().into_owned();
+            link.strip_prefix("socket:[")?
+                .strip_suffix(']')
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+/// Bytes queued in the kernel on the IPv4 TCP sockets `pid` holds: received and not read
+/// yet, and written and not yet acknowledged (`rx_queue` and `tx_queue` of `/proc/net/tcp`;
+/// payload bytes, without the kernel's per-buffer overhead).
+pub fn tcp_queued(pid: u32) -> (u64, u64) {
+    let inodes = socket_inodes(pid);
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
+    let mut queued = (0, 0);
+    for line in table.lines().skip(1) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (Some(queues), Some(inode)) = (fields.get(4), fields.get(9)) else {
+            continue;
+        };
+        if !inodes.contains(*inode) {
+            continue;
+        }
+        if let Some((tx, rx)) = queues.split_once(':') {
+            queued.0 += u64::from_str_radix(rx, 16).unwrap_or(0);
+            queued.1 += u64::from_str_radix(tx, 16).unwrap_or(0);
+        }
+    }
+    queued
+}
+
+/// The machine's TCP memory in pages (`mem` of the `TCP:` line of `/proc/net/sockstat`): every
+/// TCP socket's buffers, whoever owns them.
+pub fn tcp_memory_pages() -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string("/proc/net/sockstat")?;
+    sockstat_tcp_mem(&text).ok_or_else(|| anyhow::anyhow!("no TCP mem in /proc/net/sockstat"))
+}
+
+fn sockstat_tcp_mem(text: &str) -> Option<u64> {
+    let line = text.lines().find(|line| line.starts_with("TCP:"))?;
+    let mut fields = line.split_whitespace();
+    fields.find(|&field| field == "mem")?;
+    fields.next()?.parse().ok()
+}
+
+/// `net.ipv4.tcp_mem`: the pages below which TCP is under no memory pressure, above which it
+/// is, and its hard limit.
+pub fn tcp_mem_limits() -> anyhow::Result<[u64; 3]> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_mem")?;
+    let values: Vec<u64> = text
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()?;
+    values
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("tcp_mem is not three numbers: {text:?}"))
+}
+
+#[cfg(test)]
+mod sockstat_tests {
+    #[test]
+    fn the_tcp_lines_mem_field() {
+        let text = "sockets: used 301\nTCP: inuse 12 orphan 0 tw 3 alloc 15 mem 4242\nUDP: inuse 1 mem 2\n";
+        assert_eq!(super::sockstat_tcp_mem(text), Some(4242));
+        assert_eq!(super::sockstat_tcp_mem("UDP: inuse 1 mem 2\n"), None);
+        assert!(super::tcp_memory_pages().is_ok());
+        let [low, pressure, high] = super::tcp_mem_limits().unwrap();
+        assert!(low <= pressure && pressure <= high);
     }
 }

@@ -123,6 +123,7 @@ where
             rest: Vec::new(),
             unflushed: false,
             eof: false,
+            written: 0,
             done: false,
         },
     }
@@ -193,6 +194,8 @@ struct Downlink {
     unflushed: bool,
     /// The peer finished: shut the socket's write side once everything is written.
     eof: bool,
+    /// Bytes the socket took since the stream was last told.
+    written: usize,
     /// The socket's write side is shut.
     done: bool,
 }
@@ -250,6 +253,9 @@ where
                 continue;
             }
             let Poll::Ready(credit) = self.stream.poll_writable(cx)? else {
+                // Waiting for credit, perhaps for long (the peer's reader stalled): without
+                // the read buffer.
+                self.up.big = BytesMut::new();
                 return Ok(());
             };
             let Poll::Ready(chunk) = self.up.poll_read(&mut self.socket, cx, credit)? else {
@@ -273,7 +279,9 @@ where
     /// now, or the downlink is done.
     fn poll_down(&mut self, cx: &mut Context<'_>) -> Result<(), SpliceError> {
         while !self.down.done {
-            if self.down.poll_write(&mut self.socket, cx)?.is_pending() {
+            let written = self.down.poll_write(&mut self.socket, cx);
+            self.stream.release(std::mem::take(&mut self.down.written));
+            if written?.is_pending() {
                 return Ok(());
             }
             if self.down.eof {
@@ -283,7 +291,10 @@ where
                 self.down.done = true;
                 break;
             }
-            let Poll::Ready(chunk) = self.stream.poll_read(cx)? else {
+            // Chunks are held, not read: until the socket took their bytes they stay in the
+            // stream's window and the memory budget, so a socket that stopped taking them
+            // stops the peer instead of piling up here.
+            let Poll::Ready(chunk) = self.stream.poll_read_held(cx)? else {
                 // Nothing more for now. A socket may still hold written bytes: a TLS stream
                 // whose TCP socket was full keeps its last records until a flush, and without
                 // one they would wait for the next chunk, which may never come.
@@ -300,7 +311,7 @@ where
             let mut size = first.len();
             // A burst: the chunks already buffered go out with this one.
             while self.down.rest.len() + 1 < WRITE_BATCH_CHUNKS && size < WRITE_BATCH_BYTES {
-                let Some(chunk) = self.stream.try_read() else {
+                let Some(chunk) = self.stream.try_read_held() else {
                     break;
                 };
                 size += chunk.len();
@@ -388,6 +399,7 @@ impl Downlink {
             if written == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
+            self.written += written;
             self.consume(written);
         }
     }

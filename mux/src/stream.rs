@@ -57,9 +57,27 @@ impl MuxStream {
     /// [`MuxStream::read`] as a poll: when nothing is buffered, `cx` is woken once something
     /// arrives (data, EOF, the end of the stream).
     pub(crate) fn poll_read(&self, cx: &Context<'_>) -> Poll<Result<Option<Bytes>, StreamEnd>> {
+        self.poll_read_as(cx, false)
+    }
+
+    /// [`MuxStream::poll_read`] of a chunk the caller holds until [`MuxStream::release`]
+    /// says its bytes left: until then they count against the window and the budget.
+    pub(crate) fn poll_read_held(
+        &self,
+        cx: &Context<'_>,
+    ) -> Poll<Result<Option<Bytes>, StreamEnd>> {
+        self.poll_read_as(cx, true)
+    }
+
+    fn poll_read_as(&self, cx: &Context<'_>, held: bool) -> Poll<Result<Option<Bytes>, StreamEnd>> {
         self.shared.with(|state| {
+            let read = if held {
+                state.session.read_held(self.id)
+            } else {
+                state.session.read(self.id)
+            };
             // Data that arrived before a reset of the session is still delivered first.
-            let outcome = match state.session.read(self.id) {
+            let outcome = match read {
                 ReadOutcome::Data(chunk) => Ok(Some(chunk)),
                 ReadOutcome::Eof => Ok(None),
                 outcome @ (ReadOutcome::Pending | ReadOutcome::Gone) => {
@@ -84,6 +102,23 @@ impl MuxStream {
             ReadOutcome::Data(chunk) => Some(chunk),
             _ => None,
         })
+    }
+
+    /// [`MuxStream::try_read`] of a chunk held until [`MuxStream::release`].
+    pub(crate) fn try_read_held(&self) -> Option<Bytes> {
+        self.shared
+            .with(|state| match state.session.read_held(self.id) {
+                ReadOutcome::Data(chunk) => Some(chunk),
+                _ => None,
+            })
+    }
+
+    /// `len` bytes of held chunks left this end (the socket took them).
+    pub(crate) fn release(&self, len: usize) {
+        if len > 0 {
+            self.shared
+                .with(|state| state.session.release(self.id, len));
+        }
     }
 
     /// Waits until the stream may send, and returns how many bytes it may send now.

@@ -10,10 +10,11 @@
 //! - a new stream starts with the configured initial window while pressure is below 1/4, a
 //!   window shrinking linearly to [`MIN_WINDOW`] as pressure goes to 1/2, and [`MIN_WINDOW`]
 //!   beyond: many stalled streams make every later stream start small;
-//! - a stream earns a larger window by moving data: a quarter of what it has read so far,
-//!   between its initial window and the maximum, so a stream must have read four times a
-//!   window's worth before it holds that much (a client whose kernel buffers absorbed a few
-//!   hundred KiB before it stalled earns little);
+//! - a stream earns a larger window by moving data: an eighth of what it has read so far,
+//!   never less than the window it has, never more than the maximum, so a stream must have
+//!   read eight times a window's worth before it holds that much (a client whose kernel
+//!   buffers absorbed a few hundred KiB before it stalled earns little more than it started
+//!   with);
 //! - what a stream may be granted is capped by pressure too: the maximum window below 1/2,
 //!   shrinking linearly to [`MIN_WINDOW`] as pressure goes to 1. A stalled stream cannot be
 //!   granted more (it reads nothing, so it is granted nothing) and a reading stream keeps its
@@ -35,7 +36,7 @@ use std::sync::Arc;
 /// stream always gets at least this much credit back once it read it.
 pub const MIN_WINDOW: u32 = 16 * 1024;
 /// A stream's earned window is its bytes read so far divided by this.
-pub const EARN_DIVISOR: u64 = 4;
+pub const EARN_DIVISOR: u64 = 8;
 /// Default budget of buffered tunnel bytes per process (256 MiB).
 pub const DEFAULT_BUDGET: u64 = 256 * 1024 * 1024;
 
@@ -117,10 +118,11 @@ impl Budget {
         shrink(initial, self.pressure(), ONE / 4, ONE / 2)
     }
 
-    /// The window a stream that has read `read` bytes so far may hold now.
-    pub fn window(&self, initial: u32, max: u32, read: u64) -> u32 {
-        let max = max.max(initial);
-        let earned = (read / EARN_DIVISOR).clamp(u64::from(initial), u64::from(max)) as u32;
+    /// The window a stream whose window is `current` and that has read `read` bytes so far
+    /// may hold now, `max` the configured maximum.
+    pub fn window(&self, current: u32, max: u32, read: u64) -> u32 {
+        let max = max.max(current);
+        let earned = (read / EARN_DIVISOR).clamp(u64::from(current), u64::from(max)) as u32;
         earned.min(shrink(max, self.pressure(), ONE / 2, ONE))
     }
 }
@@ -169,7 +171,9 @@ mod tests {
         let limit = 1024 * 1024;
         let calm = at(limit, 0);
         assert_eq!(calm.window(64 * KIB, 256 * KIB, 0), 64 * KIB);
-        assert_eq!(calm.window(64 * KIB, 256 * KIB, 512 * 1024), 128 * KIB);
+        assert_eq!(calm.window(64 * KIB, 256 * KIB, 1024 * 1024), 128 * KIB);
+        // A window once earned is kept while nothing presses...
+        assert_eq!(calm.window(128 * KIB, 256 * KIB, 0), 128 * KIB);
         assert_eq!(calm.window(64 * KIB, 256 * KIB, 1 << 30), 256 * KIB);
         // A window fixed by configuration (max = initial) stays fixed.
         assert_eq!(calm.window(1000, 1000, 1 << 30), 1000);

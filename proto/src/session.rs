@@ -255,7 +255,7 @@ impl Session {
 
     /// Agent: the dial for `stream` failed; the stream is gone.
     pub fn dial_failed(&mut self, stream: StreamId, code: ErrorCode, message: &str) {
-        if self.streams.remove(&stream).is_some() {
+        if self.discard(stream).is_some() {
             self.control.push_back(Frame::DialErr {
                 stream,
                 code,
@@ -314,47 +314,64 @@ impl Session {
 
     /// Takes the next chunk of received data. Reading grants the peer credit again.
     pub fn read(&mut self, stream: StreamId) -> ReadOutcome {
+        let outcome = self.read_held(stream);
+        if let ReadOutcome::Data(chunk) = &outcome {
+            self.release(stream, chunk.len());
+        }
+        outcome
+    }
+
+    /// [`Session::read`] for a caller that holds on to the chunk after taking it (a socket
+    /// write that may not finish at once): its bytes stay in the stream's window and in the
+    /// budget, and earn the peer no credit, until [`Session::release`] says they left.
+    pub fn read_held(&mut self, stream: StreamId) -> ReadOutcome {
         let Some(state) = self.streams.get_mut(&stream) else {
             return ReadOutcome::Gone;
         };
-        if state.aborted {
+        if let Some(chunk) = state.recv_buf.pop_front() {
+            state.held += chunk.len() as u64;
             // What arrived before the session ended is still delivered, then the stream goes.
-            return match state.recv_buf.pop_front() {
-                Some(chunk) => {
-                    self.unbuffer(chunk.len());
-                    ReadOutcome::Data(chunk)
-                }
-                // EOF stays readable (a peek must not consume it); the stream goes when its
-                // owner resets it, as every dropped stream handle does.
-                None if state.recv_closed => ReadOutcome::Eof,
-                None => {
-                    self.streams.remove(&stream);
-                    ReadOutcome::Gone
-                }
-            };
-        }
-        let outcome = match state.recv_buf.pop_front() {
-            Some(chunk) => {
-                state.consumed(chunk.len());
-                let config = &self.config;
-                let target = config.budget.window(
-                    config.initial_window,
-                    config.max_window,
-                    state.read_total,
-                );
-                if let Some(increment) = state.grant_due(target) {
-                    self.control.push_back(Frame::Window { stream, increment });
-                }
-                self.unbuffer(chunk.len());
-                ReadOutcome::Data(chunk)
+            if !state.aborted {
+                self.maybe_close(stream);
             }
-            None if state.recv_closed => ReadOutcome::Eof,
-            None => ReadOutcome::Pending,
-        };
-        if outcome == ReadOutcome::Eof || matches!(outcome, ReadOutcome::Data(_)) {
-            self.maybe_close(stream);
+            return ReadOutcome::Data(chunk);
         }
-        outcome
+        if state.recv_closed {
+            // An aborted stream's EOF stays readable (a peek must not consume it); it goes
+            // when its owner resets it, as every dropped stream handle does.
+            if !state.aborted {
+                self.maybe_close(stream);
+            }
+            return ReadOutcome::Eof;
+        }
+        if state.aborted {
+            self.discard(stream);
+            return ReadOutcome::Gone;
+        }
+        ReadOutcome::Pending
+    }
+
+    /// `len` bytes taken with [`Session::read_held`] left this end (the socket took them):
+    /// they leave the budget, and the peer is granted credit again once enough of its
+    /// window was read.
+    pub fn release(&mut self, stream: StreamId, len: usize) {
+        let Some(state) = self.streams.get_mut(&stream) else {
+            // A stream that is gone gave its bytes back when it went.
+            return;
+        };
+        let len = (len as u64).min(state.held);
+        state.held -= len;
+        if !state.aborted {
+            state.consumed(len as usize);
+            let config = &self.config;
+            let target = config
+                .budget
+                .window(state.window, config.max_window, state.read_total);
+            if let Some(increment) = state.grant_due(target) {
+                self.control.push_back(Frame::Window { stream, increment });
+            }
+        }
+        self.unbuffer(len as usize);
     }
 
     /// Aborts `stream` in both directions: queues RESET and emits [`Event::Reset`] so every
@@ -385,7 +402,7 @@ impl Session {
                 break;
             }
             self.deadlines.pop_first();
-            if self.streams.remove(&stream).is_some() {
+            if self.discard(stream).is_some() {
                 self.control.push_back(Frame::Reset {
                     stream,
                     code: ErrorCode::Cancelled,
@@ -426,7 +443,7 @@ impl Session {
                     continue;
                 }
             }
-            let Some(state) = self.streams.remove(&stream) else {
+            let Some(state) = self.discard(stream) else {
                 continue;
             };
             if let Phase::Dialing { deadline } = state.phase {
@@ -527,9 +544,15 @@ impl Session {
         self.config.budget.hold(len as u64);
     }
 
-    fn remove(&mut self, stream: StreamId) -> Option<Stream> {
+    /// Forgets `stream`; the bytes it held leave the budget.
+    fn discard(&mut self, stream: StreamId) -> Option<Stream> {
         let state = self.streams.remove(&stream)?;
-        self.unbuffer(state.recv_buf.len());
+        self.unbuffer(state.recv_buf.len() + state.held as usize);
+        Some(state)
+    }
+
+    fn remove(&mut self, stream: StreamId) -> Option<Stream> {
+        let state = self.discard(stream)?;
         if let Phase::Dialing { deadline } = state.phase {
             self.deadlines.remove(&(deadline, stream));
         }
@@ -557,7 +580,7 @@ impl Session {
     /// Frees `stream` once both directions ended and every received byte was read.
     fn maybe_close(&mut self, stream: StreamId) {
         if self.streams.get(&stream).is_some_and(Stream::finished) {
-            self.streams.remove(&stream);
+            self.discard(stream);
             self.events.push_back(Event::Closed { stream });
         }
     }

@@ -4,7 +4,7 @@
 //! much, drain in both directions, what a reset drops and what an abort keeps readable, and how
 //! queued frames are batched into one message.
 
-use bridgehead_proto::budget::{Budget, MIN_WINDOW};
+use bridgehead_proto::budget::{Budget, EARN_DIVISOR, MIN_WINDOW};
 use bridgehead_proto::frame::{Frame, HEADER_LEN};
 use bridgehead_proto::session::{
     Event, OpenError, ReadOutcome, Role, Session, SessionConfig, StreamError,
@@ -659,18 +659,13 @@ fn dial_window(server: &mut Session) -> (StreamId, u32) {
     (id, window)
 }
 
-#[test]
-fn a_reading_stream_earns_its_window_up_to_the_maximum() {
-    let budget = Budget::unlimited();
-    let mut server = budgeted(&budget);
-    let (id, window) = dial_window(&mut server);
-    assert_eq!(window, 64 * 1024);
-    // The peer sends 16 KiB frames while it has credit and the reader keeps up: the credit
-    // the peer holds right after each grant is the window, which grows with what was read
-    // (a quarter of it) to 256 KiB and no further.
+/// The peer sends `id` 16 KiB frames while it has credit (starting with `window`) and the
+/// reader keeps up, until `total` bytes were read. Returns (bytes read, credit the peer
+/// held) right after each grant: the credit is then the window.
+fn keep_reading(server: &mut Session, id: StreamId, window: u32, total: u64) -> Vec<(u64, u64)> {
     let (mut credit, mut read) = (u64::from(window), 0u64);
     let mut after_grants = Vec::new();
-    while read < 8 << 20 {
+    while read < total {
         let n = credit.min(16 * 1024);
         assert!(
             n > 0,
@@ -678,17 +673,28 @@ fn a_reading_stream_earns_its_window_up_to_the_maximum() {
         );
         server.handle_frame(data(id, n as usize)).unwrap();
         credit -= n;
-        let granted = read_all(&mut server, id);
+        let granted = read_all(server, id);
         read += n;
         if granted > 0 {
             credit += granted;
             after_grants.push((read, credit));
         }
     }
+    after_grants
+}
+
+#[test]
+fn a_reading_stream_earns_its_window_up_to_the_maximum() {
+    let budget = Budget::unlimited();
+    let mut server = budgeted(&budget);
+    let (id, window) = dial_window(&mut server);
+    assert_eq!(window, 64 * 1024);
+    // The window grows with what was read (an eighth of it) to 256 KiB and no further.
+    let after_grants = keep_reading(&mut server, id, window, 8 << 20);
     assert!(
         after_grants
             .iter()
-            .all(|&(read, credit)| credit <= (read / 4).clamp(64 << 10, 256 << 10)),
+            .all(|&(read, credit)| credit <= (read / EARN_DIVISOR).clamp(64 << 10, 256 << 10)),
         "a window grew before it was earned: {after_grants:?}"
     );
     assert_eq!(after_grants.iter().map(|&(_, c)| c).max(), Some(256 << 10));
@@ -758,21 +764,60 @@ fn stalled_streams_make_new_streams_start_small_and_the_spent_budget_refuses_dia
 fn pressure_caps_what_a_reading_stream_is_granted() {
     let budget = Budget::new(4 * 1024 * 1024);
     let mut server = budgeted(&budget);
-    let (fast, _) = dial_window(&mut server);
-    // The fast stream earned the maximum.
-    for _ in 0..32 {
-        deliver(&mut server, fast, 64 * 1024);
-        read_all(&mut server, fast);
-    }
-    // Stalled neighbours fill three quarters of the budget.
+    // Stalled neighbours fill three quarters of the budget...
     while budget.buffered() < 3 * budget.limit() / 4 {
         let (id, window) = dial_window(&mut server);
         deliver(&mut server, id, window as usize);
     }
-    deliver(&mut server, fast, 128 * 1024);
-    let granted = read_all(&mut server, fast);
-    assert!(
-        (64 * 1024..256 * 1024).contains(&granted),
-        "granted {granted} at 3/4 pressure"
+    // ...so a stream that reads 8 MiB, which would earn 256 KiB, holds about 136 KiB: the
+    // cap half way between 1/2 and all of the budget.
+    let (fast, window) = dial_window(&mut server);
+    assert_eq!(
+        window, MIN_WINDOW,
+        "a new stream under pressure starts small"
     );
+    let after_grants = keep_reading(&mut server, fast, window, 8 << 20);
+    let most = after_grants.iter().map(|&(_, c)| c).max().unwrap();
+    assert!(
+        (128 * 1024..=140 * 1024).contains(&most),
+        "the reading stream held {most} at 3/4 pressure: {after_grants:?}"
+    );
+}
+
+#[test]
+fn held_bytes_stay_in_the_window_and_the_budget_until_released() {
+    let budget = Budget::unlimited();
+    let mut server = budgeted(&budget);
+    let (id, window) = dial_window(&mut server);
+    deliver(&mut server, id, window as usize);
+    // Taken but still held (a socket write in progress): no credit back, still buffered.
+    let mut held = 0;
+    while let ReadOutcome::Data(chunk) = server.read_held(id) {
+        held += chunk.len();
+    }
+    assert_eq!(held, window as usize);
+    assert!(
+        frames(&mut server).is_empty(),
+        "credit granted for bytes still held"
+    );
+    assert_eq!(budget.buffered(), u64::from(window));
+    // Released as the socket takes them: credit once half the window left.
+    server.release(id, held / 2 - 1);
+    assert!(frames(&mut server).is_empty());
+    server.release(id, 1);
+    assert_eq!(
+        frames(&mut server),
+        [Frame::Window {
+            stream: id,
+            increment: window / 2
+        }]
+    );
+    assert_eq!(budget.buffered(), u64::from(window / 2));
+    // Releasing more than is held releases what is held; a reset stream gives back the rest.
+    deliver(&mut server, id, 1000);
+    assert!(matches!(server.read_held(id), ReadOutcome::Data(_)));
+    server.reset(id, ErrorCode::Cancelled, "client left");
+    assert_eq!(budget.buffered(), 0);
+    server.release(id, held);
+    assert_eq!(budget.buffered(), 0);
 }

@@ -1,12 +1,13 @@
 //! The memory flags both binaries share: the budget of buffered tunnel data
 //! (`--tunnel-memory-budget`) and the kernel buffers of every tunnel socket
-//! (`--tunnel-socket-buffer`), with byte sizes written as Kubernetes quantities (`256Mi`).
+//! (`--tunnel-receive-buffer`, `--tunnel-unsent-limit`), with byte sizes written as
+//! Kubernetes quantities (`256Mi`).
 //!
 //! The flags are plain numbers here; the budget itself is `bridgehead_proto::budget`.
 
 use std::os::fd::AsFd;
 
-/// `--tunnel-memory-budget` and `--tunnel-socket-buffer`.
+/// `--tunnel-memory-budget`, `--tunnel-receive-buffer` and `--tunnel-unsent-limit`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MemoryArgs {
     /// Most bytes of tunnel data this process holds received but not yet taken by its
@@ -16,32 +17,53 @@ pub struct MemoryArgs {
     /// bytes, or with Ki, Mi, Gi (or k, M, G).
     #[arg(long, env = "BRIDGEHEAD_TUNNEL_MEMORY_BUDGET", default_value = "256Mi", value_parser = parse_size, value_name = "SIZE")]
     pub tunnel_memory_budget: u64,
-    /// Kernel send and receive buffer of every tunnel socket this process owns (the CONNECT
-    /// clients' on the server, the dialed targets' on the agent), so that a tunnel that does
-    /// not move holds at most this much kernel memory per direction; 0 leaves them to the
-    /// kernel's autotuning (up to net.ipv4.tcp_rmem's and tcp_wmem's maximum, megabytes per
-    /// socket). A size, as for --tunnel-memory-budget.
-    #[arg(long, env = "BRIDGEHEAD_TUNNEL_SOCKET_BUFFER", default_value = "256Ki", value_parser = parse_size, value_name = "SIZE")]
-    pub tunnel_socket_buffer: u64,
+    /// Kernel receive buffer of every tunnel TCP socket this process owns (CONNECT clients'
+    /// on the server, dialed targets' on the agent): what a tunnel whose other end stopped
+    /// reading holds in the kernel on the receiving side (the kernel doubles the value for its
+    /// bookkeeping). 0 leaves it to the kernel's autotuning, up to net.ipv4.tcp_rmem's
+    /// maximum (megabytes per socket). A size, as for --tunnel-memory-budget.
+    #[arg(long, env = "BRIDGEHEAD_TUNNEL_RECEIVE_BUFFER", default_value = "64Ki", value_parser = parse_size, value_name = "SIZE")]
+    pub tunnel_receive_buffer: u64,
+    /// Most bytes a tunnel TCP socket this process owns keeps queued but not yet sent
+    /// (TCP_NOTSENT_LOWAT): what a tunnel whose reader stopped holds in the kernel on the
+    /// sending side, beyond what is in flight. 0: no limit (net.ipv4.tcp_wmem's maximum).
+    #[arg(long, env = "BRIDGEHEAD_TUNNEL_UNSENT_LIMIT", default_value = "16Ki", value_parser = parse_size, value_name = "SIZE")]
+    pub tunnel_unsent_limit: u64,
 }
 
 impl MemoryArgs {
-    /// The socket buffer size to set, `None` for the kernel's autotuning.
-    pub fn socket_buffer(&self) -> Option<usize> {
-        usize::try_from(self.tunnel_socket_buffer)
-            .ok()
-            .filter(|&size| size > 0)
+    /// The tunnel sockets' options these flags ask for.
+    pub fn socket_tuning(&self) -> SocketTuning {
+        let nonzero = |value: u64| u32::try_from(value).ok().filter(|&v| v > 0);
+        SocketTuning {
+            receive_buffer: nonzero(self.tunnel_receive_buffer),
+            unsent_limit: nonzero(self.tunnel_unsent_limit),
+        }
     }
 }
 
-/// Sets `socket`'s send and receive buffers to `size` bytes (the kernel doubles the value it
-/// is given for its bookkeeping, and turns its autotuning off for the socket). A receive
-/// buffer set before `connect`/`listen` also bounds the window announced in the handshake.
-pub fn set_socket_buffers(socket: &impl AsFd, size: usize) -> std::io::Result<()> {
-    use rustix::net::sockopt;
-    sockopt::set_socket_send_buffer_size(socket, size)?;
-    sockopt::set_socket_recv_buffer_size(socket, size)?;
-    Ok(())
+/// The kernel buffer options of a tunnel's TCP socket; `None` leaves the kernel's default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SocketTuning {
+    /// `SO_RCVBUF`.
+    pub receive_buffer: Option<u32>,
+    /// `TCP_NOTSENT_LOWAT`.
+    pub unsent_limit: Option<u32>,
+}
+
+impl SocketTuning {
+    /// Sets the options on a TCP socket. A receive buffer set before `connect` also bounds
+    /// the window announced in the handshake.
+    pub fn apply(&self, socket: &impl AsFd) -> std::io::Result<()> {
+        let socket = socket2::SockRef::from(socket);
+        if let Some(size) = self.receive_buffer {
+            socket.set_recv_buffer_size(size as usize)?;
+        }
+        if let Some(limit) = self.unsent_limit {
+            socket.set_tcp_notsent_lowat(limit)?;
+        }
+        Ok(())
+    }
 }
 
 /// The budget's series, read at each scrape: `tunnel_buffered_bytes`,
@@ -171,16 +193,24 @@ mod tests {
     }
 
     #[test]
-    fn socket_buffers_are_set_and_zero_means_the_kernels() {
-        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        set_socket_buffers(&socket, 64 * 1024).unwrap();
-        let got = rustix::net::sockopt::socket_recv_buffer_size(&socket).unwrap();
-        // Linux doubles the value for its bookkeeping.
-        assert!((64 * 1024..=128 * 1024).contains(&got), "{got}");
-        let off = MemoryArgs {
+    fn tuning_is_set_and_zero_means_the_kernels() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let socket = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let args = MemoryArgs {
             tunnel_memory_budget: 1,
-            tunnel_socket_buffer: 0,
+            tunnel_receive_buffer: 64 * 1024,
+            tunnel_unsent_limit: 16 * 1024,
         };
-        assert_eq!(off.socket_buffer(), None);
+        args.socket_tuning().apply(&socket).unwrap();
+        let sock = socket2::SockRef::from(&socket);
+        // Linux doubles the receive buffer for its bookkeeping.
+        assert_eq!(sock.recv_buffer_size().unwrap(), 128 * 1024);
+        assert_eq!(sock.tcp_notsent_lowat().unwrap(), 16 * 1024);
+        let off = MemoryArgs {
+            tunnel_receive_buffer: 0,
+            tunnel_unsent_limit: 0,
+            ..args
+        };
+        assert_eq!(off.socket_tuning(), SocketTuning::default());
     }
 }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use bridgehead_runtime::accept::RateLimit;
+use bridgehead_runtime::memory::SocketTuning;
 
 use bridgehead_mux::Keepalive;
 use bridgehead_proto::budget::Budget;
@@ -51,8 +52,9 @@ pub struct Context {
     pub log_tunnels: bool,
     /// `--tunnel-memory-budget`: every agent session's buffered data counts against it.
     pub budget: Budget,
-    /// `--tunnel-socket-buffer`: the kernel buffers of every CONNECT client's socket.
-    pub socket_buffer: Option<usize>,
+    /// `--tunnel-receive-buffer`, `--tunnel-unsent-limit`: the kernel buffers of every
+    /// CONNECT client's TCP socket.
+    pub socket_tuning: SocketTuning,
 }
 
 impl Context {
@@ -87,7 +89,7 @@ impl Context {
             frontend_keepalive: config.frontend_keepalive,
             log_tunnels: config.log_tunnels,
             budget,
-            socket_buffer: config.memory.socket_buffer(),
+            socket_tuning: config.memory.socket_tuning(),
         }
     }
 }

@@ -74,7 +74,9 @@ pub async fn serve_tcp(
         connections.spawn(
             async move {
                 let _ = tcp.set_nodelay(true);
-                socket_buffers(&tcp, &ctx);
+                if let Err(error) = ctx.socket_tuning.apply(&tcp) {
+                    debug!(%error, "setting the socket's buffer options");
+                }
                 if let Some(idle) = ctx.frontend_keepalive {
                     if let Err(error) = bridgehead_runtime::limits::tcp_keepalive(&tcp, idle) {
                         debug!(%error, "setting TCP keepalive");
@@ -105,16 +107,6 @@ pub async fn serve_tcp(
             }
             .instrument(span),
         );
-    }
-}
-
-/// `--tunnel-socket-buffer` on a client's socket: a client that stops reading (or a target
-/// that does) leaves at most that much in this socket's kernel buffers.
-fn socket_buffers(socket: &impl std::os::fd::AsFd, ctx: &Context) {
-    if let Some(size) = ctx.socket_buffer {
-        if let Err(error) = bridgehead_runtime::memory::set_socket_buffers(socket, size) {
-            debug!(%error, "setting the socket's buffer sizes");
-        }
     }
 }
 
@@ -159,7 +151,6 @@ pub async fn serve_unix(
             target = tracing::field::Empty,
             agent = tracing::field::Empty
         );
-        socket_buffers(&socket, &ctx);
         // Every client of the socket is one client: its file mode is the access control.
         let client = ClientKey::from(&b"unix socket"[..]);
         connections

@@ -47,10 +47,21 @@ pub struct Target {
 impl Target {
     /// Binds `127.0.0.1:0` and serves on the current runtime.
     pub async fn start() -> anyhow::Result<Target> {
+        Target::start_with_send_buffer(None).await
+    }
+
+    /// [`Target::start`], every connection's kernel send buffer set to `send_buffer` bytes
+    /// when given: a firehose whose unsent bytes mostly stay in the target, as a remote
+    /// target's would stay on its own machine, not this one.
+    pub async fn start_with_send_buffer(send_buffer: Option<u32>) -> anyhow::Result<Target> {
         // A deep accept queue: at tens of thousands of connects a second, a short scheduling
         // delay of the accept loop must not overflow it (a dropped SYN costs the client a
         // 1 s retransmit, which would show up as a setup outlier that is the bench's own).
         let socket = TcpSocket::new_v4()?;
+        if let Some(size) = send_buffer {
+            // Accepted connections inherit it.
+            socket.set_send_buffer_size(size)?;
+        }
         socket.bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
         let listener = socket.listen(ACCEPT_BACKLOG)?;
         let addr = listener.local_addr()?;
@@ -76,13 +87,13 @@ impl Target {
     /// Runs a target until killed, announcing `bench target listening on ADDR` on stdout: for
     /// a target in a process of its own, whose descriptors then do not count against the
     /// client's limit (the benchmark's memory measurement holds 10,000 idle tunnels).
-    pub fn serve_standalone() -> anyhow::Result<()> {
+    pub fn serve_standalone(send_buffer: Option<u32>) -> anyhow::Result<()> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()?;
         runtime.block_on(async {
-            let target = Target::start().await?;
+            let target = Target::start_with_send_buffer(send_buffer).await?;
             println!("bench target listening on {}", target.addr);
             std::io::Write::flush(&mut std::io::stdout())?;
             std::future::pending::<()>().await;

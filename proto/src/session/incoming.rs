@@ -43,7 +43,7 @@ impl Session {
                     self.refuse(
                         stream,
                         ErrorCode::Overloaded,
-                        "overloaded: the agent's tunnel memory budget is spent",
+                        "overloaded: the agent's --tunnel-memory-budget is spent",
                     );
                 } else {
                     let own = self
@@ -104,7 +104,7 @@ impl Session {
                     return Ok(());
                 };
                 self.deadlines.remove(&(deadline, stream));
-                self.streams.remove(&stream);
+                self.discard(stream);
                 self.events.push_back(Event::DialFailed {
                     stream,
                     code,

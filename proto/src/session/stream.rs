@@ -38,6 +38,9 @@ pub(super) struct Stream {
     pub(super) unacked: u64,
     /// Bytes read in all: what the stream earned its window with.
     pub(super) read_total: u64,
+    /// Bytes taken from `recv_buf` that their reader has not released yet (still its
+    /// memory, still in the window).
+    pub(super) held: u64,
     /// The session ended while this stream still held received data: it stays only until
     /// that data is read.
     pub(super) aborted: bool,
@@ -55,6 +58,7 @@ impl Stream {
             window,
             unacked: 0,
             read_total: 0,
+            held: 0,
             aborted: false,
         }
     }

@@ -141,7 +141,7 @@ fn context_with_dial_timeout(registry: Registry, dial_timeout: Duration) -> Arc<
         frontend_keepalive: None,
         log_tunnels: true,
         budget,
-        socket_buffer: None,
+        socket_tuning: Default::default(),
     })
 }
 

@@ -406,6 +406,15 @@ impl TlsStream {
     /// Encrypts `plaintext` (at most [`WRITE_SIZE`] bytes of it, starting with the first
     /// non-empty slice) into `outgoing`; returns how many plaintext bytes it took.
     fn encrypt(&mut self, slices: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        // Room for every record at once: grown slice by slice, the buffer's capacity would
+        // double past what it holds, and a client that stops reading keeps it that size.
+        let plaintext = slices
+            .iter()
+            .map(|s| s.len())
+            .sum::<usize>()
+            .min(WRITE_SIZE);
+        let room = plaintext + (plaintext.div_ceil(MAX_FRAGMENT) + slices.len()) * RECORD_OVERHEAD;
+        self.outgoing.buf.reserve_exact(room);
         let mut taken = 0;
         let mut write = |traffic: &mut WriteTraffic<'_>, outgoing: &mut Pending| {
             for slice in slices {
@@ -462,8 +471,9 @@ impl TlsStream {
         if slices.iter().all(|s| s.is_empty()) {
             return Poll::Ready(Ok(0));
         }
-        // Earlier records first; while a full write's worth still waits, so does the caller.
-        if self.poll_send(cx)?.is_pending() && self.outgoing.len() >= WRITE_SIZE {
+        // Earlier records first; while any still wait for the socket, so does the caller: a
+        // client that stopped reading holds at most one write's worth of records here.
+        if self.poll_send(cx)?.is_pending() {
             return Poll::Pending;
         }
         let taken = self.encrypt(slices)?;

@@ -1,0 +1,352 @@
+//! Memory under stalled readers: many tunnels whose target streams as fast as it can and
+//! whose client never reads (a `kubectl logs -f` into a terminal that stopped), on a fresh
+//! mTLS pair. Measured: server and agent RSS over their baseline, their buffered-bytes gauges
+//! against `--tunnel-memory-budget`, the machine's TCP memory (`/proc/net/sockstat`) against
+//! `net.ipv4.tcp_mem`, and a bulk download's speed beside the stalled tunnels against its
+//! speed alone.
+//!
+//! The target's sockets get a small send buffer: a remote target's unsent bytes stay on its
+//! own machine, and on this one they would swamp what Bridgehead's own sockets hold.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::report::{rate, Check, Outcome, Report};
+use crate::rig::Rig;
+use crate::route::{Conn, Route};
+use crate::throughput::{bulk, Bulk, Direction};
+use crate::Budget;
+use bridgehead_e2e::procfs;
+use bridgehead_e2e::target::bulk as target;
+
+/// The firehose target's send buffer (the kernel doubles it).
+pub const TARGET_SEND_BUFFER: u32 = 16 * 1024;
+/// Workers opening the stalled tunnels.
+const OPENERS: usize = 16;
+/// The stated overhead per tunnel beyond its buffered bytes, server and agent each: an idle
+/// tunnel's cost (under 10 KiB, the idle measurement) plus allocator slack.
+const PER_TUNNEL_OVERHEAD: u64 = 16 * 1024;
+/// Bytes the server's and agent's own TCP sockets queue in the kernel per stalled tunnel, at
+/// most: the agent's target socket holds its receive window (`--tunnel-receive-buffer`), the
+/// server's client socket its unsent limit and one more segment.
+const KERNEL_PER_TUNNEL: u64 = 192 * 1024;
+/// A bulk download beside the stalled tunnels keeps at least this share of its speed alone.
+const MIN_SHARE: f64 = 0.9;
+/// TCP memory counts as far from pressure below this share of `tcp_mem`'s first threshold.
+const FAR_FROM_PRESSURE: f64 = 0.25;
+/// How long a stalled tunnel's target keeps writing.
+const STALL_FOR: Duration = Duration::from_secs(600);
+const SETTLE_INTERVAL: Duration = Duration::from_millis(500);
+const SETTLE_MAX: Duration = Duration::from_secs(60);
+/// Bulk rounds alone and beside the stalled tunnels.
+const ROUNDS: usize = 2;
+
+/// What the two processes hold.
+#[derive(Debug, Clone, Copy, Default)]
+struct Held {
+    server_rss: u64,
+    agent_rss: u64,
+    server_buffered: u64,
+    agent_buffered: u64,
+    tcp_pages: u64,
+    /// Received-unread and unsent bytes in the kernel on the server's and the agent's TCP
+    /// sockets, both processes together.
+    kernel_queued: (u64, u64),
+}
+
+fn held(rig: &Rig) -> Held {
+    let [server, agent] = [rig.server.process.pid(), rig.agent.process.pid()];
+    Held {
+        server_rss: procfs::rss_bytes(server).unwrap_or(0),
+        agent_rss: procfs::rss_bytes(agent).unwrap_or(0),
+        server_buffered: rig
+            .server
+            .metric("bridgehead_server_tunnel_buffered_bytes")
+            .unwrap_or(0.0) as u64,
+        agent_buffered: rig
+            .agent
+            .metric("bridgehead_agent_tunnel_buffered_bytes")
+            .unwrap_or(0.0) as u64,
+        tcp_pages: procfs::tcp_memory_pages().unwrap_or(0),
+        kernel_queued: {
+            let (a, b) = (procfs::tcp_queued(server), procfs::tcp_queued(agent));
+            (a.0 + b.0, a.1 + b.1)
+        },
+    }
+}
+
+/// Runs the measurement with `count` stalled tunnels on `rig` (fresh) to `firehose` (a target
+/// serving with [`TARGET_SEND_BUFFER`]), the bulk downloads from `target`.
+pub async fn run(
+    rig: &Rig,
+    firehose: SocketAddr,
+    target: SocketAddr,
+    count: usize,
+    budget: &Budget,
+    report: &mut Report,
+) {
+    // The budget the pair runs with, as the server reports it (`--server-arg` may set it).
+    let memory_budget = rig
+        .server
+        .metric("bridgehead_server_tunnel_memory_budget_bytes")
+        .unwrap_or(0.0) as u64;
+    eprintln!(
+        "== memory under {count} stalled readers (--tunnel-memory-budget {} MiB)",
+        memory_budget >> 20
+    );
+    let what = format!("{count} stalled readers");
+    let alone = match downloads(&rig.mtls, target, budget).await {
+        Ok(alone) => alone,
+        Err(error) => return report.failed(&what, "-", &error),
+    };
+    let base = settle(rig).await;
+    let page = rustix::param::page_size() as u64;
+    let [low, pressure, _] = procfs::tcp_mem_limits().unwrap_or([0; 3]);
+    let conns = Arc::new(Mutex::new(Vec::new()));
+    let started = Instant::now();
+    if let Err(error) = open_stalled(&rig.mtls, firehose, count, &conns).await {
+        return report.failed(&what, "all open", &error);
+    }
+    let open_seconds = started.elapsed().as_secs_f64();
+    let stalled = settle(rig).await;
+    eprintln!(
+        "  {count} stalled after {:.1} s: buffered server {} MiB, agent {} MiB; RSS server {} MiB, agent {} MiB; TCP memory {} pages",
+        started.elapsed().as_secs_f64(),
+        stalled.server_buffered >> 20,
+        stalled.agent_buffered >> 20,
+        stalled.server_rss >> 20,
+        stalled.agent_rss >> 20,
+        stalled.tcp_pages
+    );
+    let beside = downloads(&rig.mtls, target, budget).await;
+    let after = held(rig);
+    let have = conns.lock().map_or(0, |c| c.len());
+    let beside = match beside {
+        Ok(beside) => beside,
+        Err(error) => return report.failed(&what, "bulk beside them", &error),
+    };
+    let share = beside / alone.max(1e-9);
+    let growth = |now: u64, then: u64| now.saturating_sub(then);
+    let server_growth = growth(stalled.server_rss, base.server_rss);
+    let agent_growth = growth(stalled.agent_rss, base.agent_rss);
+    let tcp_growth = growth(stalled.tcp_pages, base.tcp_pages);
+    let (rx, tx) = stalled.kernel_queued;
+    let kernel_per = (rx + tx) / count.max(1) as u64;
+    let bound = memory_budget + count as u64 * PER_TUNNEL_OVERHEAD;
+    eprintln!(
+        "  their kernel queues: {} MiB received unread, {} MiB unsent ({} KiB per tunnel)",
+        rx >> 20,
+        tx >> 20,
+        kernel_per >> 10
+    );
+    eprintln!(
+        "  {have} stalled tunnels (opened in {open_seconds:.1} s): server RSS +{} MiB (buffered {} MiB), agent RSS +{} MiB (buffered {} MiB); TCP memory {} pages (+{}; tcp_mem {low} {pressure}); bulk download alone {}, beside them {} ({:.2})",
+        server_growth >> 20,
+        stalled.server_buffered >> 20,
+        agent_growth >> 20,
+        stalled.agent_buffered >> 20,
+        stalled.tcp_pages,
+        tcp_growth,
+        rate(alone),
+        rate(beside),
+        share
+    );
+    let _ = report.record(
+        "stalled_readers",
+        json!({
+            "tunnels": have,
+            "wanted": count,
+            "memory_budget": memory_budget,
+            "target_send_buffer": TARGET_SEND_BUFFER,
+            "baseline_server_rss": base.server_rss,
+            "baseline_agent_rss": base.agent_rss,
+            "server_rss": stalled.server_rss,
+            "agent_rss": stalled.agent_rss,
+            "server_buffered": stalled.server_buffered,
+            "agent_buffered": stalled.agent_buffered,
+            "after_bulk_server_rss": after.server_rss,
+            "after_bulk_agent_rss": after.agent_rss,
+            "baseline_tcp_pages": base.tcp_pages,
+            "tcp_pages": stalled.tcp_pages,
+            "kernel_received_unread": rx,
+            "kernel_unsent": tx,
+            "tcp_mem": [low, pressure],
+            "page_size": page,
+            "alone_bytes_per_s": alone,
+            "beside_bytes_per_s": beside,
+            "open_seconds": open_seconds,
+        }),
+    );
+    report.row(
+        "Memory under stalled readers (mTLS; each target streams into a client that never reads)",
+        &[
+            "tunnels",
+            "server RSS growth (buffered)",
+            "agent RSS growth (buffered)",
+            "their kernel queues per tunnel",
+            "machine TCP memory (tcp_mem)",
+            "bulk alone",
+            "bulk beside",
+        ],
+        vec![
+            have.to_string(),
+            format!(
+                "{} MiB ({} MiB)",
+                server_growth >> 20,
+                stalled.server_buffered >> 20
+            ),
+            format!(
+                "{} MiB ({} MiB)",
+                agent_growth >> 20,
+                stalled.agent_buffered >> 20
+            ),
+            format!("{} KiB", kernel_per >> 10),
+            format!(
+                "{} MiB, {} pages ({low}, {pressure})",
+                (stalled.tcp_pages * page) >> 20,
+                stalled.tcp_pages
+            ),
+            rate(alone),
+            format!("{} ({share:.2})", rate(beside)),
+        ],
+    );
+    let _ = report.check(Check {
+        what: format!("server and agent RSS growth, {count} stalled readers"),
+        bridgehead: format!(
+            "server +{} MiB, agent +{} MiB",
+            server_growth >> 20,
+            agent_growth >> 20
+        ),
+        direct: "-".to_owned(),
+        ratio: "-".to_owned(),
+        target: format!(
+            "each ≤ budget + {} KiB/tunnel = {} MiB",
+            PER_TUNNEL_OVERHEAD >> 10,
+            bound >> 20
+        ),
+        outcome: Outcome::of(have == count && server_growth <= bound && agent_growth <= bound),
+    });
+    let _ = report.check(Check {
+        what: format!("server and agent kernel queues per tunnel, {count} stalled readers"),
+        bridgehead: format!("{} KiB", kernel_per >> 10),
+        direct: "-".to_owned(),
+        ratio: "-".to_owned(),
+        target: format!("≤ {} KiB", KERNEL_PER_TUNNEL >> 10),
+        outcome: Outcome::of(have == count && kernel_per <= KERNEL_PER_TUNNEL),
+    });
+    let far = (low as f64 * FAR_FROM_PRESSURE) as u64;
+    let _ = report.check(Check {
+        what: format!("machine TCP memory, {count} stalled readers"),
+        bridgehead: format!("{} pages", stalled.tcp_pages),
+        direct: "-".to_owned(),
+        ratio: format!(
+            "{:.2} of tcp_mem[0]",
+            stalled.tcp_pages as f64 / low.max(1) as f64
+        ),
+        target: format!("≤ {FAR_FROM_PRESSURE} × tcp_mem[0] = {far} pages"),
+        outcome: Outcome::of(low > 0 && stalled.tcp_pages <= far),
+    });
+    let _ = report.check(Check {
+        what: format!("bulk download beside {count} stalled readers"),
+        bridgehead: rate(beside),
+        direct: format!("{} alone", rate(alone)),
+        ratio: format!("{share:.2}"),
+        target: format!("≥ {MIN_SHARE} × alone"),
+        outcome: Outcome::of(share >= MIN_SHARE),
+    });
+    let conns = std::mem::take(&mut *conns.lock().unwrap_or_else(|p| p.into_inner()));
+    eprintln!("  closing {} stalled tunnels", conns.len());
+    drop(conns);
+}
+
+/// [`ROUNDS`] one-tunnel bulk downloads; their bytes over their seconds.
+async fn downloads(route: &Route, target: SocketAddr, budget: &Budget) -> anyhow::Result<f64> {
+    let mut runs: Vec<Bulk> = Vec::new();
+    for _ in 0..ROUNDS {
+        runs.push(
+            bulk(
+                route,
+                target,
+                Direction::Download,
+                1,
+                budget.bulk_bytes,
+                budget.bulk_time,
+                &[],
+            )
+            .await?,
+        );
+    }
+    let bytes: u64 = runs.iter().map(|r| r.bytes).sum();
+    let seconds: f64 = runs.iter().map(|r| r.seconds).sum();
+    Ok(bytes as f64 / seconds.max(1e-9))
+}
+
+/// Waits until the processes' RSS and buffered bytes stopped moving (less than 1 % between two
+/// samples), at most [`SETTLE_MAX`]; returns the last sample.
+async fn settle(rig: &Rig) -> Held {
+    let deadline = Instant::now() + SETTLE_MAX;
+    let mut last = held(rig);
+    loop {
+        tokio::time::sleep(SETTLE_INTERVAL).await;
+        let now = held(rig);
+        let moved = |a: u64, b: u64| a.abs_diff(b) > b / 100 + 64 * 1024;
+        let still = !moved(now.server_rss, last.server_rss)
+            && !moved(now.agent_rss, last.agent_rss)
+            && !moved(now.server_buffered, last.server_buffered)
+            && !moved(now.agent_buffered, last.agent_buffered);
+        last = now;
+        if still || Instant::now() > deadline {
+            return last;
+        }
+    }
+}
+
+/// Opens `count` tunnels that ask their target for an endless download and never read.
+async fn open_stalled(
+    route: &Route,
+    target: SocketAddr,
+    count: usize,
+    held: &Arc<Mutex<Vec<Conn>>>,
+) -> anyhow::Result<()> {
+    let remaining = Arc::new(AtomicUsize::new(count));
+    let mut openers = JoinSet::new();
+    for _ in 0..OPENERS {
+        let (route, remaining, held) = (route.clone(), remaining.clone(), held.clone());
+        openers.spawn(async move {
+            while remaining
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                let mut conn = route.open(target).await?;
+                target::request_download(&mut conn, u64::MAX, STALL_FOR).await?;
+                if let Ok(mut held) = held.lock() {
+                    held.push(conn);
+                }
+            }
+            anyhow::Ok(())
+        });
+    }
+    let mut first_error = None;
+    while let Some(joined) = openers.join_next().await {
+        let error = match joined {
+            Ok(Ok(())) => continue,
+            Ok(Err(error)) => error,
+            Err(error) => error.into(),
+        };
+        remaining.store(0, Ordering::Relaxed);
+        first_error.get_or_insert(error);
+    }
+    match first_error {
+        None => Ok(()),
+        Some(error) => {
+            let have = held.lock().map_or(0, |h| h.len());
+            Err(error.context(format!("opening stalled tunnel {} of {count}", have + 1)))
+        }
+    }
+}

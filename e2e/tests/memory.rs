@@ -1,0 +1,242 @@
+//! The memory budget (`--tunnel-memory-budget`) with real processes: tunnels whose far end
+//! stopped reading fill it, past it new CONNECTs get 503 "overloaded" while open tunnels keep
+//! moving, and it empties again when the stalled tunnels go. Once on the server (a client
+//! that does not read its download), once on the agent (a target that does not read its
+//! upload).
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bridgehead_e2e::client::{echo_round_trip, kube_connect, uds_stream, ConnectReply};
+use bridgehead_e2e::{target, Agent, AgentOptions, Pki, Server, ServerOptions};
+
+const BUDGET: u64 = 1024 * 1024;
+/// The most one tunnel may hold against the budget: its window, at most the initial 64 KiB
+/// (the stalled tunnels never read enough to earn more).
+const MOST_PER_TUNNEL: u64 = 64 * 1024;
+/// Stalled tunnels opened at most before the budget must be spent (each holds at least the
+/// 16 KiB floor window).
+const MOST_TUNNELS: usize = (BUDGET / (16 * 1024)) as usize + 8;
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Polls `done` until it holds, at most [`WAIT`].
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn connect(path: &Path, target: SocketAddr) -> (UnixStream, ConnectReply) {
+    let mut conn = uds_stream(path).unwrap();
+    let reply = kube_connect(&mut conn, &target.to_string()).unwrap();
+    (conn, reply)
+}
+
+/// A server on a Unix socket with `server_args` and its agent with `agent_args`.
+fn pair(pki: &Pki, path: &Path, server_args: &[&str], agent_args: &[&str]) -> (Server, Agent) {
+    let server = Server::start(
+        pki,
+        ServerOptions {
+            uds: Some(path.to_owned()),
+            args: server_args.iter().map(|a| a.to_string()).collect(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let agent = Agent::start(
+        pki,
+        &server,
+        AgentOptions {
+            args: agent_args.iter().map(|a| a.to_string()).collect(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    server.wait_agents(1).unwrap();
+    (server, agent)
+}
+
+/// Opens tunnels to `target`, each made to stall by `stall`, waiting after each until
+/// `buffered` grew, until a CONNECT is refused; returns the stalled tunnels and the refusal.
+fn stall_until_refused(
+    path: &Path,
+    target: SocketAddr,
+    buffered: impl Fn() -> u64,
+    stall: impl Fn(&mut UnixStream),
+) -> (Vec<UnixStream>, ConnectReply) {
+    let mut stalled = Vec::new();
+    loop {
+        assert!(
+            stalled.len() <= MOST_TUNNELS,
+            "{} stalled tunnels and no refusal yet ({} bytes buffered)",
+            stalled.len(),
+            buffered()
+        );
+        let before = buffered();
+        let (mut conn, reply) = connect(path, target);
+        if reply.status != 200 {
+            return (stalled, reply);
+        }
+        stall(&mut conn);
+        wait_until("the stalled tunnel's bytes to be buffered", || {
+            buffered() > before
+        });
+        stalled.push(conn);
+    }
+}
+
+fn assert_overloaded(reply: &ConnectReply, what: &str) {
+    assert_eq!(reply.status, 503, "{what}: {}", reply.head);
+    assert!(
+        reply.head.contains("overloaded") && reply.head.contains("memory-budget"),
+        "{what}: the reason does not say why: {}",
+        reply.head
+    );
+}
+
+#[test]
+fn past_the_servers_budget_new_tunnels_get_503_and_open_ones_keep_moving() {
+    let pki = Pki::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bridgehead.sock");
+    let (server, _agent) = pair(&pki, &path, &["--tunnel-memory-budget", "1Mi"], &[]);
+    let buffered = || {
+        server
+            .metric("bridgehead_server_tunnel_buffered_bytes")
+            .unwrap() as u64
+    };
+    assert_eq!(
+        server
+            .metric("bridgehead_server_tunnel_memory_budget_bytes")
+            .unwrap() as u64,
+        BUDGET
+    );
+    let echo = target::echo("127.0.0.1:0").unwrap();
+    let (mut reading, reply) = connect(&path, echo);
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    echo_round_trip(&mut reading, b"before the budget fills");
+
+    // Downloads nobody reads: the server holds what the agent sends until the budget is spent.
+    let firehose = target::source("127.0.0.1:0", usize::MAX).unwrap();
+    let (stalled, refused) = stall_until_refused(&path, firehose, buffered, |_| {});
+    assert_overloaded(&refused, "a CONNECT past the server's budget");
+    let held = buffered();
+    assert!(
+        held >= BUDGET && held <= BUDGET + stalled.len() as u64 * MOST_PER_TUNNEL,
+        "{held} bytes buffered by {} stalled tunnels, budget {BUDGET}",
+        stalled.len()
+    );
+    assert!(
+        server
+            .metric("bridgehead_server_tunnel_memory_refusals_total")
+            .unwrap()
+            >= 1.0
+    );
+    assert!(
+        server
+            .metric("bridgehead_server_dials_total{result=\"overloaded\"}")
+            .unwrap()
+            >= 1.0
+    );
+    // A tunnel that reads still moves, byte for byte, with the budget spent.
+    let big: Vec<u8> = (0..256 * 1024).map(|i| (i % 251) as u8).collect();
+    echo_round_trip(&mut reading, &big);
+
+    // The stalled tunnels go: their bytes leave the budget, and tunnels open again.
+    drop(stalled);
+    wait_until("the budget to empty", || buffered() == 0);
+    let (_again, reply) = connect(&path, echo);
+    assert_eq!(reply.status, 200, "{}", reply.head);
+}
+
+/// A target that accepts and never reads, its receive buffer small so the agent's side fills.
+fn sink() -> (SocketAddr, Arc<Mutex<Vec<TcpStream>>>) {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(16 * 1024).unwrap();
+    socket
+        .bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .unwrap();
+    socket.listen(128).unwrap();
+    let listener: TcpListener = socket.into();
+    let addr = listener.local_addr().unwrap();
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let keep = held.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            keep.lock().unwrap().push(stream);
+        }
+    });
+    (addr, held)
+}
+
+/// Writes into `conn` until its socket takes no more.
+fn fill(conn: &mut UnixStream) {
+    conn.set_nonblocking(true).unwrap();
+    let block = [0x5au8; 64 * 1024];
+    loop {
+        match conn.write(&block) {
+            Ok(_) => {}
+            Err(error) if error.kind() == ErrorKind::WouldBlock => return,
+            Err(error) => panic!("filling the tunnel: {error}"),
+        }
+    }
+}
+
+#[test]
+fn past_the_agents_budget_its_dials_are_refused_as_overloaded() {
+    let pki = Pki::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bridgehead.sock");
+    let (server, agent) = pair(&pki, &path, &[], &["--tunnel-memory-budget", "1Mi"]);
+    let buffered = || {
+        agent
+            .metric("bridgehead_agent_tunnel_buffered_bytes")
+            .unwrap() as u64
+    };
+    // Uploads the target never reads: the agent holds what the server sends.
+    let (sink, held_by_target) = sink();
+    let (stalled, refused) = stall_until_refused(&path, sink, buffered, fill);
+    assert_overloaded(&refused, "a CONNECT past the agent's budget");
+    assert!(
+        refused.head.contains("agent") && refused.head.contains("could not dial"),
+        "{}",
+        refused.head
+    );
+    assert!(
+        agent
+            .metric("bridgehead_agent_tunnel_memory_refusals_total")
+            .unwrap()
+            >= 1.0
+    );
+    let held = buffered();
+    assert!(
+        held <= BUDGET + stalled.len() as u64 * MOST_PER_TUNNEL,
+        "{held} bytes buffered by {} stalled tunnels",
+        stalled.len()
+    );
+    // The server's own budget is untouched: it was the agent that refused.
+    assert_eq!(
+        server
+            .metric("bridgehead_server_tunnel_memory_refusals_total")
+            .unwrap(),
+        0.0
+    );
+    // The clients go, but what they sent is still owed to the target (a tunnel delivers
+    // every byte or fails): only the target's end lets the agent's budget go.
+    drop(stalled);
+    held_by_target.lock().unwrap().clear();
+    wait_until("the agent's budget to empty", || buffered() == 0);
+    let echo = target::echo("127.0.0.1:0").unwrap();
+    let (mut conn, reply) = connect(&path, echo);
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    let mut back = [0u8; 4];
+    conn.write_all(b"ping").unwrap();
+    conn.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"ping");
+}
