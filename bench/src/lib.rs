@@ -102,6 +102,9 @@ pub struct Options {
     /// `--agent-arg=--worker-threads=1`.
     #[arg(long = "agent-arg", value_name = "FLAG", allow_hyphen_values = true)]
     pub agent_args: Vec<String>,
+    /// Stalled readers of `--only stalled-readers` (default 5,000; 300 with --quick).
+    #[arg(long, value_name = "N")]
+    pub stalled_readers: Option<usize>,
     /// Internal: serve the bench target in this process (the memory measurement's child).
     #[arg(long, hide = true)]
     pub serve_target: bool,
@@ -302,7 +305,7 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
             &rig,
             firehose,
             target.addr,
-            budget.stalled_readers,
+            options.stalled_readers.unwrap_or(budget.stalled_readers),
             &budget,
             &mut report,
         ));

@@ -29,9 +29,11 @@ use bridgehead_e2e::target::bulk as target;
 pub const TARGET_SEND_BUFFER: u32 = 16 * 1024;
 /// Workers opening the stalled tunnels.
 const OPENERS: usize = 16;
-/// The stated overhead per tunnel beyond its buffered bytes, server and agent each: an idle
-/// tunnel's cost (under 10 KiB, the idle measurement) plus allocator slack.
-const PER_TUNNEL_OVERHEAD: u64 = 16 * 1024;
+/// The stated overhead per stalled tunnel beyond the budget, server and agent each: an idle
+/// tunnel's cost (under 10 KiB, the idle measurement), the one TLS write of records (up to
+/// 64 KiB and their headers) the mTLS frontend has accepted for a client that stopped
+/// reading, and the WebSocket message buffers that stalled chunks keep alive.
+const PER_TUNNEL_OVERHEAD: u64 = 112 * 1024;
 /// Bytes the server's and agent's own TCP sockets queue in the kernel per stalled tunnel, at
 /// most: the agent's target socket holds its receive window (`--tunnel-receive-buffer`), the
 /// server's client socket its unsent limit and one more segment.
