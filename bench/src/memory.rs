@@ -174,12 +174,33 @@ async fn warm_up(route: &Route, target: SocketAddr) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What each tunnel [`open_held`] opens does before it is held.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Use {
+    /// One 64-byte echo round trip, then quiet.
+    Idle,
+    /// Asks its target for an endless download (for this long) and never reads it.
+    Stalled(Duration),
+}
+
 /// Opens tunnels until `held` has `count`, each with one echo round trip.
 async fn open_idle(
     route: &Route,
     target: SocketAddr,
     count: usize,
     held: &Arc<Mutex<Vec<Conn>>>,
+) -> anyhow::Result<()> {
+    open_held(route, target, count, held, Use::Idle).await
+}
+
+/// Opens tunnels from [`OPENERS`] tasks until `held` has `count`, each used as `then` says;
+/// the first failure stops them all.
+pub(crate) async fn open_held(
+    route: &Route,
+    target: SocketAddr,
+    count: usize,
+    held: &Arc<Mutex<Vec<Conn>>>,
+    then: Use,
 ) -> anyhow::Result<()> {
     let have = held.lock().map_or(0, |h| h.len());
     let remaining = Arc::new(AtomicUsize::new(count.saturating_sub(have)));
@@ -194,9 +215,16 @@ async fn open_idle(
                 .is_ok()
             {
                 let mut conn = route.open(target).await?;
-                target::start_echo(&mut conn).await?;
-                let mut reply = [0u8; 64];
-                target::echo(&mut conn, &[7u8; 64], &mut reply).await?;
+                match then {
+                    Use::Idle => {
+                        target::start_echo(&mut conn).await?;
+                        let mut reply = [0u8; 64];
+                        target::echo(&mut conn, &[7u8; 64], &mut reply).await?;
+                    }
+                    Use::Stalled(limit) => {
+                        target::request_download(&mut conn, u64::MAX, limit).await?;
+                    }
+                }
                 if let Ok(mut held) = held.lock() {
                     held.push(conn);
                 }
@@ -219,7 +247,11 @@ async fn open_idle(
         None => Ok(()),
         Some(error) => {
             let have = held.lock().map_or(0, |h| h.len());
-            Err(error.context(format!("opening idle tunnel {} of {count}", have + 1)))
+            let kind = match then {
+                Use::Idle => "idle",
+                Use::Stalled(_) => "stalled",
+            };
+            Err(error.context(format!("opening {kind} tunnel {} of {count}", have + 1)))
         }
     }
 }

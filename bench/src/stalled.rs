@@ -9,26 +9,22 @@
 //! own machine, and on this one they would swamp what Bridgehead's own sockets hold.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::memory::{open_held, Use};
 use crate::report::{rate, Check, Outcome, Report};
 use crate::rig::Rig;
-use crate::route::{Conn, Route};
+use crate::route::Route;
 use crate::throughput::{bulk, Bulk, Direction};
 use crate::Budget;
 use bridgehead_e2e::procfs;
-use bridgehead_e2e::target::bulk as target;
 
 /// The firehose target's send buffer (the kernel doubles it).
 pub const TARGET_SEND_BUFFER: u32 = 16 * 1024;
-/// Workers opening the stalled tunnels.
-const OPENERS: usize = 16;
 /// The stated overhead per stalled tunnel beyond the budget, server and agent each: an idle
 /// tunnel's cost (under 10 KiB, the idle measurement), the one TLS write of records (up to
 /// 64 KiB and their headers) the mTLS frontend has accepted for a client that stopped
@@ -112,7 +108,8 @@ pub async fn run(
     let [low, pressure, _] = procfs::tcp_mem_limits().unwrap_or([0; 3]);
     let conns = Arc::new(Mutex::new(Vec::new()));
     let started = Instant::now();
-    if let Err(error) = open_stalled(&rig.mtls, firehose, count, &conns).await {
+    let stalled = Use::Stalled(STALL_FOR);
+    if let Err(error) = open_held(&rig.mtls, firehose, count, &conns, stalled).await {
         return report.failed(&what, "all open", &error);
     }
     let open_seconds = started.elapsed().as_secs_f64();
@@ -305,50 +302,6 @@ async fn settle(rig: &Rig) -> Held {
         last = now;
         if still || Instant::now() > deadline {
             return last;
-        }
-    }
-}
-
-/// Opens `count` tunnels that ask their target for an endless download and never read.
-async fn open_stalled(
-    route: &Route,
-    target: SocketAddr,
-    count: usize,
-    held: &Arc<Mutex<Vec<Conn>>>,
-) -> anyhow::Result<()> {
-    let remaining = Arc::new(AtomicUsize::new(count));
-    let mut openers = JoinSet::new();
-    for _ in 0..OPENERS {
-        let (route, remaining, held) = (route.clone(), remaining.clone(), held.clone());
-        openers.spawn(async move {
-            while remaining
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-                .is_ok()
-            {
-                let mut conn = route.open(target).await?;
-                target::request_download(&mut conn, u64::MAX, STALL_FOR).await?;
-                if let Ok(mut held) = held.lock() {
-                    held.push(conn);
-                }
-            }
-            anyhow::Ok(())
-        });
-    }
-    let mut first_error = None;
-    while let Some(joined) = openers.join_next().await {
-        let error = match joined {
-            Ok(Ok(())) => continue,
-            Ok(Err(error)) => error,
-            Err(error) => error.into(),
-        };
-        remaining.store(0, Ordering::Relaxed);
-        first_error.get_or_insert(error);
-    }
-    match first_error {
-        None => Ok(()),
-        Some(error) => {
-            let have = held.lock().map_or(0, |h| h.len());
-            Err(error.context(format!("opening stalled tunnel {} of {count}", have + 1)))
         }
     }
 }
