@@ -35,6 +35,53 @@ pub use tls_stream::TlsStream;
 pub trait ClientSocket: AsyncRead + AsyncWrite + AbortOnClose + Unpin + Send + 'static {}
 impl<T: AsyncRead + AsyncWrite + AbortOnClose + Unpin + Send + 'static> ClientSocket for T {}
 
+/// What [`read_head`] made of a client's first bytes.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum ReadHead {
+    /// `CONNECT target`; the tunnel's own bytes start at `start`.
+    Connect {
+        target: crate::router::Target,
+        start: usize,
+    },
+    /// The bytes end before a whole head.
+    Incomplete,
+    /// The refusal and the bytes of its answer.
+    Refused {
+        refusal: Box<Refusal>,
+        answer: Vec<u8>,
+    },
+}
+
+/// How the frontend reads `bytes` as the first bytes of a client connection. The CONNECT head
+/// fuzz target (`proto/fuzz`) drives this.
+#[doc(hidden)]
+pub fn read_head(bytes: &[u8]) -> ReadHead {
+    use std::future::Future;
+    let mut input = bytes;
+    let head = {
+        let mut read = std::pin::pin!(head::read(&mut input));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        // Reading a byte slice never waits: the first poll finishes.
+        let std::task::Poll::Ready(head) = read.as_mut().poll(&mut cx) else {
+            unreachable!("reading a byte slice waited");
+        };
+        head
+    };
+    let consumed = bytes.len() - input.len();
+    match head {
+        head::Head::Connect(target, rest) => ReadHead::Connect {
+            target,
+            start: consumed - rest.len(),
+        },
+        head::Head::Closed => ReadHead::Incomplete,
+        head::Head::Refused(refusal) => ReadHead::Refused {
+            answer: head::refusal(&refusal),
+            refusal: Box::new(refusal),
+        },
+    }
+}
+
 /// Accepts mTLS CONNECT clients until `shutdown`.
 pub async fn serve_tcp(
     listener: TcpListener,

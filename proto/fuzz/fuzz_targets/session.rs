@@ -56,7 +56,8 @@ fn pair(window: u32, ops: &[u8]) {
     for chunk in ops.chunks(2) {
         let (op, arg) = (chunk[0], *chunk.get(1).unwrap_or(&0));
         let side = usize::from(op & 1);
-        let pick = |list: &Vec<StreamId>| (!list.is_empty()).then(|| list[usize::from(arg) % list.len()]);
+        let pick =
+            |list: &Vec<StreamId>| (!list.is_empty()).then(|| list[usize::from(arg) % list.len()]);
         match op >> 1 & 7 {
             0 => {
                 if let Ok(id) = sessions[0].open("t", 1, 1000, now) {
@@ -75,14 +76,20 @@ fn pair(window: u32, ops: &[u8]) {
             2 | 3 => {
                 let to = 1 - side;
                 for _ in 0..=arg % 8 {
-                    let Some(frame) = wires[side].pop_front() else { break };
-                    sessions[to].handle_frame(frame).expect("no session error between correct peers");
+                    let Some(frame) = wires[side].pop_front() else {
+                        break;
+                    };
+                    sessions[to]
+                        .handle_frame(frame)
+                        .expect("no session error between correct peers");
                 }
             }
             4 => {
                 if let Some(id) = pick(&streams[side]) {
                     let offset = *sent[side].get(&id).unwrap_or(&0);
-                    let data: Bytes = (0..u64::from(arg) * 37).map(|i| pattern(id, offset + i)).collect();
+                    let data: Bytes = (0..u64::from(arg) * 37)
+                        .map(|i| pattern(id, offset + i))
+                        .collect();
                     if let Ok(n) = sessions[side].send(id, data) {
                         *sent[side].entry(id).or_default() += n as u64;
                     }
@@ -120,9 +127,15 @@ fn pair(window: u32, ops: &[u8]) {
             while let Some(event) = sessions[side].poll_event() {
                 match event {
                     Event::DialRequested { stream, .. } => dials.push_back(stream),
-                    Event::Reset { stream, code, by_peer, .. } => {
+                    Event::Reset {
+                        stream,
+                        code,
+                        by_peer,
+                        ..
+                    } => {
                         assert!(
-                            by_peer || !matches!(code, ErrorCode::FlowControl | ErrorCode::StreamState),
+                            by_peer
+                                || !matches!(code, ErrorCode::FlowControl | ErrorCode::StreamState),
                             "violation between correct peers: {code}"
                         );
                         streams[side].retain(|s| *s != stream);

@@ -601,3 +601,25 @@ async fn allowed_clients_narrow_the_tls_frontend_to_named_certificates() {
     })
     .await
 }
+
+/// `read_head`, the fuzz target's entry: a head and what follows it, a refusal and its
+/// answer, bytes that end before the head does.
+#[test]
+fn read_head_reads_a_head_as_the_frontend_does() {
+    let bytes = b"CONNECT 10.0.0.5:10250 HTTP/1.1\r\nHost: 10.0.0.5:10250\r\n\r\nearly";
+    let super::ReadHead::Connect { target, start } = super::read_head(bytes) else {
+        panic!("the head was not read");
+    };
+    assert_eq!(target.to_string(), "10.0.0.5:10250");
+    assert_eq!(&bytes[start..], b"early");
+    let super::ReadHead::Refused { refusal, answer } = super::read_head(b"GET / HTTP/1.1\r\n\r\n")
+    else {
+        panic!("a GET was not refused");
+    };
+    assert_eq!(refusal.status().as_u16(), 405);
+    assert!(answer.starts_with(b"HTTP/1.1 405 "), "{answer:?}");
+    assert!(matches!(
+        super::read_head(b"CONNECT a:1 HTTP/1.1\r\n"),
+        super::ReadHead::Incomplete
+    ));
+}
