@@ -5,7 +5,10 @@
 //! - even: a server and an agent session joined by frame queues, driven by the operations the
 //!   remaining bytes spell. Two correct peers must never see a session error or reset each
 //!   other for a protocol violation (so no sender exceeds its credit), and every byte read
-//!   continues what was sent on that stream, in order.
+//!   continues what was sent on that stream, in order. Reads may hold their chunks and release
+//!   them later, as the splice does. With the mode's second bit, the windows adapt (64 KiB to
+//!   start, earned up to 256 KiB) under a small budget both sessions share, whose count must
+//!   always equal what the two sessions hold.
 //! - odd: the remaining bytes are decoded as frames and fed to one session (role from the
 //!   second bit), interleaved with local operations. Nothing may panic.
 
@@ -13,6 +16,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use bridgehead_proto::budget::Budget;
 use bridgehead_proto::session::{Event, ReadOutcome, Role, Session, SessionConfig};
 use bridgehead_proto::{ErrorCode, Frame, StreamId};
 use bytes::Bytes;
@@ -23,7 +27,8 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if mode % 2 == 0 {
-        pair(u32::from(mode) * 64 + 1, rest);
+        let budget = (mode & 2 != 0).then(|| Budget::new(u64::from(mode) * 4096 + 1));
+        pair(u32::from(mode) * 64 + 1, budget, rest);
     } else {
         hostile(mode & 2 == 0, rest);
     }
@@ -42,11 +47,20 @@ fn pattern(stream: StreamId, offset: u64) -> u8 {
     (offset.wrapping_mul(7).wrapping_add(u64::from(stream)) % 253) as u8
 }
 
-fn pair(window: u32, ops: &[u8]) {
+fn pair(window: u32, budget: Option<Budget>, ops: &[u8]) {
+    let configured = |role| match &budget {
+        Some(budget) => SessionConfig {
+            budget: budget.clone(),
+            max_streams: 8,
+            ..SessionConfig::new(role)
+        },
+        None => config(role, window),
+    };
     let mut sessions = [
-        Session::new(config(Role::Server, window)),
-        Session::new(config(Role::Agent, window)),
+        Session::new(configured(Role::Server)),
+        Session::new(configured(Role::Agent)),
     ];
+    let mut held: [HashMap<StreamId, usize>; 2] = [HashMap::new(), HashMap::new()];
     let mut wires: [VecDeque<Frame>; 2] = [VecDeque::new(), VecDeque::new()];
     let mut streams: [Vec<StreamId>; 2] = [Vec::new(), Vec::new()];
     let mut sent: [HashMap<StreamId, u64>; 2] = [HashMap::new(), HashMap::new()];
@@ -95,9 +109,24 @@ fn pair(window: u32, ops: &[u8]) {
                     }
                 }
             }
+            5 if arg >= 0xc0 => {
+                if let Some(id) = pick(&streams[side]) {
+                    let len = held[side].remove(&id).unwrap_or(0);
+                    sessions[side].release(id, len);
+                }
+            }
             5 => {
                 if let Some(id) = pick(&streams[side]) {
-                    if let ReadOutcome::Data(chunk) = sessions[side].read(id) {
+                    let outcome = if arg & 1 == 1 {
+                        let outcome = sessions[side].read_held(id);
+                        if let ReadOutcome::Data(chunk) = &outcome {
+                            *held[side].entry(id).or_default() += chunk.len();
+                        }
+                        outcome
+                    } else {
+                        sessions[side].read(id)
+                    };
+                    if let ReadOutcome::Data(chunk) = outcome {
                         let offset = read[side].entry(id).or_default();
                         for (i, byte) in chunk.iter().enumerate() {
                             assert_eq!(*byte, pattern(id, *offset + i as u64), "stream {id}");
@@ -148,6 +177,21 @@ fn pair(window: u32, ops: &[u8]) {
                 }
             }
         }
+        if let Some(budget) = &budget {
+            assert_eq!(
+                budget.buffered(),
+                sessions[0].buffered() + sessions[1].buffered(),
+                "the budget's count drifted from what the sessions hold"
+            );
+        }
+    }
+    drop(sessions);
+    if let Some(budget) = &budget {
+        assert_eq!(
+            budget.buffered(),
+            0,
+            "bytes left in the budget by dropped sessions"
+        );
     }
 }
 
