@@ -81,6 +81,11 @@ fn stall_until_refused(
         let before = buffered();
         let (mut conn, reply) = connect(path, target);
         if reply.status != 200 {
+            eprintln!(
+                "refused after {} stalled tunnels, {} bytes buffered",
+                stalled.len(),
+                buffered()
+            );
             return (stalled, reply);
         }
         stall(&mut conn);
@@ -126,9 +131,11 @@ fn past_the_servers_budget_new_tunnels_get_503_and_open_ones_keep_moving() {
     let firehose = target::source("127.0.0.1:0", usize::MAX).unwrap();
     let (stalled, refused) = stall_until_refused(&path, firehose, buffered, |_| {});
     assert_overloaded(&refused, "a CONNECT past the server's budget");
+    // The refusal came with the budget spent; by now a stalled tunnel may have passed a few
+    // more bytes to its socket, but not many.
     let held = buffered();
     assert!(
-        held >= BUDGET && held <= BUDGET + stalled.len() as u64 * MOST_PER_TUNNEL,
+        held >= BUDGET - MOST_PER_TUNNEL && held <= BUDGET + stalled.len() as u64 * MOST_PER_TUNNEL,
         "{held} bytes buffered by {} stalled tunnels, budget {BUDGET}",
         stalled.len()
     );
