@@ -247,3 +247,52 @@ fn past_the_agents_budget_its_dials_are_refused_as_overloaded() {
     conn.read_exact(&mut back).unwrap();
     assert_eq!(&back, b"ping");
 }
+
+/// An agent that stopped reading (frozen, its socket buffers full of what the server sent it)
+/// cannot hold a dial past `--dial-timeout`: the DIAL waits in the server's queue behind the
+/// full socket, but the dial's deadline is the session's own clock, and the client gets 504
+/// on time — long before the keepalive would drop the agent.
+#[test]
+fn a_dial_to_an_agent_that_stopped_reading_times_out_on_time() {
+    let pki = Pki::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bridgehead.sock");
+    let dial_timeout = Duration::from_secs(1);
+    // Keepalive death at 3 × 10 s: far past the dial timeout.
+    let (server, agent) = pair(
+        &pki,
+        &path,
+        &["--dial-timeout", "1s", "--keepalive-time", "10s"],
+        &[],
+    );
+    let (sink, _held) = sink();
+    let mut tunnels: Vec<UnixStream> = (0..64)
+        .map(|_| {
+            let (conn, reply) = connect(&path, sink);
+            assert_eq!(reply.status, 200, "{}", reply.head);
+            conn
+        })
+        .collect();
+    agent.process.signal("STOP").unwrap();
+    // Every tunnel sends its window's worth towards the frozen agent: the server's queue and
+    // the socket to the agent fill.
+    for conn in &mut tunnels {
+        fill(conn);
+    }
+    wait_until("the link to the frozen agent to back up", || {
+        bridgehead_e2e::procfs::tcp_queued(server.process.pid()).1 >= 1024 * 1024
+    });
+    let echo = target::echo("127.0.0.1:0").unwrap();
+    let started = Instant::now();
+    let (_conn, reply) = connect(&path, echo);
+    let took = started.elapsed();
+    agent.process.signal("CONT").unwrap();
+    assert_eq!(reply.status, 504, "{}", reply.head);
+    bridgehead_e2e::timing::assert_about("the dial to a frozen agent", took, dial_timeout);
+    assert_eq!(
+        server
+            .metric("bridgehead_server_dials_total{result=\"timed_out\"}")
+            .unwrap(),
+        1.0
+    );
+}
