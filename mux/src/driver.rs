@@ -156,10 +156,27 @@ impl Mux {
             tokio::pin!(silence);
             loop {
                 let message = tokio::select! {
+                    // Messages first: after this process was stopped (SIGSTOP, a paused VM)
+                    // the timer and the peer's waiting messages are ready together, and the
+                    // peer was not silent; only this end was.
+                    biased;
                     message = source.next() => message,
                     () = &mut silence => {
+                        let now = Instant::now();
                         let deadline = last_heard + keepalive.timeout;
-                        if Instant::now() >= deadline {
+                        // A timer that fires more than an interval late means this process
+                        // did not run (stopped, paused, starved), not that the peer fell
+                        // silent: give the peer one interval from now, in which whatever
+                        // it sent meanwhile is read.
+                        let late = now.saturating_duration_since(silence.deadline());
+                        if now >= deadline && late > keepalive.interval {
+                            last_heard = (now + keepalive.interval)
+                                .checked_sub(keepalive.timeout)
+                                .unwrap_or(now);
+                            silence.as_mut().reset(now + keepalive.interval);
+                            continue;
+                        }
+                        if now >= deadline {
                             return SessionEnd::KeepaliveTimeout(keepalive.timeout);
                         }
                         silence.as_mut().reset(deadline);

@@ -164,6 +164,46 @@ async fn a_silent_peer_gets_a_normal_close() {
     .await
 }
 
+/// A process that was stopped (SIGSTOP, a paused VM) wakes with its silence timer long past
+/// due while the peer's messages wait unread: that is not the peer's silence. The session
+/// gives the peer one more interval, and only a peer that stays silent after it is dropped.
+#[tokio::test(start_paused = true)]
+async fn a_timer_that_fires_late_gives_the_peer_one_more_interval() {
+    bounded(async {
+        let mux = Mux::agent();
+        let keepalive = Keepalive {
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(3),
+        };
+        let (run, mut peer) = session(&mux, None, keepalive, &CancellationToken::new()).await;
+        // The session runs, its silence timer set...
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // ...then the clock jumps 10 s at once, as it does for a process that did not run.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        // Let the session's tasks see the jump.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            !run.is_finished(),
+            "dropped the peer for this end's own pause"
+        );
+        // The peer is heard within the interval: the session lives on.
+        peer.send(Message::Ping(Bytes::from_static(b"here")))
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_millis(900)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(!run.is_finished(), "dropped a peer that was heard");
+        // Silent from then on (not even answering pings: nothing reads its end), it is
+        // dropped as any silent peer.
+        let result = run.await.unwrap();
+        assert!(
+            matches!(result, Err(SessionEnd::KeepaliveTimeout(_))),
+            "{result:?}"
+        );
+    })
+    .await
+}
+
 /// DATA frames for `stream` filling exactly `len` bytes of one message: as many of the largest
 /// frames as fit, then one with the rest.
 fn data_message(stream: u32, len: usize) -> Message {
