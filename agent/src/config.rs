@@ -345,7 +345,7 @@ pub struct Config {
     pub lease_counting: Option<LeaseCounting>,
     /// `--alpn-proto`.
     pub alpn: Vec<String>,
-    /// `--tunnel-memory-budget`, `--tunnel-socket-buffer`.
+    /// `--tunnel-memory-budget`, `--tunnel-receive-buffer`, `--tunnel-unsent-limit`.
     pub memory: MemoryArgs,
     /// klog's flags.
     pub log: LogSettings,

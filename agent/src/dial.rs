@@ -83,14 +83,16 @@ pub async fn dial(
 }
 
 /// Connects to `addr`, the socket's kernel buffer options set first (so the window announced
-/// in the handshake is bounded too).
+/// in the handshake is bounded too). A kernel that refuses them costs the bound, not the dial.
 async fn connect(addr: SocketAddr, tuning: SocketTuning) -> io::Result<TcpStream> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
         tokio::net::TcpSocket::new_v6()?
     };
-    tuning.apply(&socket)?;
+    if let Err(error) = tuning.apply(&socket) {
+        tracing::debug!(%error, "setting the target socket's buffer options");
+    }
     socket.connect(addr).await
 }
 

@@ -37,8 +37,6 @@ use std::sync::Arc;
 pub const MIN_WINDOW: u32 = 16 * 1024;
 /// A stream's earned window is its bytes read so far divided by this.
 pub const EARN_DIVISOR: u64 = 8;
-/// Default budget of buffered tunnel bytes per process (256 MiB).
-pub const DEFAULT_BUDGET: u64 = 256 * 1024 * 1024;
 
 /// Pressure is kept in 1/1024ths of the budget.
 const ONE: u64 = 1024;

@@ -10,7 +10,8 @@
 //! - [`host`]: the host name, for default ids.
 //! - [`legacy_counter`]: counters under konnectivity's names without `_total`.
 //! - [`limits`]: raising the open-files limit, TCP keepalive.
-//! - [`memory`]: `--tunnel-memory-budget` and `--tunnel-socket-buffer`, byte sizes.
+//! - [`memory`]: `--tunnel-memory-budget`, `--tunnel-receive-buffer`, `--tunnel-unsent-limit`;
+//!   byte sizes.
 //! - [`process_metrics`]: `process_*` metrics under Prometheus' standard names.
 //! - [`threads`]: the tokio runtime, sized by `--worker-threads`.
 //!

@@ -379,7 +379,7 @@ pub struct Config {
     pub frontend_keepalive: Option<Duration>,
     /// `--log-tunnels`.
     pub log_tunnels: bool,
-    /// `--tunnel-memory-budget`, `--tunnel-socket-buffer`.
+    /// `--tunnel-memory-budget`, `--tunnel-receive-buffer`, `--tunnel-unsent-limit`.
     pub memory: MemoryArgs,
     /// klog's flags.
     pub log: LogSettings,
