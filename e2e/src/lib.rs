@@ -12,6 +12,8 @@
 //! - [`netns`]: network-namespace test hosts (root); [`procfs`]: a process's memory, CPU and
 //!   descriptors; [`skip`]: skipping a test loudly (and failing it where skips are forbidden);
 //!   [`timing`]: a timeout fired on time.
+//! - [`soak`]: many tunnels held for a long time with a trickle of traffic and steady
+//!   turnover, the processes sampled (the bench's soak and its shortened test).
 //!
 //! The binaries must be built first (`cargo build --bins`); the README's test command does it.
 
@@ -23,6 +25,7 @@ pub mod pki;
 pub mod process;
 pub mod procfs;
 pub mod skip;
+pub mod soak;
 pub mod target;
 pub mod timing;
 
