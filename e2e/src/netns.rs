@@ -303,6 +303,97 @@ impl TestNet {
         Ok(())
     }
 
+    /// Makes host `i`'s link lossy and slow, both ways: `loss_percent` of the packets dropped at
+    /// random (nftables `numgen random`, on the host's side of the link), and `delay` added
+    /// to every packet with `tc netem` where the kernel has it. Where it does not
+    /// (`CONFIG_NET_SCH_NETEM` unset), each side's egress is shaped instead (`tc tbf`, 8 Mbit/s
+    /// with a queue of up to `delay`), so bulk traffic waits up to `delay` in the queue. Needs
+    /// `nft` (the nftables package) and `tc` (iproute2). Returns what was applied.
+    pub fn impair(&self, i: usize, loss_percent: u32, delay: Duration) -> anyhow::Result<String> {
+        let host = &self.hosts[i];
+        let rules = format!(
+            "table inet bridgehead_loss {{
+               chain in {{ type filter hook input priority 0; iifname \"eth0\" numgen random mod 100 < {loss_percent} counter drop; }}
+               chain out {{ type filter hook output priority 0; oifname \"eth0\" numgen random mod 100 < {loss_percent} counter drop; }}
+             }}"
+        );
+        let mut nft = Command::new("ip")
+            .args(["netns", "exec", &host.ns, "nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("running nft (the nftables package)")?;
+        if let Some(mut stdin) = nft.stdin.take() {
+            std::io::Write::write_all(&mut stdin, rules.as_bytes())?;
+        }
+        let out = nft.wait_with_output()?;
+        if !out.status.success() {
+            bail!("nft: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        let millis = format!("{}ms", delay.as_millis());
+        let sides: [(&str, &str); 2] = [(&host.ns, "eth0"), ("", &host.root_link)];
+        let tc = |ns: &str, dev: &str, qdisc: &[&str]| {
+            let mut args = vec!["qdisc", "replace", "dev", dev, "root"];
+            args.extend_from_slice(qdisc);
+            let mut command = if ns.is_empty() {
+                Command::new("tc")
+            } else {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", ns, "tc"]);
+                command
+            };
+            let out = command
+                .args(&args)
+                .stdin(Stdio::null())
+                .output()
+                .context("running tc (iproute2)")?;
+            if out.status.success() {
+                anyhow::Ok(())
+            } else {
+                Err(anyhow::anyhow!(
+                    "tc {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+        };
+        let netem = sides
+            .iter()
+            .try_for_each(|(ns, dev)| tc(ns, dev, &["netem", "delay", &millis]));
+        let delayed = match netem {
+            Ok(()) => format!("netem delay {millis} each way"),
+            Err(_) => {
+                sides.iter().try_for_each(|(ns, dev)| {
+                    tc(
+                        ns,
+                        dev,
+                        &["tbf", "rate", "8mbit", "burst", "16kb", "latency", &millis],
+                    )
+                })?;
+                format!(
+                    "no netem in this kernel: tbf 8 Mbit/s with up to {millis} of queue each way"
+                )
+            }
+        };
+        Ok(format!(
+            "{loss_percent} % loss each way (nftables); {delayed}"
+        ))
+    }
+
+    /// Packets [`TestNet::impair`] has dropped on host `i`'s link so far, both ways.
+    pub fn dropped(&self, i: usize) -> anyhow::Result<u64> {
+        let out = self.run_in(i, &["nft", "list", "table", "inet", "bridgehead_loss"])?;
+        let listing = String::from_utf8_lossy(&out.stdout);
+        let mut words = listing.split_whitespace();
+        let mut packets = 0;
+        while let Some(word) = words.next() {
+            if word == "packets" {
+                packets += words.next().unwrap_or("0").parse::<u64>()?;
+            }
+        }
+        Ok(packets)
+    }
+
     /// The root namespace's address on host `i`'s link.
     pub fn root_v4(&self, i: usize) -> Ipv4Addr {
         self.hosts[i].root_v4

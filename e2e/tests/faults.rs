@@ -1,12 +1,19 @@
-//! Faults between the server and an agent on a test host (a network namespace): the link cut
-//! while a tunnel is open. No packet is refused (they vanish), so only the keepalive can tell:
-//! the tunnel must end as a reset within three keepalive intervals, never as a clean EOF, and
-//! the agent must come back once the link does. Needs root; skipped loudly otherwise.
+//! Faults between the server and an agent on a test host (a network namespace):
+//!
+//! - the link cut while a tunnel is open. No packet is refused (they vanish), so only the
+//!   keepalive can tell: the tunnel must end as a reset within three keepalive intervals, never
+//!   as a clean EOF, and the agent must come back once the link does;
+//! - the link lossy and slow (1 % of packets dropped each way, 50 ms of delay, or of queue
+//!   where the kernel has no netem): tunnels deliver every byte, in order, and the agent's
+//!   session survives it.
+//!
+//! Needs root (and nftables for the loss); skipped loudly otherwise.
 
 use std::io::{ErrorKind, Read, Write};
 use std::time::{Duration, Instant};
 
-use bridgehead_e2e::client::{kube_connect, tls_connect};
+use bridgehead_e2e::client::tunnel::Frontend;
+use bridgehead_e2e::client::{kube_connect, tls, tls_connect};
 use bridgehead_e2e::netns;
 use bridgehead_e2e::process::wait_until;
 use bridgehead_e2e::{Agent, AgentOptions, Pki, Server, ServerOptions};
@@ -112,4 +119,129 @@ fn a_cut_link_resets_the_tunnel_within_the_keepalive_and_the_agent_comes_back() 
             )
         });
     });
+}
+
+/// Tunnels at once over the lossy link, and the bytes each sends and gets back.
+const LOSSY_TUNNELS: usize = 4;
+const LOSSY_BYTES: usize = 512 * 1024;
+
+#[test]
+fn tunnels_over_a_lossy_slow_agent_link_deliver_every_byte() {
+    let test = "tunnels_over_a_lossy_slow_agent_link_deliver_every_byte";
+    netns::with_net(test, 2, Duration::from_secs(180), |net| {
+        let pki = Pki::new().unwrap();
+        let server = Server::start(
+            &pki,
+            ServerOptions {
+                agent_bind: Some(net.server_v4().to_string()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let agent = Agent::start(
+            &pki,
+            &server,
+            AgentOptions {
+                id: Some("lossy".into()),
+                args: vec!["--server-name".into(), "127.0.0.1".into()],
+                netns: Some(net.host(1).ns_name().to_owned()),
+                server: Some(server.agent_addr),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        server.wait_agents(1).unwrap();
+        // The echo target on the root side of the host's link: the agent reaches it over the
+        // impaired link too, so every byte crosses it twice each way.
+        let target = bridgehead_e2e::target::echo(&format!("{}:0", net.root_v4(1))).unwrap();
+        let applied = net.impair(1, 1, Duration::from_millis(50)).unwrap();
+        eprintln!("agent link: {applied}");
+
+        let config = tls::config(
+            &pki.path("frontend-ca.crt"),
+            Some((&pki.path("client.crt"), &pki.path("client.key"))),
+        )
+        .unwrap();
+        let frontend = Frontend::mtls(server.frontend_addr(), config);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let started = Instant::now();
+        runtime.block_on(async {
+            let mut tunnels = tokio::task::JoinSet::new();
+            for seed in 0..LOSSY_TUNNELS {
+                let frontend = frontend.clone();
+                tunnels.spawn(async move { echo_all(&frontend, target, seed).await });
+            }
+            while let Some(done) = tunnels.join_next().await {
+                done.unwrap().unwrap();
+            }
+        });
+        let dropped = net.dropped(1).unwrap();
+        eprintln!(
+            "{LOSSY_TUNNELS} tunnels echoed {} KiB each in {:?}, {dropped} packets dropped",
+            LOSSY_BYTES >> 10,
+            started.elapsed()
+        );
+        assert!(
+            dropped > 0,
+            "the link lost nothing: the test tested nothing"
+        );
+        // The session rode it out: the same one, never re-established.
+        assert_eq!(server.agents().unwrap().len(), 1);
+        // The agent's health port is inside its namespace.
+        let url = format!("http://{}/metrics", agent.health);
+        let page = net.run_in(1, &["curl", "-sf", &url]).unwrap();
+        let page = String::from_utf8_lossy(&page.stdout);
+        assert_eq!(
+            bridgehead_e2e::client::metric_in(&page, "bridgehead_agent_reconnects_total"),
+            Some(0.0),
+            "the agent reconnected during the loss"
+        );
+    });
+}
+
+/// Sends [`LOSSY_BYTES`] of a stream seeded by `seed` through a tunnel to the echo `target`
+/// while reading the echo, ends its direction, and checks every byte came back in order and
+/// then a clean end.
+async fn echo_all(
+    frontend: &Frontend,
+    target: std::net::SocketAddr,
+    seed: usize,
+) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let byte = move |i: usize| ((i.wrapping_mul(31) ^ (seed * 97)) % 253) as u8;
+    let conn = frontend.open(&target.to_string()).await?;
+    let (mut reader, mut writer) = tokio::io::split(conn);
+    let send = async move {
+        let data: Vec<u8> = (0..LOSSY_BYTES).map(byte).collect();
+        for chunk in data.chunks(16 * 1024) {
+            writer.write_all(chunk).await?;
+        }
+        writer.shutdown().await?;
+        anyhow::Ok(writer)
+    };
+    let receive = async move {
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 32 * 1024];
+        loop {
+            let n = reader.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            if let Some(at) = (0..n).find(|&i| buf[i] != byte(got + i)) {
+                anyhow::bail!("tunnel {seed}: byte {} differs", got + at);
+            }
+            got += n;
+        }
+        anyhow::ensure!(
+            got == LOSSY_BYTES,
+            "tunnel {seed}: {got} of {LOSSY_BYTES} bytes came back"
+        );
+        anyhow::Ok(())
+    };
+    let (sent, received) = tokio::join!(send, receive);
+    sent?;
+    received
 }
