@@ -2,7 +2,8 @@
 //!
 //! - the link cut while a tunnel is open. No packet is refused (they vanish), so only the
 //!   keepalive can tell: the tunnel must end as a reset within three keepalive intervals, never
-//!   as a clean EOF, and the agent must come back once the link does;
+//!   as a clean EOF, the agent must come back once the link does, and neither side may keep
+//!   anything of the cut tunnel;
 //! - the link lossy and slow (1 % of packets dropped each way, 50 ms of delay, or of queue
 //!   where the kernel has no netem): tunnels deliver every byte, in order, and the agent's
 //!   session survives it.
@@ -37,7 +38,7 @@ fn a_cut_link_resets_the_tunnel_within_the_keepalive_and_the_agent_comes_back() 
         )
         .unwrap();
         let host = net.host(1);
-        let _agent = Agent::start(
+        let agent = Agent::start(
             &pki,
             &server,
             AgentOptions {
@@ -118,6 +119,19 @@ fn a_cut_link_resets_the_tunnel_within_the_keepalive_and_the_agent_comes_back() 
                 server.process.stderr()
             )
         });
+        // Nothing of the cut tunnel is left on either side.
+        assert_eq!(
+            server.metric("bridgehead_server_tunnels_open").unwrap(),
+            0.0
+        );
+        let url = format!("http://{}/metrics", agent.health);
+        let page = net.run_in(1, &["curl", "-sf", &url]).unwrap();
+        let page = String::from_utf8_lossy(&page.stdout);
+        assert_eq!(
+            bridgehead_e2e::client::metric_in(&page, "bridgehead_agent_streams_open"),
+            Some(0.0),
+            "{page}"
+        );
     });
 }
 
