@@ -234,6 +234,11 @@ pub struct Cli {
     )]
     pub alpn_proto: Vec<String>,
 
+    /// Most tunnels the agent carries on one server's session; beyond it that server's dial
+    /// gets `too_many_streams` (503). Raise it with the server's `--max-tunnels-per-agent`.
+    #[arg(long, env = "BRIDGEHEAD_MAX_TUNNELS", default_value_t = bridgehead_proto::session::DEFAULT_MAX_STREAMS, value_name = "N")]
+    pub max_tunnels: usize,
+
     /// ANP: how often the agent polls its connections' readiness. Accepted and ignored:
     /// readiness follows each session as it opens, drains and ends, with nothing to poll.
     #[arg(long, value_parser = duration::parse, value_name = "DURATION", hide = true)]
@@ -347,6 +352,8 @@ pub struct Config {
     pub alpn: Vec<String>,
     /// `--tunnel-memory-budget`, `--tunnel-receive-buffer`, `--tunnel-unsent-limit`.
     pub memory: MemoryArgs,
+    /// `--max-tunnels`: streams per session.
+    pub max_tunnels: usize,
     /// klog's flags.
     pub log: LogSettings,
     /// Startup lines about flags accepted but ignored or mapped.
@@ -450,6 +457,9 @@ impl Cli {
         if self.keepalive_time.is_zero() {
             bail!("--keepalive-time must be above 0");
         }
+        if self.max_tunnels == 0 {
+            bail!("--max-tunnels must be above 0");
+        }
         if self.sync_interval.is_zero() {
             bail!("--sync-interval must be above 0");
         }
@@ -506,6 +516,7 @@ impl Cli {
             drain_grace_period: self.drain_grace_period,
             log_format: self.log_format,
             memory: self.memory,
+            max_tunnels: self.max_tunnels,
             worker_threads: self.worker_threads,
             allowed_destinations: parse_rules(&self.allowed_destinations)
                 .context("--allowed-destinations")?,

@@ -38,6 +38,7 @@ pub(crate) async fn run(
 ) -> SessionEnd {
     let mux = Mux::new(SessionConfig {
         budget: health.budget().clone(),
+        max_streams: config.max_tunnels,
         ..SessionConfig::new(Role::Agent)
     });
     let tracker = TaskTracker::new();

@@ -51,6 +51,7 @@ fn defaults() {
     assert_eq!(config.sync_interval_cap, Duration::from_secs(10));
     assert!(!config.sync_forever);
     assert_eq!(config.drain_grace_period, Duration::from_secs(30));
+    assert_eq!(config.max_tunnels, 10_000);
     assert_eq!(config.agent_id(), "a1");
     for (flag, expected) in [
         ("--sync-forever", true),
@@ -217,6 +218,7 @@ fn invalid_configs() {
             &["--keepalive-time", "0"],
             "--keepalive-time must be above 0",
         ),
+        (&["--max-tunnels", "0"], "--max-tunnels must be above 0"),
         (
             &["--sync-interval", "10s", "--sync-interval-cap", "1s"],
             "--sync-interval-cap",

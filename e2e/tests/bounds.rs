@@ -11,7 +11,7 @@ use bridgehead_e2e::client::{
 };
 use bridgehead_e2e::process::{start_pair, wait_until};
 use bridgehead_e2e::timing::assert_about;
-use bridgehead_e2e::{target, Pki, Server, ServerOptions};
+use bridgehead_e2e::{target, Agent, AgentOptions, Pki, Server, ServerOptions};
 
 /// The value the timeout tests set: a tenth of every default.
 const TIMEOUT: Duration = Duration::from_secs(1);
@@ -195,6 +195,39 @@ fn max_tunnels_per_agent_refuses_the_tunnel_past_the_limit() {
         kube_connect(conn.as_mut(), &echo).is_ok_and(|reply| reply.status == 200)
     })
     .expect("a closed tunnel frees its place");
+}
+
+#[test]
+fn the_agents_max_tunnels_refuses_the_dial_past_its_own_limit() {
+    let pki = Pki::new().unwrap();
+    let server = Server::start(&pki, ServerOptions::default()).unwrap();
+    let _agent = Agent::start(
+        &pki,
+        &server,
+        AgentOptions {
+            args: args(&["--max-tunnels", "2"]),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    server.wait_agents(1).unwrap();
+    let echo = target::echo("127.0.0.1:0").unwrap().to_string();
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+        let reply = kube_connect(conn.as_mut(), &echo).unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.head);
+        open.push(conn);
+    }
+    let reply = ask(&pki, &server, &echo);
+    assert_eq!(reply.status, 503, "{}{}", reply.head, reply.body);
+    assert!(reply.body.contains("too_many_streams"), "{}", reply.body);
+    open.pop();
+    wait_until(IO_TIMEOUT, || {
+        let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+        kube_connect(conn.as_mut(), &echo).is_ok_and(|reply| reply.status == 200)
+    })
+    .expect("a closed tunnel frees its place on the agent");
 }
 
 /// Threads named by tokio's runtime for its workers (and its blocking pool, unused at startup).
