@@ -69,7 +69,9 @@ pub(crate) struct PendingDial {
 #[derive(Debug)]
 pub(crate) struct Locked {
     pub(crate) session: Session,
-    pub(crate) slots: HashMap<StreamId, Slot>,
+    /// Boxed, as the session's streams are: a table that doubles under churn grows by a
+    /// pointer per slot.
+    pub(crate) slots: HashMap<StreamId, Box<Slot>>,
     pub(crate) dials: VecDeque<PendingDial>,
     pub(crate) closed: Option<SessionEnd>,
 }
@@ -144,7 +146,7 @@ impl SessionState {
                     port,
                     timeout_ms,
                 } => {
-                    state.slots.insert(stream, Slot::default());
+                    state.slots.insert(stream, Box::default());
                     state.dials.push_back(PendingDial {
                         stream,
                         host,

@@ -10,7 +10,7 @@ use bridgehead_proto::session::{OpenError, ReadOutcome, StreamError};
 use bridgehead_proto::{ErrorCode, StreamId};
 use bytes::{Buf, Bytes};
 
-use crate::session_state::{Dial, Ending, Locked, SessionState, Slot, Waiter};
+use crate::session_state::{Dial, Ending, Locked, SessionState, Waiter};
 use crate::OpenFailure;
 
 /// How a stream ended abnormally, as seen by a read or write.
@@ -250,7 +250,7 @@ pub(crate) async fn open(
             .session
             .open(host, port, timeout_ms, now)
             .map_err(OpenFailure::Refused)?;
-        state.slots.insert(id, Slot::default());
+        state.slots.insert(id, Box::default());
         Ok(id)
     })?;
     shared.deadlines.notify_one();

@@ -140,7 +140,9 @@ pub enum ReadOutcome {
 #[derive(Debug)]
 pub struct Session {
     config: SessionConfig,
-    streams: HashMap<StreamId, Stream>,
+    /// Boxed: the table holds a pointer per stream, so when churn makes it double (hashbrown
+    /// resizes once tombstones use up its room) it grows by kilobytes, not megabytes.
+    streams: HashMap<StreamId, Box<Stream>>,
     /// Server: the last id it opened. Agent: the highest id the server opened.
     last_id: StreamId,
     /// Dialing streams by deadline (server only).
@@ -224,8 +226,10 @@ impl Session {
             .config
             .budget
             .initial_window(self.config.initial_window);
-        self.streams
-            .insert(id, Stream::new(Phase::Dialing { deadline }, window));
+        self.streams.insert(
+            id,
+            Box::new(Stream::new(Phase::Dialing { deadline }, window)),
+        );
         self.deadlines.insert((deadline, id));
         self.control.push_back(Frame::Dial {
             stream: id,
@@ -545,13 +549,13 @@ impl Session {
     }
 
     /// Forgets `stream`; the bytes it held leave the budget.
-    fn discard(&mut self, stream: StreamId) -> Option<Stream> {
+    fn discard(&mut self, stream: StreamId) -> Option<Box<Stream>> {
         let state = self.streams.remove(&stream)?;
         self.unbuffer(state.recv_buf.len() + state.held as usize);
         Some(state)
     }
 
-    fn remove(&mut self, stream: StreamId) -> Option<Stream> {
+    fn remove(&mut self, stream: StreamId) -> Option<Box<Stream>> {
         let state = self.discard(stream)?;
         if let Phase::Dialing { deadline } = state.phase {
             self.deadlines.remove(&(deadline, stream));
@@ -579,7 +583,11 @@ impl Session {
 
     /// Frees `stream` once both directions ended and every received byte was read.
     fn maybe_close(&mut self, stream: StreamId) {
-        if self.streams.get(&stream).is_some_and(Stream::finished) {
+        if self
+            .streams
+            .get(&stream)
+            .is_some_and(|state| state.finished())
+        {
             self.discard(stream);
             self.events.push_back(Event::Closed { stream });
         }

@@ -52,7 +52,7 @@ impl Session {
                         .initial_window(self.config.initial_window);
                     let mut state = Stream::new(Phase::Dialing { deadline: 0 }, own);
                     state.send_credit = u64::from(window);
-                    self.streams.insert(stream, state);
+                    self.streams.insert(stream, Box::new(state));
                     self.events.push_back(Event::DialRequested {
                         stream,
                         host,
@@ -213,7 +213,7 @@ impl Session {
         if stream > self.last_id {
             return Err(SessionError::UnknownStream(stream));
         }
-        Ok(self.streams.get_mut(&stream))
+        Ok(self.streams.get_mut(&stream).map(|state| &mut **state))
     }
 
     fn refuse(&mut self, stream: StreamId, code: ErrorCode, message: &str) {
