@@ -18,6 +18,11 @@ pub struct Budget {
     pub stall_rounds: usize,
     /// Stalled readers of the stalled-readers measurement.
     pub stalled_readers: usize,
+    /// Tunnels and seconds of the soak.
+    pub soak_tunnels: usize,
+    pub soak_seconds: u64,
+    /// Seconds of the CONNECT burst.
+    pub burst_seconds: u64,
 }
 
 impl Budget {
@@ -33,6 +38,9 @@ impl Budget {
             idle: vec![1_000, 10_000],
             stall_rounds: 3,
             stalled_readers: 5_000,
+            soak_tunnels: 10_000,
+            soak_seconds: 600,
+            burst_seconds: 60,
         }
     }
 
@@ -48,6 +56,9 @@ impl Budget {
             idle: vec![100, 500],
             stall_rounds: 1,
             stalled_readers: 300,
+            soak_tunnels: 300,
+            soak_seconds: 20,
+            burst_seconds: 3,
         }
     }
 }

@@ -8,7 +8,10 @@
 //! - the target: the harness's load target (`bridgehead_e2e::target::bulk`).
 //! - [`rig`]: the server/agent processes under test.
 //! - Measurements: [`throughput`] (and CPU per GiB), [`setup`], [`latency`] (round trips),
-//!   [`memory`] (idle tunnels), [`stall`] (stalled neighbour); [`summary`] percentiles.
+//!   [`memory`] (idle tunnels), [`stall`] (stalled neighbour), [`stalled`] (memory under
+//!   stalled readers); only when named: [`soak`] (many tunnels for minutes) and [`burst`]
+//!   (a minute of paced CONNECTs against a frozen agent);
+//!   [`summary`] percentiles.
 //! - [`report`] (tables, JSON lines, PASS/MISS), [`plot`] (SVG), [`profile`] (`perf record`)
 //!   with [`flamegraph`] (SVG flame graphs of the recordings).
 //! - [`callgrind`]: instruction counts of fixed workloads, the measure that does not depend on
@@ -22,8 +25,10 @@
 //! the direct runs.
 
 pub mod budget;
+pub mod burst;
 pub mod callgrind;
 pub mod flamegraph;
+pub mod floor;
 pub mod konnectivity;
 pub mod latency;
 pub mod machine;
@@ -36,6 +41,7 @@ pub mod rig;
 pub mod route;
 pub mod setup;
 pub mod side_by_side;
+pub mod soak;
 pub mod stall;
 pub mod stalled;
 pub mod summary;
@@ -105,6 +111,18 @@ pub struct Options {
     /// Stalled readers of `--only stalled-readers` (default 5,000; 300 with --quick).
     #[arg(long, value_name = "N")]
     pub stalled_readers: Option<usize>,
+    /// Tunnels of `--only soak` (default 10,000; 300 with --quick).
+    #[arg(long, value_name = "N")]
+    pub soak_tunnels: Option<usize>,
+    /// Seconds of `--only soak` (default 600; 20 with --quick).
+    #[arg(long, value_name = "SECS")]
+    pub soak_seconds: Option<u64>,
+    /// CONNECTs per second of `--only burst` (default 2,000).
+    #[arg(long, value_name = "N")]
+    pub burst_rate: Option<u32>,
+    /// Seconds of `--only burst` (default 60; 3 with --quick).
+    #[arg(long, value_name = "SECS")]
+    pub burst_seconds: Option<u64>,
     /// Internal: serve the bench target in this process (the memory measurement's child).
     #[arg(long, hide = true)]
     pub serve_target: bool,
@@ -142,6 +160,12 @@ pub enum Measurement {
     /// Bridgehead and konnectivity (built by scripts/anp-build.sh) side by side on both
     /// frontends: bulk, CPU per GiB, setup, round trips.
     SideBySide,
+    /// 10,000 tunnels for 10 minutes with a trickle of traffic and 1 % replaced every second:
+    /// errors, RSS and descriptors over time. Only when named: it is not part of a full run.
+    Soak,
+    /// 2,000 CONNECTs per second for a minute on the Unix socket against a frozen agent:
+    /// pending dials bounded, 503s counted, nothing left after. Only when named.
+    Burst,
 }
 
 /// Runs the selected measurements, prints the tables and writes the JSON lines and plots.
@@ -185,11 +209,24 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
     } else {
         Budget::full()
     };
-    let selected = |m: Measurement| options.only.is_empty() || options.only.contains(&m);
+    // The soak and the burst take minutes: they run only when named.
+    let selected = |m: Measurement| {
+        options.only.contains(&m)
+            || (options.only.is_empty() && ![Measurement::Soak, Measurement::Burst].contains(&m))
+    };
     let extra = options.extra_args();
+    let soak_plan = soak::plan(
+        options.soak_tunnels.unwrap_or(budget.soak_tunnels),
+        options.soak_seconds.unwrap_or(budget.soak_seconds),
+    );
 
     let most_idle = budget.idle.last().copied().unwrap_or(0);
-    let want_fds = most_idle as u64 + memory::FD_SLACK;
+    let most_held = most_idle.max(if selected(Measurement::Soak) {
+        soak_plan.tunnels
+    } else {
+        0
+    });
+    let want_fds = most_held as u64 + memory::FD_SLACK;
     let nofile =
         bridgehead_runtime::limits::raise_nofile_to(Some(want_fds.max(65_536))).unwrap_or(u64::MAX);
     let machine = Machine::read();
@@ -216,6 +253,22 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         .enable_all()
         .build()?;
     let target = runtime.block_on(Target::start())?;
+    let crypto = if selected(Measurement::Throughput) || selected(Measurement::SideBySide) {
+        let crypto = floor::Crypto::measure()?;
+        eprintln!(
+            "AES-128-GCM (ring, 16 KiB records): {:.3} CPU s/GiB per pass, the floor's crypto",
+            crypto.seconds_per_gib
+        );
+        report.record(
+            "crypto",
+            json!({ "aes_128_gcm_s_per_gib_per_pass": crypto.seconds_per_gib }),
+        )?;
+        crypto
+    } else {
+        floor::Crypto {
+            seconds_per_gib: f64::NAN,
+        }
+    };
 
     let path_measurements = [
         Measurement::Throughput,
@@ -246,7 +299,15 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         runtime.block_on(async {
             if selected(Measurement::Throughput) {
                 let noise = Noise::start(&pids);
-                throughput::run(&rig, target.addr, &budget, &mut report, profiler.as_ref()).await;
+                throughput::run(
+                    &rig,
+                    target.addr,
+                    &budget,
+                    crypto,
+                    &mut report,
+                    profiler.as_ref(),
+                )
+                .await;
                 record_noise(&mut report, "throughput", &noise);
             }
             if selected(Measurement::Setup) {
@@ -277,8 +338,9 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
                 runtime.block_on(side_by_side::run(
                     &rig,
                     &peer,
-                    target.addr,
+                    &target,
                     &budget,
+                    crypto,
                     &mut report,
                 ));
                 record_noise(&mut report, "side_by_side", &noise);
@@ -338,6 +400,41 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         let noise = Noise::start(&pids);
         runtime.block_on(memory::run(&rig, idle_target, &counts, hold, &mut report));
         record_noise(&mut report, "memory", &noise);
+    }
+
+    if selected(Measurement::Soak) {
+        match memory::check_fds(nofile, soak_plan.tunnels) {
+            Ok(()) => {
+                // Fresh processes; the echo target in a process of its own, as for the idle
+                // tunnels.
+                // The tunnels sit at the default caps of 10,000 per agent; a replaced tunnel's
+                // close reaches the server a moment after its successor's CONNECT, which the
+                // caps would refuse. The soak is of the tunnels, not the caps: twice the room.
+                let room = soak_plan.tunnels * 2;
+                let mut extra = extra.clone();
+                extra.server.push(format!("--max-tunnels-per-agent={room}"));
+                extra.agent.push(format!("--max-tunnels={room}"));
+                let rig = Rig::start(false, &extra)?;
+                let (target_process, echo_target) = spawn_target()?;
+                let mut pids = rig.pids();
+                pids.push(target_process.pid());
+                let noise = Noise::start(&pids);
+                runtime.block_on(soak::run(&rig, echo_target, &soak_plan, &mut report));
+                record_noise(&mut report, "soak", &noise);
+            }
+            Err(error) => report.failed("soak", "zero errors", &error),
+        }
+    }
+
+    if selected(Measurement::Burst) {
+        let plan = burst::Plan {
+            rate: options.burst_rate.unwrap_or(2_000),
+            duration: Duration::from_secs(options.burst_seconds.unwrap_or(budget.burst_seconds)),
+        };
+        let pair = burst::Pair::start(&extra)?;
+        let noise = Noise::start(&pair.pids());
+        runtime.block_on(burst::run(&pair, target.addr, plan, &mut report));
+        record_noise(&mut report, "burst", &noise);
     }
 
     plot::write_all(&report.throughput, &report.setup, &out_dir)?;

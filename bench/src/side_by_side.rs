@@ -1,15 +1,15 @@
 //! Bridgehead and konnectivity side by side in one run: bulk at 1, 16 and 64 tunnels both
 //! ways with server+agent CPU per GiB, tunnel setup at concurrency 1 and 16, idle memory per
-//! tunnel, and round trips,
-//! each on both frontends (mTLS and the Unix socket), with direct loopback as the yardstick.
+//! tunnel, round trips, and what a stalled neighbour costs a bulk download (ANP#881),
+//! each on both frontends (mTLS and the Unix socket), with direct loopback as the yardstick
+//! and every proxy's CPU per GiB also as a multiple of its path's [`floor`].
 //! The paths take turns for every row, so load changes hit them alike. Each Bridgehead path
 //! is checked against konnectivity's on the same frontend: ahead on every row.
-
-use std::net::SocketAddr;
 
 use serde_json::json;
 
 use crate::budget::Budget;
+use crate::floor::{self, Crypto};
 use crate::konnectivity::Konnectivity;
 use crate::latency;
 use crate::memory;
@@ -17,7 +17,9 @@ use crate::report::{micros, rate, Check, Outcome, Report};
 use crate::rig::Rig;
 use crate::route::Route;
 use crate::setup;
+use crate::stall;
 use crate::throughput::{self, Direction};
+use bridgehead_e2e::target::bulk::Target;
 
 /// Tunnel counts of the bulk rows.
 const TUNNELS: [usize; 3] = [1, 16, 64];
@@ -35,10 +37,12 @@ type Figures = Vec<Option<f64>>;
 pub async fn run(
     rig: &Rig,
     peer: &Konnectivity,
-    target: SocketAddr,
+    bulk_target: &Target,
     budget: &Budget,
+    crypto: Crypto,
     report: &mut Report,
 ) {
+    let target = bulk_target.addr;
     eprintln!("== side by side: Bridgehead and konnectivity, both frontends");
     let direct = Route::Direct;
     let Some((uds, uds_pids)) = rig.uds() else {
@@ -143,6 +147,23 @@ pub async fn run(
                 &cpus,
                 |v| format!("{v:.2}"),
             );
+            // Each proxy's CPU as a multiple of its path's floor, from the direct run's.
+            let times_floor: Figures = paths
+                .iter()
+                .zip(&cpus)
+                .map(|(path, cpu)| {
+                    let floor = floor::floor(crypto, path.route, cpus[0]?)?;
+                    Some(cpu.as_ref()? / floor)
+                })
+                .collect();
+            table(
+                report,
+                &header,
+                &format!("{row}, CPU × floor"),
+                "",
+                &times_floor,
+                |v| format!("{v:.2}"),
+            );
             compare(report, &row, "throughput", &labels, &rates, Higher, rate);
             compare(report, &row, "CPU per GiB", &labels, &cpus, Lower, |v| {
                 format!("{v:.2} s/GiB")
@@ -190,6 +211,41 @@ pub async fn run(
     let as_micros = |v: f64| micros(std::time::Duration::from_secs_f64(v));
     table(report, &header, &row, "", &p50s, as_micros);
     compare(report, &row, "round trip", &labels, &p50s, Lower, as_micros);
+
+    // Last: a proxy whose tunnels all block behind a stalled one stays blocked.
+    let row = "stalled neighbour: cost to a bulk download (1 tunnel)".to_owned();
+    let mut costs = Figures::new();
+    for path in &paths {
+        if matches!(path.route, Route::Direct) {
+            costs.push(None);
+            continue;
+        }
+        let value = match stall::cost(path.route, bulk_target, budget).await {
+            Ok((cost, buffered)) => {
+                let _ = report.record(
+                    "side_by_side",
+                    json!({ "row": row, "route": path.route.label(), "cost": cost, "neighbour_buffered": buffered }),
+                );
+                Some(cost.max(0.0))
+            }
+            Err(error) => {
+                eprintln!("  {row}, {}: {error:#}", path.route.label());
+                None
+            }
+        };
+        costs.push(value);
+    }
+    let as_share = |v: f64| format!("{:.0} %", v * 100.0);
+    table(report, &header, &row, "", &costs, as_share);
+    compare(
+        report,
+        &row,
+        "stalled neighbour",
+        &labels,
+        &costs,
+        Lower,
+        as_share,
+    );
 }
 
 /// Which way is better.

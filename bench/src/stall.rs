@@ -30,12 +30,12 @@ pub async fn run(rig: &Rig, target: &Target, budget: &Budget, report: &mut Repor
     let mut buffered = 0;
     for _ in 0..budget.stall_rounds {
         match one_round(&rig.mtls, target, budget).await {
-            Ok((a, s, b)) => {
+            Ok((a, Ok(s), b)) => {
                 alone.push(a);
                 stalled.push(s);
                 buffered = b;
             }
-            Err(error) => {
+            Ok((_, Err(error), _)) | Err(error) => {
                 report.failed(what, "cost < 10%", &error);
                 return;
             }
@@ -90,13 +90,46 @@ pub async fn run(rig: &Rig, target: &Target, budget: &Budget, report: &mut Repor
     });
 }
 
-/// One download alone, then one beside a freshly stalled tunnel. Returns both and how many
-/// bytes the stalled tunnel's target got out before it blocked.
+/// What a stalled neighbour costs a bulk download on `route`: 1 − beside / alone over
+/// `budget.stall_rounds` rounds, and the bytes the neighbour took before it stalled. A download
+/// that cannot open or finish beside it (every tunnel of the agent blocked behind the stalled
+/// one, ANP#881) costs 1.
+pub(crate) async fn cost(
+    route: &Route,
+    target: &Target,
+    budget: &Budget,
+) -> anyhow::Result<(f64, u64)> {
+    let (mut alone, mut beside) = ((0u64, 0f64), (0u64, 0f64));
+    let mut buffered = 0;
+    for _ in 0..budget.stall_rounds {
+        let (a, s, b) = one_round(route, target, budget).await?;
+        buffered = b;
+        match s {
+            Ok(s) => {
+                alone = (alone.0 + a.bytes, alone.1 + a.seconds);
+                beside = (beside.0 + s.bytes, beside.1 + s.seconds);
+            }
+            Err(error) => {
+                eprintln!(
+                    "  {}: no download beside a stalled tunnel: {error:#}",
+                    route.label()
+                );
+                return Ok((1.0, buffered));
+            }
+        }
+    }
+    let rate = |(bytes, seconds): (u64, f64)| bytes as f64 / seconds.max(1e-9);
+    Ok((1.0 - rate(beside) / rate(alone).max(1e-9), buffered))
+}
+
+/// One download alone, then one beside a freshly stalled tunnel. Returns both (the second as
+/// it went: a proxy that blocks behind the stalled tunnel fails it) and how many bytes the
+/// stalled tunnel's target got out before it blocked.
 async fn one_round(
     route: &Route,
     target: &Target,
     budget: &Budget,
-) -> anyhow::Result<(Bulk, Bulk, u64)> {
+) -> anyhow::Result<(Bulk, anyhow::Result<Bulk>, u64)> {
     let alone = bulk(
         route,
         target.addr,
@@ -123,7 +156,7 @@ async fn one_round(
     )
     .await;
     drop(neighbour);
-    Ok((alone, with?, buffered))
+    Ok((alone, with, buffered))
 }
 
 /// Waits until the neighbour's target wrote something and then nothing for [`QUIET`]

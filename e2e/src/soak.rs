@@ -8,6 +8,7 @@
 //! byte for byte (each echo sends different bytes), and every failure counts as an error.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -54,6 +55,11 @@ pub struct Sample {
     pub rss: Vec<u64>,
     /// Open descriptors of each process.
     pub fds: Vec<usize>,
+    /// Errors so far.
+    pub errors: u64,
+    /// The slowest echo since the sample before, in microseconds (a machine that stalls the
+    /// processes shows here, and so does the memory a backlog of work leaves behind).
+    pub slowest_echo_micros: u64,
 }
 
 /// What happened.
@@ -125,6 +131,8 @@ struct Shared {
     target: String,
     openers: Semaphore,
     errors: Mutex<Errors>,
+    /// The slowest echo since the last sample.
+    slowest: AtomicU64,
 }
 
 impl Shared {
@@ -168,6 +176,7 @@ pub async fn run(
         target: target.to_string(),
         openers: Semaphore::new(OPENERS),
         errors: Mutex::new(Errors::default()),
+        slowest: AtomicU64::new(0),
     });
     let opening = Instant::now();
     let mut opens = JoinSet::new();
@@ -203,6 +212,8 @@ pub async fn run(
                 .map(|&pid| procfs::rss_bytes(pid).unwrap_or(0))
                 .collect(),
             fds: pids.iter().map(|&pid| procfs::fd_count(pid)).collect(),
+            errors: shared.errors.lock().map_or(0, |e| e.count),
+            slowest_echo_micros: shared.slowest.swap(0, Ordering::Relaxed),
         });
         next += plan.sample_every;
     }
@@ -290,8 +301,11 @@ async fn run_slot(
         match echoed {
             Ok(()) => {
                 log.echoes += 1;
-                let micros = sent.elapsed().as_micros();
-                log.micros.push(u32::try_from(micros).unwrap_or(u32::MAX));
+                let micros = u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX);
+                log.micros.push(micros);
+                shared
+                    .slowest
+                    .fetch_max(u64::from(micros), Ordering::Relaxed);
             }
             Err(error) => {
                 shared.error(slot, &error);
