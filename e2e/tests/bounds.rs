@@ -177,24 +177,7 @@ fn max_tunnels_per_agent_refuses_the_tunnel_past_the_limit() {
         ..Default::default()
     };
     let (server, _agent) = start_pair(&pki, options).unwrap();
-    let echo = target::echo("127.0.0.1:0").unwrap().to_string();
-    let mut open = Vec::new();
-    for _ in 0..2 {
-        let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
-        let reply = kube_connect(conn.as_mut(), &echo).unwrap();
-        assert_eq!(reply.status, 200, "{}", reply.head);
-        open.push(conn);
-    }
-    let reply = ask(&pki, &server, &echo);
-    assert_eq!(reply.status, 503, "{}{}", reply.head, reply.body);
-    assert!(reply.body.contains("limit of 2 tunnels"), "{}", reply.body);
-    // Closing one makes room again.
-    open.pop();
-    wait_until(IO_TIMEOUT, || {
-        let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
-        kube_connect(conn.as_mut(), &echo).is_ok_and(|reply| reply.status == 200)
-    })
-    .expect("a closed tunnel frees its place");
+    fill_to_the_limit(&pki, &server, 2, "limit of 2 tunnels");
 }
 
 #[test]
@@ -211,23 +194,30 @@ fn the_agents_max_tunnels_refuses_the_dial_past_its_own_limit() {
     )
     .unwrap();
     server.wait_agents(1).unwrap();
+    fill_to_the_limit(&pki, &server, 2, "too_many_streams");
+}
+
+/// Opens `limit` tunnels through `server`, checks the next is refused with 503 and `reason`
+/// in its body, and that closing one makes room again.
+fn fill_to_the_limit(pki: &Pki, server: &Server, limit: usize, reason: &str) {
     let echo = target::echo("127.0.0.1:0").unwrap().to_string();
     let mut open = Vec::new();
-    for _ in 0..2 {
-        let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+    for _ in 0..limit {
+        let mut conn = tls_connect(pki, server.frontend_addr()).unwrap();
         let reply = kube_connect(conn.as_mut(), &echo).unwrap();
         assert_eq!(reply.status, 200, "{}", reply.head);
         open.push(conn);
     }
-    let reply = ask(&pki, &server, &echo);
+    let reply = ask(pki, server, &echo);
     assert_eq!(reply.status, 503, "{}{}", reply.head, reply.body);
-    assert!(reply.body.contains("too_many_streams"), "{}", reply.body);
+    assert!(reply.body.contains(reason), "{}", reply.body);
+    // Closing one makes room again.
     open.pop();
     wait_until(IO_TIMEOUT, || {
-        let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+        let mut conn = tls_connect(pki, server.frontend_addr()).unwrap();
         kube_connect(conn.as_mut(), &echo).is_ok_and(|reply| reply.status == 200)
     })
-    .expect("a closed tunnel frees its place on the agent");
+    .expect("a closed tunnel frees its place");
 }
 
 /// Threads named by tokio's runtime for its workers (and its blocking pool, unused at startup).

@@ -124,15 +124,18 @@ fn a_cut_link_resets_the_tunnel_within_the_keepalive_and_the_agent_comes_back() 
             server.metric("bridgehead_server_tunnels_open").unwrap(),
             0.0
         );
-        let url = format!("http://{}/metrics", agent.health);
-        let page = net.run_in(1, &["curl", "-sf", &url]).unwrap();
-        let page = String::from_utf8_lossy(&page.stdout);
         assert_eq!(
-            bridgehead_e2e::client::metric_in(&page, "bridgehead_agent_streams_open"),
-            Some(0.0),
-            "{page}"
+            agent_metric(&net, &agent, "bridgehead_agent_streams_open"),
+            Some(0.0)
         );
     });
+}
+
+/// A series of the agent's metrics, read inside host 1's namespace, where its health port is.
+fn agent_metric(net: &netns::TestNet, agent: &Agent, series: &str) -> Option<f64> {
+    let url = format!("http://{}/metrics", agent.health);
+    let page = net.run_in(1, &["curl", "-sf", &url]).ok()?;
+    bridgehead_e2e::client::metric_in(&String::from_utf8_lossy(&page.stdout), series)
 }
 
 /// Tunnels at once over the lossy link, and the bytes each sends and gets back.
@@ -204,12 +207,8 @@ fn tunnels_over_a_lossy_slow_agent_link_deliver_every_byte() {
         );
         // The session rode it out: the same one, never re-established.
         assert_eq!(server.agents().unwrap().len(), 1);
-        // The agent's health port is inside its namespace.
-        let url = format!("http://{}/metrics", agent.health);
-        let page = net.run_in(1, &["curl", "-sf", &url]).unwrap();
-        let page = String::from_utf8_lossy(&page.stdout);
         assert_eq!(
-            bridgehead_e2e::client::metric_in(&page, "bridgehead_agent_reconnects_total"),
+            agent_metric(&net, &agent, "bridgehead_agent_reconnects_total"),
             Some(0.0),
             "the agent reconnected during the loss"
         );
