@@ -372,6 +372,20 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
             &mut report,
         ));
         record_noise(&mut report, "stalled_readers", &noise);
+        drop(rig);
+        // konnectivity under the same stalled readers, when built.
+        if let Some((server, agent)) = konnectivity::binaries() {
+            let peer = konnectivity::Konnectivity::start(&server, &agent)?;
+            runtime.block_on(stalled::peer(
+                &peer.mtls.route,
+                &peer.mtls.pids(),
+                firehose,
+                target.addr,
+                options.stalled_readers.unwrap_or(budget.stalled_readers),
+                &budget,
+                &mut report,
+            ));
+        }
     }
     if selected(Measurement::Memory) {
         let counts: Vec<usize> = budget

@@ -264,6 +264,89 @@ pub async fn run(
     drop(conns);
 }
 
+/// The same stalled readers on another proxy (konnectivity's mTLS pair: `route`, its
+/// processes `pids`): how many it holds, its processes' RSS growth, and a bulk download beside
+/// them. It has no buffered-bytes gauge; a proxy that blocks every tunnel behind a stalled one
+/// shows it as tunnels that never open or a download that never finishes.
+pub async fn peer(
+    route: &Route,
+    pids: &[u32],
+    firehose: SocketAddr,
+    target: SocketAddr,
+    count: usize,
+    budget: &Budget,
+    report: &mut Report,
+) {
+    let label = route.label();
+    eprintln!("== memory under {count} stalled readers: {label}");
+    let rss = || {
+        pids.iter()
+            .map(|&p| procfs::rss_bytes(p).unwrap_or(0))
+            .sum::<u64>()
+    };
+    let alone = match downloads(route, target, budget).await {
+        Ok(alone) => alone,
+        Err(error) => return report.failed(&format!("{label}: stalled readers"), "-", &error),
+    };
+    let base = rss();
+    let conns = Arc::new(Mutex::new(Vec::new()));
+    let opened = open_held(route, firehose, count, &conns, Use::Stalled(STALL_FOR)).await;
+    let have = conns.lock().map_or(0, |c| c.len());
+    // Let the firehoses fill whatever they can, as for Bridgehead.
+    tokio::time::sleep(SETTLE_INTERVAL * 4).await;
+    let grown = rss().saturating_sub(base);
+    let beside = downloads(route, target, budget).await;
+    let beside_text = match &beside {
+        Ok(rate_beside) => format!(
+            "{} ({:.2})",
+            rate(*rate_beside),
+            rate_beside / alone.max(1e-9)
+        ),
+        Err(error) => format!("failed: {error:#}"),
+    };
+    let opened_text = match &opened {
+        Ok(()) => format!("{have}"),
+        Err(error) => format!("{have} ({error:#})"),
+    };
+    eprintln!(
+        "  {label}: {opened_text} stalled tunnels open; RSS +{} MiB; bulk alone {}, beside {beside_text}",
+        grown >> 20,
+        rate(alone)
+    );
+    let _ = report.record(
+        "stalled_readers_peer",
+        json!({
+            "route": label,
+            "wanted": count,
+            "tunnels": have,
+            "open_error": opened.as_ref().err().map(|e| format!("{e:#}")),
+            "rss_growth": grown,
+            "alone_bytes_per_s": alone,
+            "beside_bytes_per_s": beside.as_ref().ok(),
+            "beside_error": beside.as_ref().err().map(|e| format!("{e:#}")),
+        }),
+    );
+    report.row(
+        "Memory under stalled readers, another proxy (same firehose target, its mTLS frontend)",
+        &[
+            "proxy",
+            "stalled tunnels open",
+            "server+agent RSS growth",
+            "bulk alone",
+            "bulk beside",
+        ],
+        vec![
+            label.to_owned(),
+            opened_text,
+            format!("{} MiB", grown >> 20),
+            rate(alone),
+            beside_text,
+        ],
+    );
+    let conns = std::mem::take(&mut *conns.lock().unwrap_or_else(|p| p.into_inner()));
+    drop(conns);
+}
+
 /// [`ROUNDS`] one-tunnel bulk downloads; their bytes over their seconds.
 async fn downloads(route: &Route, target: SocketAddr, budget: &Budget) -> anyhow::Result<f64> {
     let mut runs: Vec<Bulk> = Vec::new();
