@@ -126,7 +126,8 @@ struct Peak {
     fds: usize,
 }
 
-/// Runs `plan` on `pair` (fresh) to `target` (any address: the frozen agent never dials).
+/// Runs `plan` on `pair` (fresh) to the echo target at `target`, which the slow agent dials
+/// while it is awake.
 pub async fn run(pair: &Pair, target: std::net::SocketAddr, plan: Plan, report: &mut Report) {
     eprintln!(
         "== CONNECT burst: {} per second for {:?} on the Unix socket, the agent awake {AWAKE:?} in every {:?}",

@@ -10,7 +10,7 @@
 //! - Measurements: [`throughput`] (and CPU per GiB), [`setup`], [`latency`] (round trips),
 //!   [`memory`] (idle tunnels), [`stall`] (stalled neighbour), [`stalled`] (memory under
 //!   stalled readers); only when named: [`soak`] (many tunnels for minutes) and [`burst`]
-//!   (a minute of paced CONNECTs against a frozen agent);
+//!   (a minute of paced CONNECTs against a slow agent);
 //!   [`summary`] percentiles.
 //! - [`report`] (tables, JSON lines, PASS/MISS), [`plot`] (SVG), [`profile`] (`perf record`)
 //!   with [`flamegraph`] (SVG flame graphs of the recordings).
@@ -163,8 +163,8 @@ pub enum Measurement {
     /// 10,000 tunnels for 10 minutes with a trickle of traffic and 1 % replaced every second:
     /// errors, RSS and descriptors over time. Only when named: it is not part of a full run.
     Soak,
-    /// 2,000 CONNECTs per second for a minute on the Unix socket against a frozen agent:
-    /// pending dials bounded, 503s counted, nothing left after. Only when named.
+    /// 2,000 CONNECTs per second for a minute on the Unix socket against a slow agent (awake
+    /// 1 s in 5): pending dials bounded, 503s counted, nothing left after. Only when named.
     Burst,
 }
 
