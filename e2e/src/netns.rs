@@ -142,6 +142,40 @@ pub fn with_net(
     }
 }
 
+/// A server whose agent endpoint every host of `net` reaches ([`TestNet::server_v4`]), with
+/// `server`'s other options, and one agent inside host `host` with `agent`'s, registered. The
+/// agent checks the server's certificate for `127.0.0.1`, which it names, not the link address
+/// it dials.
+pub fn start_pair_on_host(
+    pki: &crate::Pki,
+    net: &TestNet,
+    host: usize,
+    server: crate::ServerOptions,
+    agent: crate::AgentOptions,
+) -> anyhow::Result<(crate::Server, crate::Agent)> {
+    let server = crate::Server::start(
+        pki,
+        crate::ServerOptions {
+            agent_bind: Some(net.server_v4().to_string()),
+            ..server
+        },
+    )?;
+    let mut args = vec!["--server-name".to_owned(), "127.0.0.1".to_owned()];
+    args.extend(agent.args.iter().cloned());
+    let agent = crate::Agent::start(
+        pki,
+        &server,
+        crate::AgentOptions {
+            args,
+            netns: Some(net.host(host).ns_name().to_owned()),
+            server: Some(server.agent_addr),
+            ..agent
+        },
+    )?;
+    server.wait_agents(1)?;
+    Ok((server, agent))
+}
+
 /// Runs `ip` with `args`; fails with its stderr.
 pub fn ip(args: &[&str]) -> anyhow::Result<String> {
     let out = Command::new("ip")

@@ -9,7 +9,7 @@ use bridgehead_e2e::client::{
 };
 use bridgehead_e2e::netns::TestNet;
 use bridgehead_e2e::process::start_pair;
-use bridgehead_e2e::{target, Agent, AgentOptions, Pki, Server, ServerOptions};
+use bridgehead_e2e::{target, AgentOptions, Pki, Server, ServerOptions};
 
 /// Sends `request` on a fresh mTLS connection and reads the whole answer.
 fn ask(pki: &Pki, server: &Server, request: &str) -> ErrorReply {
@@ -124,26 +124,14 @@ fn unresolvable_name_gets_502() {
     let mut net = TestNet::new(1).unwrap();
     net.set_hosts(0, &[]).unwrap();
     let pki = Pki::new().unwrap();
-    let server = Server::start(
+    let (server, _agent) = bridgehead_e2e::netns::start_pair_on_host(
         &pki,
-        ServerOptions {
-            agent_bind: Some(net.server_v4().to_string()),
-            ..Default::default()
-        },
+        &net,
+        0,
+        ServerOptions::default(),
+        AgentOptions::default(),
     )
     .unwrap();
-    let _agent = Agent::start(
-        &pki,
-        &server,
-        AgentOptions {
-            args: vec!["--server-name".into(), "127.0.0.1".into()],
-            netns: Some(net.host(0).ns_name().to_owned()),
-            server: Some(server.agent_addr),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    server.wait_agents(1).unwrap();
     let reply = ask(&pki, &server, &connect_request("does-not-exist.invalid:80"));
     assert_refusal(&reply, 502, "does-not-exist.invalid");
     assert!(

@@ -17,7 +17,7 @@ use bridgehead_e2e::client::tunnel::Frontend;
 use bridgehead_e2e::client::{kube_connect, tls, tls_connect};
 use bridgehead_e2e::netns;
 use bridgehead_e2e::process::wait_until;
-use bridgehead_e2e::{Agent, AgentOptions, Pki, Server, ServerOptions};
+use bridgehead_e2e::{Agent, AgentOptions, Pki, ServerOptions};
 
 /// Both ends' `--keepalive-time`: a silent peer is dropped after three.
 const KEEPALIVE: Duration = Duration::from_secs(1);
@@ -28,34 +28,21 @@ fn a_cut_link_resets_the_tunnel_within_the_keepalive_and_the_agent_comes_back() 
     netns::with_net(test, 2, Duration::from_secs(120), |mut net| {
         let pki = Pki::new().unwrap();
         let keepalive = format!("{}s", KEEPALIVE.as_secs());
-        let server = Server::start(
+        let (server, agent) = netns::start_pair_on_host(
             &pki,
+            &net,
+            1,
             ServerOptions {
-                agent_bind: Some(net.server_v4().to_string()),
                 args: vec!["--keepalive-time".into(), keepalive.clone()],
                 ..Default::default()
             },
-        )
-        .unwrap();
-        let host = net.host(1);
-        let agent = Agent::start(
-            &pki,
-            &server,
             AgentOptions {
                 id: Some("cut".into()),
-                args: vec![
-                    "--server-name".into(),
-                    "127.0.0.1".into(),
-                    "--keepalive-time".into(),
-                    keepalive,
-                ],
-                netns: Some(host.ns_name().to_owned()),
-                server: Some(server.agent_addr),
+                args: vec!["--keepalive-time".into(), keepalive],
                 ..Default::default()
             },
         )
         .unwrap();
-        server.wait_agents(1).unwrap();
         let target = net
             .who_am_i(1, &format!("{}:0", net.host(1).v4()), "B")
             .unwrap();
@@ -147,27 +134,17 @@ fn tunnels_over_a_lossy_slow_agent_link_deliver_every_byte() {
     let test = "tunnels_over_a_lossy_slow_agent_link_deliver_every_byte";
     netns::with_net(test, 2, Duration::from_secs(180), |net| {
         let pki = Pki::new().unwrap();
-        let server = Server::start(
+        let (server, agent) = netns::start_pair_on_host(
             &pki,
-            ServerOptions {
-                agent_bind: Some(net.server_v4().to_string()),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let agent = Agent::start(
-            &pki,
-            &server,
+            &net,
+            1,
+            ServerOptions::default(),
             AgentOptions {
                 id: Some("lossy".into()),
-                args: vec!["--server-name".into(), "127.0.0.1".into()],
-                netns: Some(net.host(1).ns_name().to_owned()),
-                server: Some(server.agent_addr),
                 ..Default::default()
             },
         )
         .unwrap();
-        server.wait_agents(1).unwrap();
         // The echo target on the root side of the host's link: the agent reaches it over the
         // impaired link too, so every byte crosses it twice each way.
         let target = bridgehead_e2e::target::echo(&format!("{}:0", net.root_v4(1))).unwrap();

@@ -5,7 +5,7 @@
 
 use bridgehead_e2e::client::{request_reply, tls_connect};
 use bridgehead_e2e::netns::TestNet;
-use bridgehead_e2e::{Agent, AgentOptions, Pki, Server, ServerOptions};
+use bridgehead_e2e::{AgentOptions, Pki, Server, ServerOptions};
 
 /// The answer to a CONNECT: (status, text): on 200 what the target said until it closed
 /// (a who-am-i target answers its name), else the refusal's reason.
@@ -34,31 +34,17 @@ fn the_agent_refuses_metadata_its_own_ports_and_denied_destinations() {
     let closed = net.who_am_i(0, "10.77.0.2:0", "operator-denied").unwrap();
     let any = net.who_am_i(0, "0.0.0.0:0", "any").unwrap();
     let pki = Pki::new().unwrap();
-    let server = Server::start(
+    let (server, agent) = bridgehead_e2e::netns::start_pair_on_host(
         &pki,
-        ServerOptions {
-            agent_bind: Some(net.server_v4().to_string()),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let agent = Agent::start(
-        &pki,
-        &server,
+        &net,
+        0,
+        ServerOptions::default(),
         AgentOptions {
-            args: vec![
-                "--server-name".into(),
-                "127.0.0.1".into(),
-                "--denied-destinations".into(),
-                "10.77.0.2/32".into(),
-            ],
-            netns: Some(net.host(0).ns_name().to_owned()),
-            server: Some(server.agent_addr),
+            args: vec!["--denied-destinations".into(), "10.77.0.2/32".into()],
             ..Default::default()
         },
     )
     .unwrap();
-    server.wait_agents(1).unwrap();
 
     assert_eq!(
         ask(&pki, &server, &loopback.to_string()),
@@ -94,33 +80,19 @@ fn an_allow_list_permits_only_what_it_names() {
     let loopback = net.who_am_i(0, "127.0.0.1:0", "loopback").unwrap();
     let metadata = net.who_am_i(0, "169.254.169.254:0", "metadata").unwrap();
     let pki = Pki::new().unwrap();
-    let server = Server::start(
-        &pki,
-        ServerOptions {
-            agent_bind: Some(net.server_v4().to_string()),
-            ..Default::default()
-        },
-    )
-    .unwrap();
     // An exact address lifts the default denial of the metadata endpoint.
     let allowed = format!("10.78.0.0/24,169.254.169.254/32:{}", metadata.port());
-    let _agent = Agent::start(
+    let (server, _agent) = bridgehead_e2e::netns::start_pair_on_host(
         &pki,
-        &server,
+        &net,
+        0,
+        ServerOptions::default(),
         AgentOptions {
-            args: vec![
-                "--server-name".into(),
-                "127.0.0.1".into(),
-                "--allowed-destinations".into(),
-                allowed,
-            ],
-            netns: Some(net.host(0).ns_name().to_owned()),
-            server: Some(server.agent_addr),
+            args: vec!["--allowed-destinations".into(), allowed],
             ..Default::default()
         },
     )
     .unwrap();
-    server.wait_agents(1).unwrap();
     assert_eq!(
         ask(&pki, &server, &listed.to_string()),
         (200, "listed".into())
