@@ -45,6 +45,8 @@ pub async fn run(rig: &Rig, target: SocketAddr, plan: &Plan, report: &mut Report
         return report.failed(&what, "-", &anyhow::anyhow!("the rig has no mTLS frontend"));
     };
     let pids = [rig.server.process.pid(), rig.agent.process.pid()];
+    // For a profiler attached during the run (`heaptrack -p PID`).
+    eprintln!("  server pid {}, agent pid {}", pids[0], pids[1]);
     let outcome = match soak::run(frontend, target, &pids, plan).await {
         Ok(outcome) => outcome,
         Err(error) => return report.failed(&what, "zero errors", &error),
