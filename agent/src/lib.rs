@@ -28,6 +28,7 @@ mod servers;
 mod session;
 pub mod tls;
 mod token;
+mod upgrade;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,6 +5,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use bridgehead_mux::{WebSocket, WsRole};
 use bridgehead_proto::servers::{
     check_server_id, parse_server_count, CONNECTED_SERVERS_HEADER, SERVER_COUNT_HEADER,
     SERVER_ID_HEADER,
@@ -16,10 +17,10 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::Error as WsError;
-use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Error as RequestError;
 
 use crate::config::Config;
+use crate::upgrade::{upgrade, Answer, UpgradeError};
 
 /// Longest wait for the TCP connection (resolution included).
 const TCP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -29,7 +30,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_LOGGED_BODY: usize = 512;
 
 /// The WebSocket to the server.
-pub(crate) type ServerWebSocket = WebSocketStream<TlsStream<TcpStream>>;
+pub(crate) type ServerWebSocket = WebSocket<TlsStream<TcpStream>>;
 
 /// A connected, upgraded session transport.
 #[derive(Debug)]
@@ -71,9 +72,18 @@ pub(crate) enum ConnectError {
     /// The address led to a server the agent holds a session with already.
     #[error("reached server {0} again, which this agent holds a session with")]
     Duplicate(String),
+    /// The upgrade request could not be made (the server's address as a URI).
+    #[error("WebSocket upgrade request for {server}: {source}")]
+    Request {
+        server: String,
+        source: RequestError,
+    },
     /// The upgrade failed otherwise.
     #[error("WebSocket upgrade with {server}: {source}")]
-    WebSocket { server: String, source: WsError },
+    WebSocket {
+        server: String,
+        source: UpgradeError,
+    },
     /// The server picked another protocol version.
     #[error("server answered subprotocol {0:?}, expected {SUBPROTOCOL:?}")]
     Subprotocol(Option<String>),
@@ -125,44 +135,45 @@ pub(crate) async fn connect_to_server(
     })?;
 
     let request = upgrade_request(config, &server, held)?;
-    let upgrade = tokio_tungstenite::client_async_with_config(
-        request,
-        tls,
-        Some(bridgehead_mux::websocket_config()),
-    );
-    let (ws, response) = tokio::time::timeout(HANDSHAKE_TIMEOUT, upgrade)
+    let mut tls = tls;
+    let answer = tokio::time::timeout(HANDSHAKE_TIMEOUT, upgrade(&mut tls, &request))
         .await
         .map_err(|_| ConnectError::TimedOut {
             step: "WebSocket upgrade",
             server: server.clone(),
             timeout: HANDSHAKE_TIMEOUT,
         })?
-        .map_err(|error| match error {
-            WsError::Http(response) => {
-                let named = header(response.headers(), SERVER_ID_HEADER);
-                match named {
-                    Some(id) if response.status() == StatusCode::CONFLICT && held.contains(&id) => {
-                        ConnectError::Duplicate(id)
-                    }
-                    _ => ConnectError::Refused {
-                        status: response.status(),
-                        body: body_text(response.body().as_deref()),
-                    },
-                }
-            }
-            source => ConnectError::WebSocket {
-                server: server.clone(),
-                source,
-            },
+        .map_err(|source| ConnectError::WebSocket {
+            server: server.clone(),
+            source,
         })?;
-    let subprotocol = response
-        .headers()
+    let (headers, early) = match answer {
+        Answer::Upgraded { headers, early } => (headers, early),
+        Answer::Refused {
+            status,
+            headers,
+            body,
+        } => {
+            let named = header(&headers, SERVER_ID_HEADER);
+            return Err(match named {
+                Some(id) if status == StatusCode::CONFLICT && held.contains(&id) => {
+                    ConnectError::Duplicate(id)
+                }
+                _ => ConnectError::Refused {
+                    status,
+                    body: body_text(Some(&body)),
+                },
+            });
+        }
+    };
+    let subprotocol = headers
         .get(SEC_WEBSOCKET_PROTOCOL)
         .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
     if subprotocol.as_deref() != Some(SUBPROTOCOL) {
         return Err(ConnectError::Subprotocol(subprotocol));
     }
-    let headers = response.headers();
+    let ws = WebSocket::new(tls, WsRole::Client, early);
+    let headers = &headers;
     let server_id = header(headers, SERVER_ID_HEADER)
         .filter(|id| check_server_id(id).is_ok())
         .unwrap_or_else(|| peer.to_string());
@@ -192,7 +203,7 @@ fn upgrade_request(
     let uri = format!("wss://{server}/connect?{}", config.identifiers.to_query());
     let mut request = uri
         .into_client_request()
-        .map_err(|source| ConnectError::WebSocket {
+        .map_err(|source| ConnectError::Request {
             server: server.to_owned(),
             source,
         })?;

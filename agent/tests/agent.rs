@@ -230,13 +230,13 @@ async fn fake_server(
         );
         Ok::<_, ErrorResponse>(response)
     };
-    let ws = tokio_tungstenite::accept_hdr_async_with_config(
-        tls,
-        callback,
-        Some(bridgehead_mux::websocket_config()),
-    )
-    .await
-    .unwrap();
+    // tungstenite answers the upgrade; the agent sends no frame before the answer, so nothing
+    // past the request is left in tungstenite's buffer when the session takes the stream.
+    let ws = tokio_tungstenite::accept_hdr_async(tls, callback)
+        .await
+        .unwrap()
+        .into_inner();
+    let ws = bridgehead_mux::WebSocket::new(ws, bridgehead_mux::WsRole::Server, Default::default());
     let mux = Mux::server();
     let _ = session.send(mux.clone());
     let _ = mux

@@ -6,42 +6,28 @@ use std::time::Duration;
 
 use bridgehead_proto::session::SessionError;
 use bridgehead_proto::{DecodeError, Frame};
-use bytes::BytesMut;
-use futures_util::{SinkExt, StreamExt};
+use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
-use tokio_tungstenite::tungstenite::{Error as WsError, Message};
-use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::session_state::SessionState;
+use crate::websocket::{close_code, Incoming, Reader, WebSocket, Writer, WsError};
 use crate::Mux;
 
 /// Largest WebSocket message either end accepts; the writer batches frames up to a quarter
 /// of it.
 pub const MAX_MESSAGE: usize = 1024 * 1024;
-
-/// The WebSocket limits both ends use: messages up to [`MAX_MESSAGE`].
-pub fn websocket_config() -> WebSocketConfig {
-    // tungstenite zero-fills up to `read_buffer_size` bytes before every read attempt
-    // (three per message), whatever arrives: the 128 KiB default cost a 128 KiB memset per
-    // record.
-    WebSocketConfig::default()
-        .read_buffer_size(READ_BUFFER)
-        .max_message_size(Some(MAX_MESSAGE))
-        .max_frame_size(Some(MAX_MESSAGE))
-}
 /// The writer batches frames into messages of about this size.
 const BATCH_BYTES: usize = 256 * 1024;
-/// Most bytes tungstenite reads (and zero-fills first) per read call. Control frames and
-/// small DATA (dials, round trips) are a few dozen bytes; a large message's reads are served
-/// from the TLS stream's decrypted record without a syscall each, so small reads cost bulk
-/// nothing measurable. Callgrind, 20 KiB → 4 KiB: round trip 67.9 k → 62.8 k instructions,
-/// Unix-socket setup 136.8 k → 128.9 k, bulk within 0.5 % (docs/benchmarks.md).
-const READ_BUFFER: usize = 4 * 1024;
+/// The writer's message buffer: a batch, plus the one frame that may cross its end, plus
+/// the WebSocket header. Kept for the session's life and reused for every message (before,
+/// each message was carved out of a fresh 256 KiB chunk, which an idle session held too).
+const MESSAGE_BUFFER: usize = BATCH_BYTES
+    + bridgehead_proto::frame::MAX_DATA_PAYLOAD
+    + bridgehead_proto::frame::HEADER_LEN
+    + crate::websocket::MAX_HEADER;
 /// How long a closing session may take to flush frames queued before the close, and to send
 /// its close frame.
 const CLOSE_FLUSH: Duration = Duration::from_secs(1);
@@ -92,7 +78,7 @@ pub enum SessionEnd {
     /// Writing to the WebSocket failed: the transport's fault, not the peer's protocol.
     #[error("writing: {0}")]
     Write(Arc<WsError>),
-    /// The peer closed the WebSocket.
+    /// The peer closed the WebSocket (a close frame).
     #[error("closed by peer")]
     ClosedByPeer,
     /// This end shut the session down.
@@ -111,12 +97,13 @@ impl From<Violation> for SessionEnd {
 
 impl SessionEnd {
     /// The close frame this end sends, if the WebSocket can still carry one.
-    fn close_code(&self) -> Option<CloseCode> {
+    fn close_code(&self) -> Option<u16> {
         match self {
-            SessionEnd::Protocol(_) => Some(CloseCode::Protocol),
-            SessionEnd::Shutdown | SessionEnd::Closed(_) => Some(CloseCode::Away),
-            SessionEnd::KeepaliveTimeout(_) => Some(CloseCode::Normal),
-            SessionEnd::ClosedByPeer | SessionEnd::WebSocket(_) | SessionEnd::Write(_) => None,
+            SessionEnd::Protocol(_) => Some(close_code::PROTOCOL),
+            SessionEnd::Shutdown | SessionEnd::Closed(_) => Some(close_code::AWAY),
+            // The peer's close is answered, completing the closing handshake.
+            SessionEnd::KeepaliveTimeout(_) | SessionEnd::ClosedByPeer => Some(close_code::NORMAL),
+            SessionEnd::WebSocket(_) | SessionEnd::Write(_) => None,
         }
     }
 
@@ -135,14 +122,18 @@ impl Mux {
     /// end (the peer closed, [`Mux::close`], `shutdown`) is `Ok`; [`Mux::closed`] tells which.
     pub async fn run<S>(
         &self,
-        ws: WebSocketStream<S>,
+        ws: WebSocket<S>,
         keepalive: Keepalive,
         shutdown: CancellationToken,
     ) -> Result<(), SessionEnd>
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
-        let (mut sink, mut source) = ws.split();
+        let (read, write) = tokio::io::split(ws.io);
+        let mut source = Reader::new(read, ws.role, &ws.early);
+        let mut sink = Writer::new(write, ws.role);
+        // A ping's payload, for the writer to answer with a pong.
+        let pong: std::sync::Mutex<Option<Bytes>> = std::sync::Mutex::new(None);
         let shared = &*self.shared;
         let mut last_heard = Instant::now();
         let mut ping = tokio::time::interval(keepalive.interval);
@@ -185,9 +176,8 @@ impl Mux {
                 };
                 last_heard = Instant::now();
                 match message {
-                    None => return SessionEnd::ClosedByPeer,
-                    Some(Err(error)) => return SessionEnd::WebSocket(Arc::new(error)),
-                    Some(Ok(Message::Binary(bytes))) => {
+                    Err(error) => return SessionEnd::WebSocket(Arc::new(error)),
+                    Ok(Incoming::Binary(bytes)) => {
                         let handled = shared.with(|state| {
                             for frame in Frame::decode_all(bytes) {
                                 state.session.handle_frame(frame?)?;
@@ -198,10 +188,17 @@ impl Mux {
                             return violation.into();
                         }
                     }
-                    Some(Ok(Message::Close(_))) => return SessionEnd::ClosedByPeer,
-                    Some(Ok(Message::Text(_))) => return Violation::TextMessage.into(),
-                    // Pings are answered by tungstenite; pongs only prove liveness.
-                    Some(Ok(_)) => {}
+                    Ok(Incoming::Close) => return SessionEnd::ClosedByPeer,
+                    Ok(Incoming::Text) => return Violation::TextMessage.into(),
+                    Ok(Incoming::Ping(payload)) => {
+                        // The writer answers; a newer ping's payload replaces an unanswered one.
+                        *pong
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(payload);
+                        shared.transmit.notify_one();
+                    }
+                    // Pongs only prove liveness.
+                    Ok(Incoming::Pong) => {}
                 }
             }
         };
@@ -219,12 +216,21 @@ impl Mux {
                 if let Err(error) = send_queued(&mut sink, shared, &mut buf).await {
                     return SessionEnd::Write(Arc::new(error));
                 }
+                let answer = pong
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take();
+                if let Some(payload) = answer {
+                    if let Err(error) = sink.pong(&payload).await {
+                        return SessionEnd::Write(Arc::new(error));
+                    }
+                }
                 tokio::select! {
                     // Queued frames go out before a ping or a shutdown.
                     biased;
                     () = notified => {}
                     _ = ping.tick() => {
-                        if let Err(error) = sink.send(Message::Ping(Default::default())).await {
+                        if let Err(error) = sink.ping().await {
                             return SessionEnd::Write(Arc::new(error));
                         }
                     }
@@ -247,11 +253,7 @@ impl Mux {
         shared.close(end.clone());
         if let Some(code) = end.close_code() {
             let reason: String = end.to_string().chars().take(MAX_CLOSE_REASON).collect();
-            let close = CloseFrame {
-                code,
-                reason: reason.into(),
-            };
-            let _ = tokio::time::timeout(CLOSE_FLUSH, sink.send(Message::Close(Some(close)))).await;
+            let _ = tokio::time::timeout(CLOSE_FLUSH, sink.close(code, &reason)).await;
         }
         if end.is_orderly() {
             Ok(())
@@ -284,22 +286,27 @@ async fn deadlines(shared: &SessionState) -> std::convert::Infallible {
 }
 
 /// Encodes every queued frame into messages of up to [`BATCH_BYTES`], writes and flushes them.
-async fn send_queued<S>(
-    sink: &mut futures_util::stream::SplitSink<WebSocketStream<S>, Message>,
+async fn send_queued<W>(
+    sink: &mut Writer<W>,
     shared: &SessionState,
     buf: &mut BytesMut,
 ) -> Result<(), WsError>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    W: AsyncWrite + Unpin,
 {
     let mut sent = false;
     loop {
-        buf.reserve(BATCH_BYTES);
-        let frames = shared.with(|state| state.session.encode_transmit(buf, BATCH_BYTES));
+        Writer::<W>::start_message(buf);
+        buf.reserve(MESSAGE_BUFFER);
+        let frames = shared.with(|state| {
+            state
+                .session
+                .encode_transmit(buf, BATCH_BYTES + crate::websocket::MAX_HEADER)
+        });
         if frames == 0 {
             break;
         }
-        sink.feed(Message::Binary(buf.split().freeze())).await?;
+        sink.send_binary(buf).await?;
         sent = true;
     }
     if sent {

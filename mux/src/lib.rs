@@ -18,6 +18,7 @@ mod driver;
 mod session_state;
 pub mod splice;
 mod stream;
+pub mod websocket;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,8 +26,9 @@ use std::time::Duration;
 use bridgehead_proto::session::{OpenError, Role, SessionConfig};
 use bridgehead_proto::ErrorCode;
 
-pub use driver::{websocket_config, Keepalive, SessionEnd, Violation, MAX_MESSAGE};
+pub use driver::{Keepalive, SessionEnd, Violation, MAX_MESSAGE};
 pub use stream::{DialRequest, MuxStream, StreamEnd};
+pub use websocket::{Role as WsRole, WebSocket, WsError};
 
 use session_state::SessionState;
 

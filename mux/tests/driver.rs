@@ -1,11 +1,11 @@
 //! The session driver as the peer's WebSocket sees it, the peer being a raw tungstenite socket
 //! that speaks the frames by hand: the close code each end of a session sends and what `run`
-//! returns, the message size limit of `websocket_config`, and the dial deadline kept by the
+//! returns, the message size limit, and the dial deadline kept by the
 //! session's one timer.
 
 use std::time::Duration;
 
-use bridgehead_mux::{websocket_config, Keepalive, Mux, OpenFailure, SessionEnd, MAX_MESSAGE};
+use bridgehead_mux::{Keepalive, Mux, OpenFailure, SessionEnd, WebSocket, MAX_MESSAGE};
 use bridgehead_proto::frame::{HEADER_LEN, MAX_DATA_PAYLOAD};
 use bridgehead_proto::{ErrorCode, Frame};
 use bytes::{Bytes, BytesMut};
@@ -13,7 +13,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::io::DuplexStream;
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
@@ -36,16 +36,15 @@ const QUIET: Keepalive = Keepalive {
 
 type Peer = WebSocketStream<DuplexStream>;
 
-/// A session `mux` (its WebSocket configured with `config`) driven in a task, and the raw
-/// peer at the other end of its WebSocket.
+/// A session `mux` driven in a task, and a tungstenite peer at the other end of its
+/// WebSocket.
 async fn session(
     mux: &Mux,
-    config: Option<WebSocketConfig>,
     keepalive: Keepalive,
     shutdown: &CancellationToken,
 ) -> (JoinHandle<Result<(), SessionEnd>>, Peer) {
     let (a, b) = tokio::io::duplex(4 * MAX_MESSAGE);
-    let ws = WebSocketStream::from_raw_socket(a, Role::Server, config).await;
+    let ws = WebSocket::new(a, bridgehead_mux::WsRole::Server, Bytes::new());
     let peer = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
     let (mux, shutdown) = (mux.clone(), shutdown.clone());
     let run = tokio::spawn(async move { mux.run(ws, keepalive, shutdown).await });
@@ -101,16 +100,15 @@ async fn each_ending_sends_its_close_code_and_run_says_whether_it_was_orderly() 
         let cases = [
             (Ending::Shutdown, Some(CloseCode::Away), true),
             (Ending::Close, Some(CloseCode::Away), true),
-            // The peer started the closing handshake: tungstenite completes it, the session
-            // sends no close of its own.
-            (Ending::PeerCloses, None, true),
+            // The peer started the closing handshake: the session answers it.
+            (Ending::PeerCloses, Some(CloseCode::Normal), true),
             (Ending::TextMessage, Some(CloseCode::Protocol), false),
             (Ending::Garbage, Some(CloseCode::Protocol), false),
         ];
         for (ending, code, orderly) in cases {
             let mux = Mux::agent();
             let shutdown = CancellationToken::new();
-            let (run, mut peer) = session(&mux, None, QUIET, &shutdown).await;
+            let (run, mut peer) = session(&mux, QUIET, &shutdown).await;
             match ending {
                 Ending::Shutdown => shutdown.cancel(),
                 Ending::Close => mux.close("closing"),
@@ -153,7 +151,7 @@ async fn a_silent_peer_gets_a_normal_close() {
             interval: Duration::from_secs(3600),
             timeout: Duration::from_secs(10),
         };
-        let (run, mut peer) = session(&mux, None, keepalive, &CancellationToken::new()).await;
+        let (run, mut peer) = session(&mux, keepalive, &CancellationToken::new()).await;
         assert_eq!(close_code(&mut peer).await, Some(CloseCode::Normal));
         let result = run.await.unwrap();
         assert!(
@@ -175,7 +173,7 @@ async fn a_timer_that_fires_late_gives_the_peer_one_more_interval() {
             interval: Duration::from_secs(1),
             timeout: Duration::from_secs(3),
         };
-        let (run, mut peer) = session(&mux, None, keepalive, &CancellationToken::new()).await;
+        let (run, mut peer) = session(&mux, keepalive, &CancellationToken::new()).await;
         // The session runs, its silence timer set...
         tokio::time::sleep(Duration::from_millis(10)).await;
         // ...then the clock jumps 10 s at once, as it does for a process that did not run.
@@ -235,7 +233,7 @@ fn dial(stream: u32) -> Frame {
     }
 }
 
-/// `websocket_config` takes a message of `MAX_MESSAGE` bytes (1 MiB) and ends the session on
+/// The session takes a message of `MAX_MESSAGE` bytes (1 MiB) and ends the session on
 /// a larger one. (The DATA in them is beyond the stream's credit, which resets only that
 /// stream: the session goes on.)
 #[tokio::test]
@@ -244,7 +242,7 @@ async fn a_message_of_max_message_bytes_is_taken_and_a_larger_one_ends_the_sessi
         assert_eq!(MAX_MESSAGE, 1 << 20);
         let mux = Mux::agent();
         let shutdown = CancellationToken::new();
-        let (run, mut peer) = session(&mux, Some(websocket_config()), QUIET, &shutdown).await;
+        let (run, mut peer) = session(&mux, QUIET, &shutdown).await;
         peer.send(message(&[dial(1)])).await.unwrap();
         let first = mux.accept().await.unwrap();
         peer.send(data_message(1, MAX_MESSAGE)).await.unwrap();
@@ -269,7 +267,7 @@ async fn a_dial_fails_at_its_deadline_and_the_agent_hears_cancelled() {
     bounded(async {
         let mux = Mux::server();
         let shutdown = CancellationToken::new();
-        let (_run, mut peer) = session(&mux, None, QUIET, &shutdown).await;
+        let (_run, mut peer) = session(&mux, QUIET, &shutdown).await;
         let started = tokio::time::Instant::now();
         let open = tokio::spawn({
             let mux = mux.clone();
@@ -319,7 +317,7 @@ async fn a_dial_fails_with_the_agents_answer_or_with_the_session() {
         for refused in [true, false] {
             let mux = Mux::server();
             let shutdown = CancellationToken::new();
-            let (_run, mut peer) = session(&mux, None, QUIET, &shutdown).await;
+            let (_run, mut peer) = session(&mux, QUIET, &shutdown).await;
             let open = tokio::spawn({
                 let mux = mux.clone();
                 async move { mux.open("target", 1, Duration::from_secs(10)).await }
@@ -361,7 +359,7 @@ async fn the_writer_batches_queued_frames_into_messages_of_256_kib() {
     bounded(async {
         let mux = Mux::agent();
         let shutdown = CancellationToken::new();
-        let (_run, mut peer) = session(&mux, None, QUIET, &shutdown).await;
+        let (_run, mut peer) = session(&mux, QUIET, &shutdown).await;
         let mut ask = dial(1);
         if let Frame::Dial { window, .. } = &mut ask {
             *window = 1 << 20;
@@ -383,85 +381,6 @@ async fn the_writer_batches_queued_frames_into_messages_of_256_kib() {
         }
         assert_eq!(per_message, [4, 4, 4, 4]);
         shutdown.cancel();
-    })
-    .await
-}
-
-/// A socket that remembers the largest read it was asked for.
-struct Recording {
-    io: DuplexStream,
-    largest_read: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl tokio::io::AsyncRead for Recording {
-    fn poll_read(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        this.largest_read
-            .fetch_max(buf.remaining(), std::sync::atomic::Ordering::SeqCst);
-        std::pin::Pin::new(&mut this.io).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for Recording {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-}
-
-/// `websocket_config` reads the socket 4 KiB at a time, however large the message:
-/// tungstenite zero-fills its read buffer before every read, so a larger one costs a memset of
-/// its size per read (docs/benchmarks.md).
-#[tokio::test]
-async fn the_websocket_reads_at_most_4_kib_at_a_time() {
-    bounded(async {
-        let (a, b) = tokio::io::duplex(4 * MAX_MESSAGE);
-        let largest_read = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let socket = Recording {
-            io: a,
-            largest_read: largest_read.clone(),
-        };
-        let ws =
-            WebSocketStream::from_raw_socket(socket, Role::Server, Some(websocket_config())).await;
-        let mut peer = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
-        let mux = Mux::agent();
-        let shutdown = CancellationToken::new();
-        let run = tokio::spawn({
-            let (mux, shutdown) = (mux.clone(), shutdown.clone());
-            async move { mux.run(ws, QUIET, shutdown).await }
-        });
-        peer.send(message(&[dial(1)])).await.unwrap();
-        let _first = mux.accept().await.unwrap();
-        peer.send(data_message(1, 64 * 1024)).await.unwrap();
-        peer.send(message(&[dial(2)])).await.unwrap();
-        let _second = mux.accept().await.unwrap();
-        assert_eq!(
-            largest_read.load(std::sync::atomic::Ordering::SeqCst),
-            4 * 1024
-        );
-        shutdown.cancel();
-        let _ = run.await.unwrap();
     })
     .await
 }

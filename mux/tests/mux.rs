@@ -29,8 +29,10 @@ struct Pair {
 
 async fn pair() -> Pair {
     let (a, b) = tokio::io::duplex(256 * 1024);
-    let server_ws = WebSocketStream::from_raw_socket(a, Role::Server, None).await;
-    let agent_ws = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
+    let server_ws =
+        bridgehead_mux::WebSocket::new(a, bridgehead_mux::WsRole::Server, bytes::Bytes::new());
+    let agent_ws =
+        bridgehead_mux::WebSocket::new(b, bridgehead_mux::WsRole::Client, bytes::Bytes::new());
     let server = Mux::server();
     let agent = Mux::agent();
     let shutdown = CancellationToken::new();
@@ -271,7 +273,8 @@ async fn splice_over_real_sockets_half_close() {
 async fn keepalive_detects_a_silent_peer() {
     bounded(async {
         let (a, _b) = tokio::io::duplex(1024);
-        let ws = WebSocketStream::from_raw_socket(a, Role::Server, None).await;
+        let ws =
+            bridgehead_mux::WebSocket::new(a, bridgehead_mux::WsRole::Server, bytes::Bytes::new());
         let server = Mux::server();
         let result = server
             .run(ws, Keepalive::default(), CancellationToken::new())
@@ -292,7 +295,8 @@ async fn keepalive_counts_from_the_last_message() {
         use futures_util::SinkExt;
         use tokio_tungstenite::tungstenite::Message;
         let (a, b) = tokio::io::duplex(64 * 1024);
-        let ws = WebSocketStream::from_raw_socket(a, Role::Server, None).await;
+        let ws =
+            bridgehead_mux::WebSocket::new(a, bridgehead_mux::WsRole::Server, bytes::Bytes::new());
         let mut peer = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
         let keepalive = Keepalive {
             interval: Duration::from_secs(3600),

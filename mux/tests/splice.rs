@@ -9,8 +9,6 @@ use bridgehead_mux::{Keepalive, Mux, MuxStream};
 use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_tungstenite::tungstenite::protocol::Role;
-use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
 /// Every async test fails after this long instead of hanging the suite.
@@ -28,8 +26,10 @@ async fn stream_pair() -> (MuxStream, MuxStream, CancellationToken) {
     let (a, b) = tokio::io::duplex(256 * 1024);
     let (server, agent) = (Mux::server(), Mux::agent());
     let shutdown = CancellationToken::new();
-    let server_ws = WebSocketStream::from_raw_socket(a, Role::Server, None).await;
-    let agent_ws = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
+    let server_ws =
+        bridgehead_mux::WebSocket::new(a, bridgehead_mux::WsRole::Server, bytes::Bytes::new());
+    let agent_ws =
+        bridgehead_mux::WebSocket::new(b, bridgehead_mux::WsRole::Client, bytes::Bytes::new());
     for (mux, ws) in [(server.clone(), server_ws), (agent.clone(), agent_ws)] {
         let shutdown = shutdown.clone();
         tokio::spawn(async move { mux.run(ws, Keepalive::default(), shutdown).await });

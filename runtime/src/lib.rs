@@ -8,6 +8,7 @@
 //! - [`signal`]: SIGTERM/SIGINT into a cancellation token.
 //! - [`health`]: the small HTTP server for `/healthz`, `/readyz`, `/metrics` and friends.
 //! - [`host`]: the host name, for default ids.
+//! - [`http_head`]: reading one HTTP/1 head (the CONNECT, the upgrade and its answer).
 //! - [`legacy_counter`]: counters under konnectivity's names without `_total`.
 //! - [`limits`]: raising the open-files limit, TCP keepalive.
 //! - [`memory`]: `--tunnel-memory-budget`, `--tunnel-receive-buffer`, `--tunnel-unsent-limit`;
@@ -22,6 +23,7 @@ pub mod compat;
 pub mod duration;
 pub mod health;
 pub mod host;
+pub mod http_head;
 pub mod legacy_counter;
 pub mod limits;
 pub mod logging;

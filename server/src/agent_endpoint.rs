@@ -10,7 +10,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bridgehead_mux::{websocket_config, Mux};
+use bridgehead_mux::{Mux, WebSocket, WsRole};
 use bridgehead_proto::ident::AgentIdentifiers;
 use bridgehead_proto::servers::{
     parse_connected_servers, CONNECTED_SERVERS_HEADER, SERVER_COUNT_HEADER, SERVER_ID_HEADER,
@@ -23,8 +23,6 @@ use tokio::net::TcpListener;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::Role as WsRole;
-use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
@@ -241,7 +239,7 @@ async fn session(
     }
 }
 
-type Session = WebSocketStream<TlsStream<tokio::net::TcpStream>>;
+type Session = WebSocket<TlsStream<tokio::net::TcpStream>>;
 
 /// An authenticated upgrade request, not answered yet.
 struct Checked {
@@ -328,12 +326,7 @@ async fn accept(
     tls.write_all(accept.as_bytes())
         .await
         .map_err(|_| Refused::Closed)?;
-    let config = Some(websocket_config());
-    Ok(if early.is_empty() {
-        WebSocketStream::from_raw_socket(tls, WsRole::Server, config).await
-    } else {
-        WebSocketStream::from_partially_read(tls, early.to_vec(), WsRole::Server, config).await
-    })
+    Ok(WebSocket::new(tls, WsRole::Server, early))
 }
 
 /// Writes `refused`'s answer (if it has one) and closes; returns it for the log. A duplicate's

@@ -11,8 +11,6 @@ use bridgehead_server::refusal::Refusal;
 use bridgehead_server::registry::{Registration, Registry};
 use bridgehead_server::router::Strategy;
 use bridgehead_server::router::Target;
-use tokio_tungstenite::tungstenite::protocol::Role;
-use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
 /// Every async test fails after this long instead of hanging the suite.
@@ -28,8 +26,10 @@ async fn bounded<F: std::future::Future>(body: F) -> F::Output {
 /// A connected pair of sessions; returns the server side.
 async fn session(shutdown: &CancellationToken) -> (Mux, Mux) {
     let (a, b) = tokio::io::duplex(64 * 1024);
-    let server_ws = WebSocketStream::from_raw_socket(a, Role::Server, None).await;
-    let agent_ws = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
+    let server_ws =
+        bridgehead_mux::WebSocket::new(a, bridgehead_mux::WsRole::Server, bytes::Bytes::new());
+    let agent_ws =
+        bridgehead_mux::WebSocket::new(b, bridgehead_mux::WsRole::Client, bytes::Bytes::new());
     let (server, agent) = (Mux::server(), Mux::agent());
     for (mux, ws) in [(server.clone(), server_ws), (agent.clone(), agent_ws)] {
         let token = shutdown.clone();

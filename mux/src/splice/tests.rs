@@ -8,8 +8,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
-use tokio_tungstenite::tungstenite::protocol::Role;
-use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
 use bridgehead_proto::session::{Role as SessionRole, SessionConfig, DEFAULT_MAX_WINDOW};
@@ -45,8 +43,8 @@ async fn streams(window: u32, n: usize) -> (Vec<MuxStream>, Vec<MuxStream>, Canc
     let server = Mux::new(config(SessionRole::Server));
     let agent = Mux::new(config(SessionRole::Agent));
     let shutdown = CancellationToken::new();
-    let server_ws = WebSocketStream::from_raw_socket(a, Role::Server, None).await;
-    let agent_ws = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
+    let server_ws = crate::WebSocket::new(a, crate::WsRole::Server, bytes::Bytes::new());
+    let agent_ws = crate::WebSocket::new(b, crate::WsRole::Client, bytes::Bytes::new());
     tokio::spawn({
         let (server, shutdown) = (server.clone(), shutdown.clone());
         async move { server.run(server_ws, Keepalive::default(), shutdown).await }

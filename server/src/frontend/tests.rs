@@ -25,8 +25,6 @@ use rustls::ClientConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::watch;
-use tokio_tungstenite::tungstenite::protocol::Role;
-use tokio_tungstenite::WebSocketStream;
 
 use super::*;
 use crate::admission::Admission;
@@ -155,8 +153,10 @@ async fn context_with_agent() -> (Arc<Context>, Mux, CancellationToken) {
 async fn agent_context(dial_timeout: Duration) -> (Arc<Context>, Mux, CancellationToken) {
     let shutdown = CancellationToken::new();
     let (a, b) = tokio::io::duplex(256 * 1024);
-    let server_ws = WebSocketStream::from_raw_socket(a, Role::Server, None).await;
-    let agent_ws = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
+    let server_ws =
+        bridgehead_mux::WebSocket::new(a, bridgehead_mux::WsRole::Server, bytes::Bytes::new());
+    let agent_ws =
+        bridgehead_mux::WebSocket::new(b, bridgehead_mux::WsRole::Client, bytes::Bytes::new());
     let (server, agent) = (Mux::server(), Mux::agent());
     for (mux, ws) in [(server.clone(), server_ws), (agent.clone(), agent_ws)] {
         let token = shutdown.clone();

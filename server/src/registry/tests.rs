@@ -7,8 +7,6 @@ use std::task::Poll;
 use std::time::Duration;
 
 use bridgehead_mux::{Keepalive, Mux, MuxStream};
-use tokio_tungstenite::tungstenite::protocol::Role;
-use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
@@ -32,8 +30,10 @@ async fn session(shutdown: &CancellationToken) -> (Mux, Mux) {
 /// [`session`], but the agent never answers a dial.
 async fn silent_session(shutdown: &CancellationToken) -> (Mux, Mux) {
     let (a, b) = tokio::io::duplex(64 * 1024);
-    let server_ws = WebSocketStream::from_raw_socket(a, Role::Server, None).await;
-    let agent_ws = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
+    let server_ws =
+        bridgehead_mux::WebSocket::new(a, bridgehead_mux::WsRole::Server, bytes::Bytes::new());
+    let agent_ws =
+        bridgehead_mux::WebSocket::new(b, bridgehead_mux::WsRole::Client, bytes::Bytes::new());
     let (server, agent) = (Mux::server(), Mux::agent());
     for (mux, ws) in [(server.clone(), server_ws), (agent.clone(), agent_ws)] {
         let token = shutdown.clone();
