@@ -85,9 +85,10 @@ pub fn passes(route: &Route) -> Option<f64> {
             frontend: Frontend::Mtls { .. },
             ..
         } => Some(3.0),
-        Route::Bridgehead(Frontend::Uds { .. })
+        // Plain CONNECT in, one TLS leg behind it (a `--peer` such as wstunnel).
+        Route::Bridgehead(Frontend::Uds { .. } | Frontend::Tcp { .. })
         | Route::Peer {
-            frontend: Frontend::Uds { .. },
+            frontend: Frontend::Uds { .. } | Frontend::Tcp { .. },
             ..
         } => Some(2.0),
     }

@@ -34,6 +34,7 @@ pub mod latency;
 pub mod machine;
 pub mod memory;
 pub mod noise;
+pub mod peer;
 pub mod plot;
 pub mod profile;
 pub mod report;
@@ -123,6 +124,13 @@ pub struct Options {
     /// Seconds of `--only burst` (default 60; 3 with --quick).
     #[arg(long, value_name = "SECS")]
     pub burst_seconds: Option<u64>,
+    /// Another proxy to run beside Bridgehead in the side-by-side and stalled-readers
+    /// measurements (repeatable): NAME=CMD, CMD a shell command serving plain HTTP CONNECT on
+    /// TCP at `{listen}` (also `$PEER_LISTEN`; `{spare}`, `{spare2}`: free ports for its inner
+    /// legs), e.g. `wstunnel=wstunnel server ws://127.0.0.1:{spare} & exec wstunnel client -L
+    /// http://{listen} ws://127.0.0.1:{spare}`. Built by hand: the bench never builds one.
+    #[arg(long = "peer", value_name = "NAME=CMD")]
+    pub peers: Vec<peer::PeerSpec>,
     /// Internal: serve the bench target in this process (the memory measurement's child).
     #[arg(long, hide = true)]
     pub serve_target: bool,
@@ -166,6 +174,20 @@ pub enum Measurement {
     /// 2,000 CONNECTs per second for a minute on the Unix socket against a slow agent (awake
     /// 1 s in 5): pending dials bounded, 503s counted, nothing left after. Only when named.
     Burst,
+}
+
+/// Starts every `--peer`, each serving a tunnel to `target` before it is returned.
+async fn start_peers(
+    specs: &[peer::PeerSpec],
+    target: std::net::SocketAddr,
+) -> anyhow::Result<Vec<peer::Peer>> {
+    let mut peers = Vec::new();
+    for spec in specs {
+        let peer = peer::Peer::start(spec, target).await?;
+        eprintln!("peer {}: pids {:?}", spec.name, peer.pids());
+        peers.push(peer);
+    }
+    Ok(peers)
 }
 
 /// Runs the selected measurements, prints the tables and writes the JSON lines and plots.
@@ -328,33 +350,35 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         });
     }
     if selected(Measurement::SideBySide) {
-        match konnectivity::binaries() {
-            Some((server, agent)) => {
-                let rig = Rig::start(true, &extra)?;
-                let peer = konnectivity::Konnectivity::start(&server, &agent)?;
-                let mut pids = rig.all_pids();
-                pids.extend(peer.pids());
-                let noise = Noise::start(&pids);
-                runtime.block_on(side_by_side::run(
-                    &rig,
-                    &peer,
-                    &target,
-                    &budget,
-                    crypto,
-                    &mut report,
-                ));
-                record_noise(&mut report, "side_by_side", &noise);
-            }
+        let konnectivity = match konnectivity::binaries() {
+            Some((server, agent)) => Some(konnectivity::Konnectivity::start(&server, &agent)?),
             None => {
                 eprintln!(
-                    "== side by side: konnectivity is not built (scripts/anp-build.sh): skipped"
+                    "== side by side: konnectivity is not built (scripts/anp-build.sh): without it"
                 );
                 report.record(
                     "side_by_side",
                     json!({ "skipped": "konnectivity not built: run scripts/anp-build.sh" }),
                 )?;
+                None
             }
-        }
+        };
+        let rig = Rig::start(true, &extra)?;
+        let peers = runtime.block_on(start_peers(&options.peers, target.addr))?;
+        let mut pids = rig.all_pids();
+        pids.extend(konnectivity.iter().flat_map(|k| k.pids()));
+        pids.extend(peers.iter().flat_map(|p| p.pids()));
+        let noise = Noise::start(&pids);
+        runtime.block_on(side_by_side::run(
+            &rig,
+            konnectivity.as_ref(),
+            &peers,
+            &target,
+            &budget,
+            crypto,
+            &mut report,
+        ));
+        record_noise(&mut report, "side_by_side", &noise);
     }
     if selected(Measurement::StalledReaders) {
         // Fresh processes and a target of its own, its sockets' send buffers small.
@@ -379,6 +403,18 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
             runtime.block_on(stalled::peer(
                 &peer.mtls.route,
                 &peer.mtls.pids(),
+                firehose,
+                target.addr,
+                options.stalled_readers.unwrap_or(budget.stalled_readers),
+                &budget,
+                &mut report,
+            ));
+        }
+        // And every peer.
+        for peer in runtime.block_on(start_peers(&options.peers, target.addr))? {
+            runtime.block_on(stalled::peer(
+                &peer.route,
+                &peer.pids(),
                 firehose,
                 target.addr,
                 options.stalled_readers.unwrap_or(budget.stalled_readers),

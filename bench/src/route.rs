@@ -97,6 +97,7 @@ impl Route {
             Route::Direct => "direct",
             Route::Bridgehead(Frontend::Mtls { .. }) => "bridgehead-mtls",
             Route::Bridgehead(Frontend::Uds { .. }) => "bridgehead-uds",
+            Route::Bridgehead(Frontend::Tcp { .. }) => "bridgehead-tcp",
             Route::Peer { label, .. } => label,
         }
     }

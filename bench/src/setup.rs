@@ -189,7 +189,9 @@ pub async fn run(
             let floor = match route {
                 Route::Bridgehead(Frontend::Mtls { .. }) => MTLS_RATE,
                 Route::Bridgehead(Frontend::Uds { .. }) => UDS_RATE,
-                Route::Direct | Route::Peer { .. } => continue,
+                Route::Direct | Route::Peer { .. } | Route::Bridgehead(Frontend::Tcp { .. }) => {
+                    continue
+                }
             };
             if concurrency != 1 {
                 continue;

@@ -1,10 +1,13 @@
-//! Bridgehead and konnectivity side by side in one run: bulk at 1, 16 and 64 tunnels both
-//! ways with server+agent CPU per GiB, tunnel setup at concurrency 1 and 16, idle memory per
-//! tunnel, round trips, and what a stalled neighbour costs a bulk download (ANP#881),
-//! each on both frontends (mTLS and the Unix socket), with direct loopback as the yardstick
-//! and every proxy's CPU per GiB also as a multiple of its path's [`floor`].
+//! Bridgehead, konnectivity and any `--peer` side by side in one run: bulk at 1, 16 and 64
+//! tunnels both ways with server+agent CPU per GiB, tunnel setup at concurrency 1 and 16,
+//! idle memory per tunnel, round trips, and what a stalled neighbour costs a bulk download
+//! (ANP#881), each on both frontends (mTLS and the Unix socket), with direct loopback as the
+//! yardstick and every proxy's CPU per GiB also as a multiple of its path's [`floor`].
 //! The paths take turns for every row, so load changes hit them alike. Each Bridgehead path
-//! is checked against konnectivity's on the same frontend: ahead on every row.
+//! is checked against konnectivity's on the same frontend, ahead on every row; the
+//! Unix-socket path (plain CONNECT in, one TLS leg, as a peer's) against every peer on the
+//! rows issue 14 names: one tunnel's bulk rate and CPU per GiB both ways, setup rate, round
+//! trip, idle memory.
 
 use serde_json::json;
 
@@ -13,6 +16,7 @@ use crate::floor::{self, Crypto};
 use crate::konnectivity::Konnectivity;
 use crate::latency;
 use crate::memory;
+use crate::peer::Peer;
 use crate::report::{micros, rate, Check, Outcome, Report};
 use crate::rig::Rig;
 use crate::route::Route;
@@ -33,23 +37,34 @@ struct Path<'a> {
 /// One row's figure on each path, in the order of the paths.
 type Figures = Vec<Option<f64>>;
 
-/// Runs every row over direct, both Bridgehead frontends and both konnectivity frontends.
+/// Who is checked against whom: Bridgehead's path, the other path, and the other's name.
+struct Pair {
+    ours: usize,
+    theirs: usize,
+    against: String,
+    /// Only the rows issue 14 sets a target for against this peer.
+    targeted_rows_only: bool,
+}
+
+/// Runs every row over direct, both Bridgehead frontends, both konnectivity frontends (when
+/// built) and every peer.
 pub async fn run(
     rig: &Rig,
-    peer: &Konnectivity,
+    konnectivity: Option<&Konnectivity>,
+    peers: &[Peer],
     bulk_target: &Target,
     budget: &Budget,
     crypto: Crypto,
     report: &mut Report,
 ) {
     let target = bulk_target.addr;
-    eprintln!("== side by side: Bridgehead and konnectivity, both frontends");
+    eprintln!("== side by side: Bridgehead, konnectivity and peers, both frontends");
     let direct = Route::Direct;
     let Some((uds, uds_pids)) = rig.uds() else {
         eprintln!("  (no Unix-socket pair started: side by side skipped)");
         return;
     };
-    let paths = [
+    let mut paths = vec![
         Path {
             route: &direct,
             pids: vec![std::process::id()],
@@ -62,15 +77,34 @@ pub async fn run(
             route: uds,
             pids: uds_pids.to_vec(),
         },
-        Path {
-            route: &peer.mtls.route,
-            pids: peer.mtls.pids(),
-        },
-        Path {
-            route: &peer.uds.route,
-            pids: peer.uds.pids(),
-        },
     ];
+    let mut pairs = Vec::new();
+    if let Some(konnectivity) = konnectivity {
+        for (ours, pair) in [(1, &konnectivity.mtls), (2, &konnectivity.uds)] {
+            pairs.push(Pair {
+                ours,
+                theirs: paths.len(),
+                against: "konnectivity".to_owned(),
+                targeted_rows_only: false,
+            });
+            paths.push(Path {
+                route: &pair.route,
+                pids: pair.pids(),
+            });
+        }
+    }
+    for peer in peers {
+        pairs.push(Pair {
+            ours: 2,
+            theirs: paths.len(),
+            against: peer.route.label().to_owned(),
+            targeted_rows_only: true,
+        });
+        paths.push(Path {
+            route: &peer.route,
+            pids: peer.pids(),
+        });
+    }
     let labels: Vec<&str> = paths.iter().map(|p| p.route.label()).collect();
     let mut header = vec!["row"];
     header.extend(labels.iter().copied());
@@ -101,7 +135,17 @@ pub async fn run(
     }
     let as_kib = |v: f64| format!("{v:.1} KiB");
     table(report, &header, &row, "", &costs, as_kib);
-    compare(report, &row, "idle memory", &labels, &costs, Lower, as_kib);
+    compare(
+        report,
+        &pairs,
+        true,
+        &row,
+        "idle memory",
+        &labels,
+        &costs,
+        Lower,
+        as_kib,
+    );
 
     for tunnels in TUNNELS {
         for direction in [Direction::Upload, Direction::Download] {
@@ -164,10 +208,29 @@ pub async fn run(
                 &times_floor,
                 |v| format!("{v:.2}"),
             );
-            compare(report, &row, "throughput", &labels, &rates, Higher, rate);
-            compare(report, &row, "CPU per GiB", &labels, &cpus, Lower, |v| {
-                format!("{v:.2} s/GiB")
-            });
+            let targeted = tunnels == 1;
+            compare(
+                report,
+                &pairs,
+                targeted,
+                &row,
+                "throughput",
+                &labels,
+                &rates,
+                Higher,
+                rate,
+            );
+            compare(
+                report,
+                &pairs,
+                targeted,
+                &row,
+                "CPU per GiB",
+                &labels,
+                &cpus,
+                Lower,
+                |v| format!("{v:.2} s/GiB"),
+            );
         }
     }
     for concurrency in setup::CONCURRENCY {
@@ -192,9 +255,17 @@ pub async fn run(
         table(report, &header, &row, "tunnels/s", &rates, |v| {
             format!("{v:.0}")
         });
-        compare(report, &row, "setup rate", &labels, &rates, Higher, |v| {
-            format!("{v:.0}/s")
-        });
+        compare(
+            report,
+            &pairs,
+            true,
+            &row,
+            "setup rate",
+            &labels,
+            &rates,
+            Higher,
+            |v| format!("{v:.0}/s"),
+        );
     }
     let row = "round trip p50".to_owned();
     let mut p50s = Figures::new();
@@ -210,7 +281,17 @@ pub async fn run(
     }
     let as_micros = |v: f64| micros(std::time::Duration::from_secs_f64(v));
     table(report, &header, &row, "", &p50s, as_micros);
-    compare(report, &row, "round trip", &labels, &p50s, Lower, as_micros);
+    compare(
+        report,
+        &pairs,
+        true,
+        &row,
+        "round trip",
+        &labels,
+        &p50s,
+        Lower,
+        as_micros,
+    );
 
     // Last: a proxy whose tunnels all block behind a stalled one stays blocked.
     let row = "stalled neighbour: cost to a bulk download (1 tunnel)".to_owned();
@@ -239,6 +320,8 @@ pub async fn run(
     table(report, &header, &row, "", &costs, as_share);
     compare(
         report,
+        &pairs,
+        false,
         &row,
         "stalled neighbour",
         &labels,
@@ -278,16 +361,19 @@ fn table(
         None => "error".to_owned(),
     }));
     report.row(
-        "Side by side with konnectivity (same run, paths alternated)",
+        "Side by side with konnectivity and peers (same run, paths alternated)",
         header,
         cells,
     );
 }
 
-/// Bridgehead against konnectivity on the same frontend: paths 1 and 3 (mTLS), 2 and 4 (Unix
-/// socket).
+/// Bridgehead against each other path of `pairs` (konnectivity on the same frontend, every
+/// peer from the Unix socket); the peers only on `targeted` rows.
+#[allow(clippy::too_many_arguments)]
 fn compare(
     report: &mut Report,
+    pairs: &[Pair],
+    targeted: bool,
     row: &str,
     what: &str,
     labels: &[&str],
@@ -295,22 +381,26 @@ fn compare(
     better: Better,
     show: impl Fn(f64) -> String,
 ) {
-    for (ours, theirs) in [(1, 3), (2, 4)] {
-        let (Some(a), Some(b)) = (figures[ours], figures[theirs]) else {
+    for pair in pairs {
+        if pair.targeted_rows_only && !targeted {
+            continue;
+        }
+        let (Some(a), Some(b)) = (figures[pair.ours], figures[pair.theirs]) else {
             continue;
         };
         let ahead = match better {
             Higher => a >= b,
             Lower => a <= b,
         };
+        let against = &pair.against;
         let _ = report.check(Check {
-            what: format!("{what} vs konnectivity, {row}, {}", labels[ours]),
+            what: format!("{what} vs {against}, {row}, {}", labels[pair.ours]),
             bridgehead: show(a),
-            direct: format!("{} (konnectivity)", show(b)),
+            direct: format!("{} ({against})", show(b)),
             ratio: format!("{:.2}", a / b.max(1e-12)),
             target: match better {
-                Higher => "≥ konnectivity".to_owned(),
-                Lower => "≤ konnectivity".to_owned(),
+                Higher => format!("≥ {against}"),
+                Lower => format!("≤ {against}"),
             },
             outcome: Outcome::of(ahead),
         });

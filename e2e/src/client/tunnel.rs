@@ -36,6 +36,8 @@ pub enum Frontend {
     },
     /// The plain Unix-socket frontend at `path`.
     Uds { path: PathBuf },
+    /// Plain HTTP CONNECT over TCP at `addr` (another proxy's, in the bench).
+    Tcp { addr: SocketAddr },
 }
 
 impl fmt::Debug for Frontend {
@@ -43,6 +45,7 @@ impl fmt::Debug for Frontend {
         match self {
             Frontend::Mtls { addr, .. } => write!(f, "Mtls({addr})"),
             Frontend::Uds { path } => write!(f, "Uds({})", path.display()),
+            Frontend::Tcp { addr } => write!(f, "Tcp({addr})"),
         }
     }
 }
@@ -77,6 +80,13 @@ impl Frontend {
                     .await
                     .with_context(|| format!("connecting to {}", path.display()))?;
                 Ok(Box::new(socket))
+            }
+            Frontend::Tcp { addr } => {
+                let tcp = TcpStream::connect(addr)
+                    .await
+                    .with_context(|| format!("connecting to {addr}"))?;
+                tcp.set_nodelay(true)?;
+                Ok(Box::new(tcp))
             }
         }
     }
