@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use bridgehead_proto::session::SessionError;
 use bridgehead_proto::{DecodeError, Frame};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::session_state::SessionState;
-use crate::websocket::{close_code, Incoming, Reader, WebSocket, Writer, WsError};
+use crate::websocket::{close_code, Incoming, Message, Reader, WebSocket, Writer, WsError};
 use crate::Mux;
 
 /// Largest WebSocket message either end accepts; the writer batches frames up to a quarter
@@ -21,13 +21,14 @@ use crate::Mux;
 pub const MAX_MESSAGE: usize = 1024 * 1024;
 /// The writer batches frames into messages of about this size.
 const BATCH_BYTES: usize = 256 * 1024;
-/// The writer's message buffer: a batch, plus the one frame that may cross its end, plus
-/// the WebSocket header. Kept for the session's life and reused for every message (before,
-/// each message was carved out of a fresh 256 KiB chunk, which an idle session held too).
-const MESSAGE_BUFFER: usize = BATCH_BYTES
-    + bridgehead_proto::frame::MAX_DATA_PAYLOAD
-    + bridgehead_proto::frame::HEADER_LEN
-    + crate::websocket::MAX_HEADER;
+/// DATA payloads this large or larger go out from where they lie instead of being copied into
+/// the message (a vectored write); smaller ones cost less copied than as a slice of their own.
+const SPLICE_MIN: usize = 512;
+/// The writer's message buffer: frame headers and small frames of a batch. Kept for the
+/// session's life and reused for every message (before, each message was carved out of a
+/// fresh 256 KiB chunk, which an idle session held too); a batch of small frames that
+/// outgrows it grows it.
+const MESSAGE_BUFFER: usize = 16 * 1024;
 /// How long a closing session may take to flush frames queued before the close, and to send
 /// its close frame.
 const CLOSE_FLUSH: Duration = Duration::from_secs(1);
@@ -204,7 +205,7 @@ impl Mux {
         };
 
         let writer = async {
-            let mut buf = BytesMut::new();
+            let mut buf = Message::default();
             loop {
                 let notified = shared.transmit.notified();
                 if let Some(end) = shared.closed_reason() {
@@ -286,27 +287,36 @@ async fn deadlines(shared: &SessionState) -> std::convert::Infallible {
 }
 
 /// Encodes every queued frame into messages of up to [`BATCH_BYTES`], writes and flushes them.
+/// DATA payloads of [`SPLICE_MIN`] bytes or more are not copied into the message: they go out
+/// from the buffer the splice read them into.
 async fn send_queued<W>(
     sink: &mut Writer<W>,
     shared: &SessionState,
-    buf: &mut BytesMut,
+    message: &mut Message,
 ) -> Result<(), WsError>
 where
     W: AsyncWrite + Unpin,
 {
     let mut sent = false;
     loop {
-        Writer::<W>::start_message(buf);
-        buf.reserve(MESSAGE_BUFFER);
+        message.clear(MESSAGE_BUFFER);
         let frames = shared.with(|state| {
             state
                 .session
-                .encode_transmit(buf, BATCH_BYTES + crate::websocket::MAX_HEADER)
+                .transmit_batch(BATCH_BYTES, |frame| match frame {
+                    Frame::Data { ref payload, .. } if payload.len() >= SPLICE_MIN => {
+                        frame.encode_header(message.bytes());
+                        if let Frame::Data { payload, .. } = frame {
+                            message.splice(payload);
+                        }
+                    }
+                    frame => frame.encode(message.bytes()),
+                })
         });
         if frames == 0 {
             break;
         }
-        sink.send_binary(buf).await?;
+        sink.send_binary(message).await?;
         sent = true;
     }
     if sent {

@@ -7,7 +7,9 @@
 //! copied again when the buffer grew, and unmasked by the server. Here:
 //!
 //! - the writer encodes a batch of frames behind room left for the WebSocket header, fills the
-//!   header in once the length is known, and writes the one buffer to the TLS stream;
+//!   header in once the length is known, and writes it to the TLS stream in one vectored write
+//!   with the larger DATA payloads taken from where they lie (the TLS stream copies each byte
+//!   once, into its record);
 //! - the client masks with the all-zero key. Masking exists so that script in a browser cannot
 //!   choose the bytes a client puts on the wire (RFC 6455 §10.3); the agent is no browser and
 //!   its link is TLS. The frames stay valid WebSocket frames (mask bit set, a key given), so
@@ -20,7 +22,7 @@
 //! Fragmented messages, pings (answered by the driver), pongs and close frames are handled as
 //! the RFC says; text messages are passed up for the session to refuse.
 
-use std::io;
+use std::io::{self, IoSlice};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -279,6 +281,43 @@ fn complete(opcode: u8, payload: Bytes) -> Incoming {
     }
 }
 
+/// One binary message being assembled: encoded bytes behind room for the WebSocket header,
+/// and payloads that go out from where they lie (a vectored write), each at its offset in the
+/// encoded bytes. Reused from message to message.
+#[derive(Debug, Default)]
+pub(crate) struct Message {
+    bytes: BytesMut,
+    spliced: Vec<(usize, Bytes)>,
+    spliced_len: usize,
+}
+
+impl Message {
+    /// Empties the message, keeping its buffer; `capacity` is what the buffer should hold.
+    pub(crate) fn clear(&mut self, capacity: usize) {
+        self.bytes.clear();
+        self.bytes.reserve(MAX_HEADER + capacity);
+        self.bytes.put_bytes(0, MAX_HEADER);
+        self.spliced.clear();
+        self.spliced_len = 0;
+    }
+
+    /// Where encoded bytes go.
+    pub(crate) fn bytes(&mut self) -> &mut BytesMut {
+        &mut self.bytes
+    }
+
+    /// `payload` goes next, sent from where it lies.
+    pub(crate) fn splice(&mut self, payload: Bytes) {
+        self.spliced_len += payload.len();
+        self.spliced.push((self.bytes.len(), payload));
+    }
+
+    /// The message's payload length so far.
+    pub(crate) fn len(&self) -> usize {
+        self.bytes.len() - MAX_HEADER + self.spliced_len
+    }
+}
+
 /// The writing half.
 #[derive(Debug)]
 pub(crate) struct Writer<W> {
@@ -291,21 +330,34 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
         Writer { io, role }
     }
 
-    /// Room for the header at the start of a message buffer: encode the payload behind it,
-    /// then [`Writer::send_binary`].
-    pub(crate) fn start_message(buf: &mut BytesMut) {
-        buf.clear();
-        buf.put_bytes(0, MAX_HEADER);
-    }
-
-    /// Sends `buf` (made with [`Writer::start_message`], the payload behind the header's
-    /// room) as one binary message. Not flushed.
-    pub(crate) async fn send_binary(&mut self, buf: &mut BytesMut) -> Result<(), WsError> {
-        let len = buf.len() - MAX_HEADER;
-        let header = self.header(BINARY, len);
+    /// Sends `message` as one binary message. Not flushed.
+    pub(crate) async fn send_binary(&mut self, message: &mut Message) -> Result<(), WsError> {
+        let header = self.header(BINARY, message.len());
         let start = MAX_HEADER - header.len();
-        buf[start..MAX_HEADER].copy_from_slice(&header);
-        self.io.write_all(&buf[start..]).await?;
+        message.bytes[start..MAX_HEADER].copy_from_slice(&header);
+        let bytes = &message.bytes;
+        if message.spliced.is_empty() {
+            // Small frames only (a round trip, window grants): one plain write.
+            self.io.write_all(&bytes[start..]).await?;
+            return Ok(());
+        }
+        let mut slices = Vec::with_capacity(2 * message.spliced.len() + 1);
+        let mut from = start;
+        for (at, payload) in &message.spliced {
+            slices.push(IoSlice::new(&bytes[from..*at]));
+            slices.push(IoSlice::new(payload));
+            from = *at;
+        }
+        slices.push(IoSlice::new(&bytes[from..]));
+        slices.retain(|slice| !slice.is_empty());
+        let mut rest = &mut slices[..];
+        while !rest.is_empty() {
+            let written = self.io.write_vectored(rest).await?;
+            if written == 0 {
+                return Err(io::Error::from(io::ErrorKind::WriteZero).into());
+            }
+            IoSlice::advance_slices(&mut rest, written);
+        }
         Ok(())
     }
 

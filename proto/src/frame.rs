@@ -140,6 +140,15 @@ impl Frame {
         }
     }
 
+    /// Appends only the frame's [`HEADER_LEN`]-byte header (kind, stream, body length) to `dst`:
+    /// a writer that sends a DATA payload from where it lies (a vectored write) puts it right
+    /// behind. [`Frame::encode`] is this header and then the body.
+    pub fn encode_header(&self, dst: &mut BytesMut) {
+        dst.put_u8(self.kind());
+        dst.put_u32(self.stream());
+        dst.put_u32(self.body_len() as u32);
+    }
+
     /// Bytes this frame occupies on the wire.
     pub fn encoded_len(&self) -> usize {
         HEADER_LEN + self.body_len()
@@ -161,9 +170,7 @@ impl Frame {
     /// boundary; a DATA payload must already be within [`MAX_DATA_PAYLOAD`] (the session splits).
     pub fn encode(&self, dst: &mut BytesMut) {
         dst.reserve(self.encoded_len());
-        dst.put_u8(self.kind());
-        dst.put_u32(self.stream());
-        dst.put_u32(self.body_len() as u32);
+        self.encode_header(dst);
         match self {
             Frame::Dial {
                 timeout_ms,

@@ -1,6 +1,8 @@
 //! The framing against tungstenite's, byte for byte both ways, and the RFC's rules.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
+
+use super::Message as Outgoing;
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::AsyncWriteExt;
 use tokio_tungstenite::tungstenite::protocol::Role as TungRole;
@@ -9,11 +11,18 @@ use tokio_tungstenite::WebSocketStream;
 
 use super::*;
 
+/// Sends `payload` as one message: its first half encoded into the message, the rest spliced
+/// in two pieces (the vectored write), so every way a message is made is on the wire.
 async fn send_all<W: AsyncWrite + Unpin>(writer: &mut Writer<W>, payload: &[u8]) {
-    let mut buf = BytesMut::new();
-    Writer::<W>::start_message(&mut buf);
-    buf.extend_from_slice(payload);
-    writer.send_binary(&mut buf).await.unwrap();
+    let mut message = Outgoing::default();
+    message.clear(16);
+    let (copied, spliced) = payload.split_at(payload.len() / 2);
+    message.bytes().extend_from_slice(copied);
+    let (a, b) = spliced.split_at(spliced.len() / 2);
+    message.splice(Bytes::copy_from_slice(a));
+    message.splice(Bytes::copy_from_slice(b));
+    assert_eq!(message.len(), payload.len());
+    writer.send_binary(&mut message).await.unwrap();
     writer.flush().await.unwrap();
 }
 
