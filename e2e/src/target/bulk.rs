@@ -1,7 +1,11 @@
 //! The load target: an async server for many connections at once (the benchmark's, on
 //! loopback in the bench process), and the client side of its little protocol. The client's first byte picks what a connection does:
 //!
-//! - `U` (upload): the target reads until EOF, then answers the byte count (u64 BE) and closes.
+//! - `U` (upload): the target reads until the end marker (a zero byte; the data are never
+//!   zero), then answers the byte count before it (u64 BE) and closes. A marker rather than the
+//!   client's half-close: proxies that end a tunnel at the client's FIN (konnectivity's and
+//!   wstunnel's HTTP CONNECT frontends) get measured too. The client sends nothing after the
+//!   marker until the count came, so the marker is always the last byte of a read.
 //! - `D` + bytes (u64 BE) + milliseconds (u64 BE) (download): the target writes until either
 //!   bound is reached, then ends its direction and reads until the client closes.
 //! - `E` (echo): the target echoes until EOF.
@@ -24,6 +28,8 @@ use crate::client::tunnel::AsyncConn as Conn;
 const UPLOAD: u8 = b'U';
 const DOWNLOAD: u8 = b'D';
 const ECHO: u8 = b'E';
+/// The end of an upload's data.
+const END_OF_UPLOAD: u8 = 0;
 
 /// Bulk data is written in blocks of this size, on both ends.
 pub const BLOCK: usize = 64 * 1024;
@@ -130,6 +136,11 @@ async fn serve_io(socket: &mut TcpStream, written: &AtomicU64) -> std::io::Resul
             loop {
                 let n = socket.read(&mut buf).await?;
                 if n == 0 {
+                    // The client left without its marker: no count to give.
+                    return Ok(());
+                }
+                if buf[n - 1] == END_OF_UPLOAD {
+                    total += n as u64 - 1;
                     break;
                 }
                 total += n as u64;
@@ -171,7 +182,7 @@ async fn serve_io(socket: &mut TcpStream, written: &AtomicU64) -> std::io::Resul
     }
 }
 
-/// Sends up to `bytes` (stopping at `deadline`), ends the direction and waits for the
+/// Sends up to `bytes` (stopping at `deadline`), then the end marker, and waits for the
 /// target's count; returns the bytes sent.
 pub async fn upload(conn: &mut Conn, bytes: u64, deadline: Instant) -> anyhow::Result<u64> {
     conn.write_all(&[UPLOAD]).await?;
@@ -181,7 +192,10 @@ pub async fn upload(conn: &mut Conn, bytes: u64, deadline: Instant) -> anyhow::R
         conn.write_all(&PATTERN[..n]).await.context("uploading")?;
         sent += n as u64;
     }
-    conn.shutdown().await.context("ending the upload")?;
+    conn.write_all(&[END_OF_UPLOAD])
+        .await
+        .context("ending the upload")?;
+    conn.flush().await.context("ending the upload")?;
     let mut count = [0u8; 8];
     conn.read_exact(&mut count)
         .await
