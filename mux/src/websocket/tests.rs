@@ -218,3 +218,95 @@ async fn a_large_message_is_read_into_one_buffer_of_its_size() {
     // What is left of the buffer after the message is empty: it was sized to the frame.
     assert_eq!(reader.buf.len(), 0);
 }
+
+/// Runs `body` on a fresh single-threaded runtime (proptest cases are synchronous).
+fn block_on<F: std::future::Future>(body: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(body)
+}
+
+proptest::proptest! {
+    /// Whatever bytes arrive, the reader returns messages and then an error or the close: it
+    /// never panics and never waits for more than was sent once the sender is gone.
+    #[test]
+    fn arbitrary_bytes_end_in_an_error_or_a_close_never_a_panic(
+        bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2048),
+        client in proptest::prelude::any::<bool>(),
+    ) {
+        block_on(async {
+            let role = if client { Role::Client } else { Role::Server };
+            let (a, mut b) = tokio::io::duplex(4096);
+            let mut reader = Reader::new(a, role, &[]);
+            let send = async move {
+                let _ = b.write_all(&bytes).await;
+            };
+            let read = async {
+                loop {
+                    match reader.next().await {
+                        Ok(Incoming::Close) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                }
+            };
+            tokio::join!(send, read);
+        });
+    }
+
+    /// Messages of any sizes, some of their bytes spliced in, come out whole and in order,
+    /// interleaved with pings, in either role.
+    #[test]
+    fn arbitrary_messages_come_out_as_they_went_in(
+        messages in proptest::collection::vec(
+            (proptest::collection::vec(proptest::prelude::any::<u8>(), 0..70_000), 0usize..4),
+            1..6,
+        ),
+        client in proptest::prelude::any::<bool>(),
+    ) {
+        block_on(async {
+            let (ours, theirs) = if client {
+                (Role::Client, Role::Server)
+            } else {
+                (Role::Server, Role::Client)
+            };
+            let (a, b) = tokio::io::duplex(1 << 16);
+            let mut writer = Writer::new(a, ours);
+            let mut reader = Reader::new(b, theirs, &[]);
+            let expected: Vec<Vec<u8>> = messages.iter().map(|(m, _)| m.clone()).collect();
+            let send = async move {
+                for (payload, pieces) in &messages {
+                    let mut message = Outgoing::default();
+                    message.clear(64);
+                    let mut rest = &payload[..];
+                    for piece in 0..*pieces {
+                        let cut = rest.len() / 2;
+                        if piece % 2 == 0 {
+                            message.bytes().extend_from_slice(&rest[..cut]);
+                        } else {
+                            message.splice(Bytes::copy_from_slice(&rest[..cut]));
+                        }
+                        rest = &rest[cut..];
+                    }
+                    message.bytes().extend_from_slice(rest);
+                    writer.send_binary(&mut message).await.unwrap();
+                    writer.ping().await.unwrap();
+                }
+            };
+            let receive = async {
+                let mut got = Vec::new();
+                while got.len() < expected.len() {
+                    match reader.next().await.unwrap() {
+                        Incoming::Binary(payload) => got.push(payload.to_vec()),
+                        Incoming::Ping(_) => {}
+                        other => panic!("{other:?}"),
+                    }
+                }
+                got
+            };
+            let ((), got) = tokio::join!(send, receive);
+            assert_eq!(got, expected);
+        });
+    }
+}
