@@ -488,6 +488,7 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
     }
 
     plot::write_all(&report.throughput, &report.setup, &out_dir)?;
+    plot::side_by_side(&json_path, &out_dir)?;
     let load_end = Machine::read().load;
     report.record("end", json!({ "loadavg_end": load_end }))?;
     println!(

@@ -1,4 +1,5 @@
-//! SVG plots of a run: throughput against tunnel count, and setup latency per route.
+//! SVG plots of a run: throughput against tunnel count, setup latency per route, and the
+//! side-by-side paths' bulk rates and CPU per GiB against their cost floors.
 
 use std::path::Path;
 
@@ -176,8 +177,182 @@ pub fn write_all(
     Ok(())
 }
 
+/// One side-by-side bulk figure: a path, a direction, a tunnel count.
+#[derive(Debug, Clone, Default)]
+struct PathPoint {
+    route: String,
+    upload: bool,
+    tunnels: f64,
+    mib_per_s: Option<f64>,
+    cpu_per_gib: Option<f64>,
+    floor: Option<f64>,
+}
+
+/// `side_by_side.svg` from a run's JSON lines, if it has side-by-side bulk rows: four panels,
+/// MiB/s and CPU s/GiB against tunnels, upload and download, one line per proxy path; the CPU
+/// panels draw each path's cost floor dashed in its colour.
+pub fn side_by_side(results: &Path, out_dir: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(results)
+        .map_err(|e| anyhow!("reading {}: {e}", results.display()))?;
+    let mut points: Vec<PathPoint> = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        if v["measurement"].as_str() != Some("side_by_side") {
+            continue;
+        }
+        let (Some(row), Some(route)) = (v["row"].as_str(), v["route"].as_str()) else {
+            continue;
+        };
+        // "bulk, 16 tunnel(s), download"
+        let Some(rest) = row.strip_prefix("bulk, ") else {
+            continue;
+        };
+        let Some((tunnels, direction)) = rest.split_once(" tunnel(s), ") else {
+            continue;
+        };
+        let Ok(tunnels) = tunnels.parse::<f64>() else {
+            continue;
+        };
+        let upload = direction == "upload";
+        let at = points
+            .iter()
+            .position(|p| p.route == route && p.upload == upload && p.tunnels == tunnels);
+        let point = match at {
+            Some(i) => &mut points[i],
+            None => {
+                points.push(PathPoint {
+                    route: route.to_owned(),
+                    upload,
+                    tunnels,
+                    ..PathPoint::default()
+                });
+                points.last_mut().ok_or_else(|| anyhow!("no point"))?
+            }
+        };
+        if let Some(rate) = v["bytes_per_s"].as_f64() {
+            point.mib_per_s = Some(rate / (1024.0 * 1024.0));
+        }
+        if let Some(cpu) = v["cpu_s_per_gib"].as_f64() {
+            point.cpu_per_gib = Some(cpu);
+        }
+        if let Some(floor) = v["floor_s_per_gib"].as_f64() {
+            point.floor = Some(floor);
+        }
+    }
+    if points.is_empty() {
+        return Ok(());
+    }
+    let mut routes: Vec<String> = Vec::new();
+    for p in &points {
+        if !routes.contains(&p.route) {
+            routes.push(p.route.clone());
+        }
+    }
+    let palette = [
+        BLUE,
+        RED,
+        MAGENTA,
+        RGBColor(0, 140, 0),
+        RGBColor(230, 140, 0),
+        BLACK,
+        CYAN,
+    ];
+    let colour =
+        |route: &str| palette[routes.iter().position(|r| r == route).unwrap_or(0) % palette.len()];
+    let path = out_dir.join("side_by_side.svg");
+    let root = SVGBackend::new(&path, (1200, 900)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow!("{e:?}"))?;
+    let panels = root.split_evenly((2, 2));
+    let max_x = points.iter().map(|p| p.tunnels.log2()).fold(1.0, f64::max);
+    for (panel, (upload, cpu)) in
+        panels
+            .iter()
+            .zip([(true, false), (false, false), (true, true), (false, true)])
+    {
+        let value = |p: &PathPoint| if cpu { p.cpu_per_gib } else { p.mib_per_s };
+        let shown: Vec<&PathPoint> = points
+            .iter()
+            // Direct, ten times faster, would flatten every proxy's line: it is in the table.
+            .filter(|p| p.upload == upload && p.route != "direct")
+            .collect();
+        let top = shown
+            .iter()
+            .flat_map(|p| [value(p), if cpu { p.floor } else { None }])
+            .flatten()
+            .fold(1.0, f64::max)
+            * 1.3;
+        let caption = format!(
+            "{} {}",
+            if upload { "upload" } else { "download" },
+            if cpu {
+                "CPU s/GiB (server + agent), floor dashed"
+            } else {
+                "MiB/s"
+            }
+        );
+        let mut chart = ChartBuilder::on(panel)
+            .caption(caption, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(56)
+            .build_cartesian_2d(-0.2f64..max_x + 0.2, 0f64..top)
+            .map_err(|e| anyhow!("{e:?}"))?;
+        chart
+            .configure_mesh()
+            .x_desc("concurrent tunnels")
+            .light_line_style(RGBColor(238, 238, 238))
+            .x_label_formatter(&|x| format!("{:.0}", 2f64.powf(x.round())))
+            .draw()
+            .map_err(|e| anyhow!("{e:?}"))?;
+        for route in &routes {
+            let color = colour(route);
+            let mut line: Vec<(f64, f64)> = shown
+                .iter()
+                .filter(|p| &p.route == route)
+                .filter_map(|p| Some((p.tunnels.log2(), value(p)?)))
+                .collect();
+            line.sort_by(|a, b| a.0.total_cmp(&b.0));
+            if !line.is_empty() {
+                chart
+                    .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))
+                    .map_err(|e| anyhow!("{e:?}"))?
+                    .label(route.as_str())
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                    });
+                chart
+                    .draw_series(line.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                    .map_err(|e| anyhow!("{e:?}"))?;
+            }
+            if cpu {
+                let mut floor: Vec<(f64, f64)> = shown
+                    .iter()
+                    .filter(|p| &p.route == route)
+                    .filter_map(|p| Some((p.tunnels.log2(), p.floor?)))
+                    .collect();
+                floor.sort_by(|a, b| a.0.total_cmp(&b.0));
+                chart
+                    .draw_series(DashedLineSeries::new(floor, 6, 4, color.stroke_width(1)))
+                    .map_err(|e| anyhow!("{e:?}"))?;
+            }
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 12))
+            .draw()
+            .map_err(|e| anyhow!("{e:?}"))?;
+    }
+    root.present().map_err(|e| anyhow!("{e:?}"))?;
+    eprintln!("plot: {}", path.display());
+    Ok(())
+}
+
 /// Re-renders the plots of an earlier run from its JSON lines (`--replot`).
 pub fn replot(results: &Path, out_dir: &Path) -> anyhow::Result<()> {
+    side_by_side(results, out_dir)?;
     let text = std::fs::read_to_string(results)
         .map_err(|e| anyhow!("reading {}: {e}", results.display()))?;
     let label = |v: &serde_json::Value| match v.as_str() {

@@ -191,6 +191,15 @@ pub async fn run(
                 &cpus,
                 |v| format!("{v:.2}"),
             );
+            // Each path's floor (for the plot), from the direct run's CPU.
+            for path in &paths {
+                if let Some(floor) = cpus[0].and_then(|d| floor::floor(crypto, path.route, d)) {
+                    let _ = report.record(
+                        "side_by_side",
+                        json!({ "row": row, "route": path.route.label(), "floor_s_per_gib": floor }),
+                    );
+                }
+            }
             // Each proxy's CPU as a multiple of its path's floor, from the direct run's.
             let times_floor: Figures = paths
                 .iter()
