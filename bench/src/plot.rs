@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use anyhow::anyhow;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use crate::report::{SetupPoint, ThroughputPoint};
@@ -52,7 +53,7 @@ pub fn throughput(points: &[ThroughputPoint], path: &Path) -> anyhow::Result<()>
         ("direct", "download", CYAN, "direct download"),
     ];
     for (route, direction, color, label) in series {
-        let mut line: Vec<(f64, f64)> = points
+        let line: Vec<(f64, f64)> = points
             .iter()
             .filter(|p| p.route == route && p.direction == direction)
             .map(|p| ((p.tunnels as f64).log2(), p.mib_per_s))
@@ -60,17 +61,7 @@ pub fn throughput(points: &[ThroughputPoint], path: &Path) -> anyhow::Result<()>
         if line.is_empty() {
             continue;
         }
-        line.sort_by(|a, b| a.0.total_cmp(&b.0));
-        chart
-            .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))
-            .map_err(|e| anyhow!("{e:?}"))?
-            .label(label)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(line.iter().map(|&p| Circle::new(p, 4, color.filled())))
-            .map_err(|e| anyhow!("{e:?}"))?;
+        draw_line(&mut chart, line, color, label, 4)?;
     }
     chart
         .configure_series_labels()
@@ -174,6 +165,26 @@ pub fn write_all(
         setup(setup_points, &path)?;
         eprintln!("plot: {}", path.display());
     }
+    Ok(())
+}
+
+/// A labelled line with a dot at each point, sorted by x.
+fn draw_line<DB: DrawingBackend>(
+    chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    mut line: Vec<(f64, f64)>,
+    color: RGBColor,
+    label: &str,
+    dot: u32,
+) -> anyhow::Result<()> {
+    line.sort_by(|a, b| a.0.total_cmp(&b.0));
+    chart
+        .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))
+        .map_err(|e| anyhow!("{e:?}"))?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    chart
+        .draw_series(line.iter().map(|&p| Circle::new(p, dot, color.filled())))
+        .map_err(|e| anyhow!("{e:?}"))?;
     Ok(())
 }
 
@@ -306,23 +317,13 @@ pub fn side_by_side(results: &Path, out_dir: &Path) -> anyhow::Result<()> {
             .map_err(|e| anyhow!("{e:?}"))?;
         for route in &routes {
             let color = colour(route);
-            let mut line: Vec<(f64, f64)> = shown
+            let line: Vec<(f64, f64)> = shown
                 .iter()
                 .filter(|p| &p.route == route)
                 .filter_map(|p| Some((p.tunnels.log2(), value(p)?)))
                 .collect();
-            line.sort_by(|a, b| a.0.total_cmp(&b.0));
             if !line.is_empty() {
-                chart
-                    .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))
-                    .map_err(|e| anyhow!("{e:?}"))?
-                    .label(route.as_str())
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                    });
-                chart
-                    .draw_series(line.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                    .map_err(|e| anyhow!("{e:?}"))?;
+                draw_line(&mut chart, line, color, route, 3)?;
             }
             if cpu {
                 let mut floor: Vec<(f64, f64)> = shown
