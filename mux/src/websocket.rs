@@ -206,7 +206,9 @@ impl<R: AsyncRead + Unpin> Reader<R> {
         }
     }
 
-    /// The next message; `None` once the peer's close frame came.
+    /// The next message: binary data, a ping or pong, a text message (for the session to
+    /// refuse) or the peer's close; an error when the framing is broken or the connection
+    /// ended without a close frame.
     pub(crate) async fn next(&mut self) -> Result<Incoming, WsError> {
         loop {
             let (header, payload) = self.next_frame().await?;
