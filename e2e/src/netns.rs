@@ -89,6 +89,42 @@ threading.Thread(target=serve, daemon=True).start()
 sys.stdin.read()
 "#;
 
+/// A delay line (see [`TestNet::impair`]): creates the TUN device `argv[1]`, prints `delay
+/// line up`, then holds every packet routed into it `argv[2]` seconds and writes it back, in
+/// order. Exits when its stdin closes; the device goes with it.
+const DELAY_LINE: &str = r#"
+import collections, fcntl, os, struct, sys, threading, time
+TUNSETIFF, IFF_TUN, IFF_NO_PI = 0x400454CA, 0x0001, 0x1000
+name, delay = sys.argv[1], float(sys.argv[2])
+fd = os.open("/dev/net/tun", os.O_RDWR)
+fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", name.encode(), IFF_TUN | IFF_NO_PI))
+line = collections.deque()
+ready = threading.Condition()
+
+def take():
+    while True:
+        packet = os.read(fd, 65536)
+        with ready:
+            line.append((time.monotonic() + delay, packet))
+            ready.notify()
+
+def give():
+    while True:
+        with ready:
+            while not line:
+                ready.wait()
+            due, packet = line.popleft()
+        hold = due - time.monotonic()
+        if hold > 0:
+            time.sleep(hold)
+        os.write(fd, packet)
+
+threading.Thread(target=take, daemon=True).start()
+threading.Thread(target=give, daemon=True).start()
+print("delay line up", flush=True)
+sys.stdin.read()
+"#;
+
 /// Whether this process runs as root (effective uid 0), which network namespaces need.
 pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
@@ -337,22 +373,32 @@ impl TestNet {
         Ok(())
     }
 
-    /// Makes host `i`'s link lossy and slow, both ways: `loss_percent` of the packets dropped at
-    /// random (nftables `numgen random`, on the host's side of the link), and `delay` added
-    /// to every packet with `tc netem` where the kernel has it. Where it does not
-    /// (`CONFIG_NET_SCH_NETEM` unset), each side's egress is shaped instead (`tc tbf`, 8 Mbit/s
-    /// with a queue of up to `delay`), so bulk traffic waits up to `delay` in the queue. Needs
-    /// `nft` (the nftables package) and `tc` (iproute2). Returns what was applied.
-    pub fn impair(&self, i: usize, loss_percent: u32, delay: Duration) -> anyhow::Result<String> {
-        let host = &self.hosts[i];
+    /// Makes host `i`'s link lossy and slow: `loss_percent` of the packets dropped at random
+    /// each way (nftables `numgen random`, on the host's side of the link), and every packet
+    /// the host sends held back `delay` (so a round trip through the link takes `delay`
+    /// longer). The delay is `tc netem`'s where the kernel has it; where it does not
+    /// (`CONFIG_NET_SCH_NETEM` unset) a delay line does the same in user space: the host's
+    /// routes out go through a TUN device, whose packets a process of the test holds for
+    /// `delay` each, in order, and writes back, and the host forwards them out of its link
+    /// ([`DELAY_LINE`]). Needs `nft` (the nftables package) and `ip`/`tc` (iproute2). Returns
+    /// what was applied.
+    pub fn impair(
+        &mut self,
+        i: usize,
+        loss_percent: u32,
+        delay: Duration,
+    ) -> anyhow::Result<String> {
+        let ns = self.hosts[i].ns.clone();
+        // Postrouting, not output: with the delay line, the host's packets leave its link
+        // forwarded from the TUN device.
         let rules = format!(
             "table inet bridgehead_loss {{
                chain in {{ type filter hook input priority 0; iifname \"eth0\" numgen random mod 100 < {loss_percent} counter drop; }}
-               chain out {{ type filter hook output priority 0; oifname \"eth0\" numgen random mod 100 < {loss_percent} counter drop; }}
+               chain out {{ type filter hook postrouting priority 0; oifname \"eth0\" numgen random mod 100 < {loss_percent} counter drop; }}
              }}"
         );
         let mut nft = Command::new("ip")
-            .args(["netns", "exec", &host.ns, "nft", "-f", "-"])
+            .args(["netns", "exec", &ns, "nft", "-f", "-"])
             .stdin(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -365,53 +411,103 @@ impl TestNet {
             bail!("nft: {}", String::from_utf8_lossy(&out.stderr).trim());
         }
         let millis = format!("{}ms", delay.as_millis());
-        let sides: [(&str, &str); 2] = [(&host.ns, "eth0"), ("", &host.root_link)];
-        let tc = |ns: &str, dev: &str, qdisc: &[&str]| {
-            let mut args = vec!["qdisc", "replace", "dev", dev, "root"];
-            args.extend_from_slice(qdisc);
-            let mut command = if ns.is_empty() {
-                Command::new("tc")
-            } else {
-                let mut command = Command::new("ip");
-                command.args(["netns", "exec", ns, "tc"]);
-                command
-            };
-            let out = command
-                .args(&args)
-                .stdin(Stdio::null())
-                .output()
-                .context("running tc (iproute2)")?;
-            if out.status.success() {
-                anyhow::Ok(())
-            } else {
-                Err(anyhow::anyhow!(
-                    "tc {}: {}",
-                    args.join(" "),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ))
-            }
-        };
-        let netem = sides
-            .iter()
-            .try_for_each(|(ns, dev)| tc(ns, dev, &["netem", "delay", &millis]));
-        let delayed = match netem {
-            Ok(()) => format!("netem delay {millis} each way"),
-            Err(_) => {
-                sides.iter().try_for_each(|(ns, dev)| {
-                    tc(
-                        ns,
-                        dev,
-                        &["tbf", "rate", "8mbit", "burst", "16kb", "latency", &millis],
-                    )
-                })?;
-                format!(
-                    "no netem in this kernel: tbf 8 Mbit/s with up to {millis} of queue each way"
-                )
-            }
+        let netem = Command::new("ip")
+            .args([
+                "netns", "exec", &ns, "tc", "qdisc", "replace", "dev", "eth0",
+            ])
+            .args(["root", "netem", "delay", &millis])
+            .stdin(Stdio::null())
+            .output()
+            .context("running tc (iproute2)")?;
+        let delayed = if netem.status.success() {
+            format!("netem delay {millis} on the host's way out")
+        } else {
+            self.delay_line(i, delay)?;
+            format!("no netem in this kernel: a delay line of {millis} on the host's way out")
         };
         Ok(format!(
             "{loss_percent} % loss each way (nftables); {delayed}"
         ))
+    }
+
+    /// Routes everything host `i` sends through a [`DELAY_LINE`] of `delay`.
+    fn delay_line(&mut self, i: usize, delay: Duration) -> anyhow::Result<()> {
+        const DEVICE: &str = "delay0";
+        const TABLE: &str = "250";
+        let host = &self.hosts[i];
+        let (ns, v4, root_v4) = (host.ns.clone(), host.v4.to_string(), host.root_v4);
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &ns])
+            .arg(python())
+            .args(["-c", DELAY_LINE, DEVICE, &delay.as_secs_f64().to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("spawning the delay line (python3)")?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().context("no stdout")?;
+        let mut stderr = child.stderr.take().context("no stderr")?;
+        self.targets.push(Target { child, stdin });
+        let (tx, rx) = mpsc::sync_channel(1);
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        if rx.recv_timeout(TARGET_STARTUP).unwrap_or_default().trim() != "delay line up" {
+            if let Some(line) = self.targets.last_mut() {
+                let _ = line.child.kill();
+            }
+            let mut why = String::new();
+            let _ = stderr.read_to_string(&mut why);
+            bail!("the delay line in {ns}: {why}");
+        }
+        // Packets the delay line writes back come in on its device and are forwarded out of
+        // the link: forwarding on, and no source check against the host's own address.
+        let sysctl = |key: &str| {
+            let out = Command::new("ip")
+                .args(["netns", "exec", &ns, "sysctl", "-qw", key])
+                .stdin(Stdio::null())
+                .output()
+                .context("running sysctl (procps)")?;
+            if !out.status.success() {
+                bail!(
+                    "sysctl {key}: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            anyhow::Ok(())
+        };
+        for key in [
+            "net.ipv4.ip_forward=1".to_owned(),
+            "net.ipv4.conf.all.rp_filter=0".to_owned(),
+            "net.ipv4.conf.eth0.rp_filter=0".to_owned(),
+            format!("net.ipv4.conf.{DEVICE}.rp_filter=0"),
+            format!("net.ipv4.conf.{DEVICE}.accept_local=1"),
+        ] {
+            sysctl(&key)?;
+        }
+        let root = root_v4.to_string();
+        ip(&["-n", &ns, "link", "set", DEVICE, "up"])?;
+        ip(&[
+            "-n", &ns, "route", "add", "default", "via", &root, "dev", "eth0", "onlink", "table",
+            TABLE,
+        ])?;
+        ip(&[
+            "-n", &ns, "rule", "add", "iif", DEVICE, "lookup", TABLE, "pref", TABLE,
+        ])?;
+        // The host's routes out: the root side of its link, and the server's address.
+        let mut outside = vec![format!("{root}/32")];
+        if self.server_v4() != root_v4 {
+            outside.push(format!("{}/32", self.server_v4()));
+        }
+        for dest in &outside {
+            ip(&[
+                "-n", &ns, "route", "replace", dest, "dev", DEVICE, "src", &v4,
+            ])?;
+        }
+        Ok(())
     }
 
     /// Packets [`TestNet::impair`] has dropped on host `i`'s link so far, both ways.

@@ -4,9 +4,9 @@
 //!   keepalive can tell: the tunnel must end as a reset within three keepalive intervals, never
 //!   as a clean EOF, the agent must come back once the link does, and neither side may keep
 //!   anything of the cut tunnel;
-//! - the link lossy and slow (1 % of packets dropped each way, 50 ms of delay, or of queue
-//!   where the kernel has no netem): tunnels deliver every byte, in order, and the agent's
-//!   session survives it.
+//! - the link lossy and slow (1 % of packets dropped each way, and 50 ms of delay on every
+//!   packet the agent's host sends: netem's, or a delay line's where the kernel has no netem):
+//!   tunnels deliver every byte, in order, and the agent's session survives it.
 //!
 //! Needs root (and nftables for the loss); skipped loudly otherwise.
 
@@ -132,7 +132,7 @@ const LOSSY_BYTES: usize = 512 * 1024;
 #[test]
 fn tunnels_over_a_lossy_slow_agent_link_deliver_every_byte() {
     let test = "tunnels_over_a_lossy_slow_agent_link_deliver_every_byte";
-    netns::with_net(test, 2, Duration::from_secs(180), |net| {
+    netns::with_net(test, 2, Duration::from_secs(180), |mut net| {
         let pki = Pki::new().unwrap();
         let (server, agent) = netns::start_pair_on_host(
             &pki,
@@ -148,7 +148,8 @@ fn tunnels_over_a_lossy_slow_agent_link_deliver_every_byte() {
         // The echo target on the root side of the host's link: the agent reaches it over the
         // impaired link too, so every byte crosses it twice each way.
         let target = bridgehead_e2e::target::echo(&format!("{}:0", net.root_v4(1))).unwrap();
-        let applied = net.impair(1, 1, Duration::from_millis(50)).unwrap();
+        let delay = Duration::from_millis(50);
+        let applied = net.impair(1, 1, delay).unwrap();
         eprintln!("agent link: {applied}");
 
         let config = tls::config(
@@ -161,6 +162,24 @@ fn tunnels_over_a_lossy_slow_agent_link_deliver_every_byte() {
             .enable_all()
             .build()
             .unwrap();
+        // The delay is there: an echo's round trip crosses the link out of the host twice
+        // (agent to target, agent to server), and no packet leaves the host sooner than
+        // `delay` after it was sent.
+        let round_trip = runtime.block_on(async {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut conn = frontend.open(&target.to_string()).await.unwrap();
+            let mut byte = [0u8; 1];
+            let sent = Instant::now();
+            conn.write_all(b"?").await.unwrap();
+            conn.read_exact(&mut byte).await.unwrap();
+            assert_eq!(&byte, b"?");
+            sent.elapsed()
+        });
+        eprintln!("one echo's round trip over the impaired link: {round_trip:?}");
+        assert!(
+            round_trip >= 2 * delay,
+            "a round trip of {round_trip:?} over a link that holds each packet out {delay:?}"
+        );
         let started = Instant::now();
         runtime.block_on(async {
             let mut tunnels = tokio::task::JoinSet::new();
