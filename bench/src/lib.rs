@@ -93,6 +93,12 @@ pub struct Options {
     /// the callgrind files go to this directory (needs valgrind; takes a few minutes).
     #[arg(long, conflicts_with_all = ["perf", "only", "replot"])]
     pub callgrind: Option<PathBuf>,
+    /// The frontend `throughput` (and `--perf`) runs over: the mTLS frontend (a TLS leg from
+    /// the client, as kube-apiserver dials over TCP) or the Unix socket (plain CONNECT in, as
+    /// kube-apiserver on the same node usually dials; the path issue 14 compares with
+    /// one-socket-per-tunnel proxies).
+    #[arg(long, value_enum, default_value_t = Frontend::Mtls)]
+    pub frontend: Frontend,
     /// Keep the idle tunnels of the memory measurement open this many seconds at the
     /// baseline and at each count, to inspect the server and agent (heaptrack -p, smaps).
     #[arg(long, default_value_t = 0)]
@@ -147,6 +153,13 @@ impl Options {
             agent: self.agent_args.clone(),
         }
     }
+}
+
+/// The frontend of the bulk throughput runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Frontend {
+    Mtls,
+    Uds,
 }
 
 /// A measurement `--only` can select.
@@ -300,7 +313,9 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
     ];
     if path_measurements.into_iter().any(selected) {
         let rig = Rig::start(
-            selected(Measurement::Setup) || selected(Measurement::Rtt),
+            selected(Measurement::Setup)
+                || selected(Measurement::Rtt)
+                || options.frontend == Frontend::Uds,
             &extra,
         )?;
         eprintln!(
@@ -323,6 +338,7 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
                 let noise = Noise::start(&pids);
                 throughput::run(
                     &rig,
+                    options.frontend,
                     target.addr,
                     &budget,
                     crypto,

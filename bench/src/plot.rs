@@ -41,14 +41,15 @@ pub fn throughput(points: &[ThroughputPoint], path: &Path) -> anyhow::Result<()>
         .x_label_formatter(&|x| format!("{:.0}", 2f64.powf(x.round())))
         .draw()
         .map_err(|e| anyhow!("{e:?}"))?;
+    // Bridgehead's frontend of the run (`--frontend`).
+    let ours = points
+        .iter()
+        .map(|p| p.route)
+        .find(|route| *route != "direct")
+        .unwrap_or("bridgehead-mtls");
     let series = [
-        ("bridgehead-mtls", "upload", RED, "bridgehead upload"),
-        (
-            "bridgehead-mtls",
-            "download",
-            MAGENTA,
-            "bridgehead download",
-        ),
+        (ours, "upload", RED, "bridgehead upload"),
+        (ours, "download", MAGENTA, "bridgehead download"),
         ("direct", "upload", BLUE, "direct upload"),
         ("direct", "download", CYAN, "direct download"),
     ];

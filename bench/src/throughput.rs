@@ -145,21 +145,26 @@ pub async fn transfer(
 /// each Bridgehead figure against its floor at `crypto`'s rate.
 pub async fn run(
     rig: &Rig,
+    frontend: crate::Frontend,
     target: SocketAddr,
     budget: &Budget,
     crypto: Crypto,
     report: &mut Report,
     profiler: Option<&Profiler>,
 ) {
+    let (route, pids) = match (frontend, rig.uds()) {
+        (crate::Frontend::Uds, Some((route, pids))) => (route, pids.to_vec()),
+        _ => (&rig.mtls, rig.pids()),
+    };
     eprintln!(
-        "== bulk throughput (up to {} MiB or {:?} per run)",
+        "== bulk throughput over {} (up to {} MiB or {:?} per run)",
+        route.label(),
         budget.bulk_bytes >> 20,
         budget.bulk_time
     );
-    let pids = rig.pids();
     // Warm up the path (allocator, TLS, windows) before the first timed run.
     let _ = bulk(
-        &rig.mtls,
+        route,
         target,
         Direction::Upload,
         1,
@@ -192,7 +197,7 @@ pub async fn run(
                 _ => None,
             };
             let bridged = bulk(
-                &rig.mtls,
+                route,
                 target,
                 direction,
                 tunnels,
@@ -215,8 +220,8 @@ pub async fn run(
             };
             let floor = direct
                 .cpu_per_gib()
-                .and_then(|direct| floor::floor(crypto, &rig.mtls, direct));
-            record(report, tunnels, direction, &direct, &bridged, floor);
+                .and_then(|direct| floor::floor(crypto, route, direct));
+            record(report, route, tunnels, direction, &direct, &bridged, floor);
             if let Some(counts) = counts {
                 let mib = bridged.bytes as f64 / (1024.0 * 1024.0);
                 let run = format!("bulk {}", direction.label());
@@ -243,6 +248,7 @@ pub async fn run(
 
 fn record(
     report: &mut Report,
+    route: &Route,
     tunnels: usize,
     direction: Direction,
     direct: &Bulk,
@@ -251,7 +257,7 @@ fn record(
 ) {
     for (route, bulk, whose) in [
         ("direct", direct, "client+target"),
-        ("bridgehead-mtls", bridged, "server+agent"),
+        (route.label(), bridged, "server+agent"),
     ] {
         eprintln!(
             "  {route}: {tunnels} tunnel(s) {}: {} ({} MiB in {:.2} s){}",
