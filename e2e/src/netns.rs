@@ -436,32 +436,10 @@ impl TestNet {
         const TABLE: &str = "250";
         let host = &self.hosts[i];
         let (ns, v4, root_v4) = (host.ns.clone(), host.v4.to_string(), host.root_v4);
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &ns])
-            .arg(python())
-            .args(["-c", DELAY_LINE, DEVICE, &delay.as_secs_f64().to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("spawning the delay line (python3)")?;
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take().context("no stdout")?;
-        let mut stderr = child.stderr.take().context("no stderr")?;
-        self.targets.push(Target { child, stdin });
-        let (tx, rx) = mpsc::sync_channel(1);
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        if rx.recv_timeout(TARGET_STARTUP).unwrap_or_default().trim() != "delay line up" {
-            if let Some(line) = self.targets.last_mut() {
-                let _ = line.child.kill();
-            }
-            let mut why = String::new();
-            let _ = stderr.read_to_string(&mut why);
-            bail!("the delay line in {ns}: {why}");
+        let seconds = delay.as_secs_f64().to_string();
+        let line = self.start_python(i, DELAY_LINE, &[DEVICE, &seconds], "the delay line")?;
+        if line != "delay line up" {
+            bail!("the delay line in {ns} said {line:?}");
         }
         // Packets the delay line writes back come in on its device and are forwarded out of
         // the link: forwarding on, and no source check against the host's own address.
@@ -605,15 +583,36 @@ impl TestNet {
     /// brackets; port 0 picks one; `[::]` takes IPv4 too) answering `name` and a newline to
     /// every connection; returns the bound address. It runs until the net is dropped.
     pub fn who_am_i(&mut self, i: usize, addr: &str, name: &str) -> anyhow::Result<SocketAddr> {
+        let what = format!("who-am-i {name} on {addr}");
+        let line = self.start_python(i, WHO_AM_I, &[name, addr], &what)?;
+        match line.strip_prefix("who-am-i listening on ") {
+            Some(bound) => Ok(bound.parse()?),
+            None => bail!("{what} in {} said {line:?}", self.hosts[i].ns),
+        }
+    }
+
+    /// Starts `script` under python3 with `args` inside host `i`'s namespace, kept with the
+    /// net's targets (it exits when the net is dropped), and returns the first line it prints.
+    /// One that prints nothing within [`TARGET_STARTUP`] failed: it is killed and its stderr
+    /// is the error.
+    fn start_python(
+        &mut self,
+        i: usize,
+        script: &str,
+        args: &[&str],
+        what: &str,
+    ) -> anyhow::Result<String> {
+        let ns = &self.hosts[i].ns;
         let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.hosts[i].ns])
+            .args(["netns", "exec", ns])
             .arg(python())
-            .args(["-c", WHO_AM_I, name, addr])
+            .args(["-c", script])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .context("spawning a who-am-i target (python3)")?;
+            .with_context(|| format!("spawning {what} (python3)"))?;
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().context("no stdout")?;
         let mut stderr = child.stderr.take().context("no stderr")?;
@@ -625,18 +624,16 @@ impl TestNet {
             let _ = tx.send(line);
         });
         let line = rx.recv_timeout(TARGET_STARTUP).unwrap_or_default();
-        match line.trim().strip_prefix("who-am-i listening on ") {
-            Some(bound) => Ok(bound.parse()?),
-            None => {
-                // The target exits on failure; kill it in case it is stuck, then read why.
-                if let Some(target) = self.targets.last_mut() {
-                    let _ = target.child.kill();
-                }
-                let mut why = String::new();
-                let _ = stderr.read_to_string(&mut why);
-                bail!("who-am-i {name} on {addr} in {}: {why}", self.hosts[i].ns)
+        if line.trim().is_empty() {
+            // It exits on failure; kill it in case it is stuck, then read why.
+            if let Some(target) = self.targets.last_mut() {
+                let _ = target.child.kill();
             }
+            let mut why = String::new();
+            let _ = stderr.read_to_string(&mut why);
+            bail!("{what} in {}: {why}", self.hosts[i].ns);
         }
+        Ok(line.trim().to_owned())
     }
 
     /// Starts a who-am-i on `[::]` (IPv4 and IPv6, every address of the namespace) in every
