@@ -8,10 +8,12 @@ use std::io;
 /// available, 0 also means the single-threaded runtime: a pod limited to one CPU gains
 /// nothing from a worker thread beside the main one, only wake-ups between them.
 ///
-/// One thread is the lower-latency choice on small machines: every hand-off between the
-/// session driver and a tunnel stays on one thread (on 2 cores: ~25 % more tunnel setups per
-/// second, ~10 µs less per round trip), at the price of using one core for all the process's
-/// TLS and copying (bulk throughput drops). docs/benchmarks.md has the figures.
+/// One thread is the better choice on small machines: every hand-off between the session
+/// driver and a tunnel stays on one thread. On 2 cores shared with the client and target,
+/// alternated runs put it at 5–15 % less CPU per GiB, 10–20 % more Unix-socket setups per
+/// second and 10–25 µs less per round trip, with mTLS handshakes at concurrency 16 no faster
+/// (they are what spreads over the cores of a larger node). docs/benchmarks.md has the
+/// figures.
 pub fn build_runtime(worker_threads: usize) -> io::Result<tokio::runtime::Runtime> {
     let workers = match worker_threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
