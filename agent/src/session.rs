@@ -39,6 +39,7 @@ pub(crate) async fn run(
     let mux = Mux::new(SessionConfig {
         budget: health.budget().clone(),
         max_streams: config.max_tunnels,
+        max_window: config.memory.tunnel_max_window,
         ..SessionConfig::new(Role::Agent)
     });
     let tracker = TaskTracker::new();

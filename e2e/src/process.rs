@@ -17,11 +17,12 @@ const STARTUP: Duration = Duration::from_secs(20);
 /// How long an agent may take to register with its server.
 const REGISTRATION: Duration = Duration::from_secs(20);
 
-/// The directory holding the workspace's binaries (next to this test executable's `deps/`).
+/// The directory holding the workspace's binaries (next to this test executable's `deps/`,
+/// or this example's `examples/`).
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
     let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    if dir.ends_with("deps") {
+    if dir.ends_with("deps") || dir.ends_with("examples") {
         dir.pop();
     }
     dir

@@ -407,3 +407,41 @@ fn a_connect_burst_against_a_frozen_agent_stays_bounded_and_leaves_nothing_behin
     let (_conn, reply) = connect(&path, echo);
     assert_eq!(reply.status, 200, "{}", reply.head);
 }
+
+/// `--tunnel-max-window`: a tunnel that keeps reading earns a window past the default 256 KiB,
+/// up to the flag's (what one tunnel needs to fill a link with latency), and one that then
+/// stops reading holds about that much against the budget, never more.
+#[test]
+fn a_reading_tunnel_earns_the_window_the_flag_allows() {
+    const WINDOW: u64 = 4 << 20;
+    let pki = Pki::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bridgehead.sock");
+    let (server, _agent) = pair(&pki, &path, &["--tunnel-max-window", "4Mi"], &[]);
+    let buffered = || {
+        server
+            .metric("bridgehead_server_tunnel_buffered_bytes")
+            .unwrap() as u64
+    };
+    let firehose = target::source("127.0.0.1:0", usize::MAX).unwrap();
+    let (mut conn, reply) = connect(&path, firehose);
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    // A tunnel earns an eighth of what it read: after 48 MiB, the flag's 4 MiB.
+    let mut read = reply.extra.len() as u64;
+    let mut buf = vec![0u8; 256 * 1024];
+    while read < 12 * WINDOW {
+        let n = conn.read(&mut buf).unwrap();
+        assert!(n > 0, "the download ended after {read} bytes");
+        read += n as u64;
+    }
+    // The client stops reading: the server takes what the agent may still send, which is
+    // more than the default window would have let it send.
+    wait_until("more than 256 KiB held for the stalled download", || {
+        buffered() > 1 << 20
+    });
+    let held = buffered();
+    assert!(
+        held <= WINDOW,
+        "{held} bytes held, more than the 4 MiB window"
+    );
+}

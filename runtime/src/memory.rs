@@ -7,7 +7,8 @@
 
 use std::os::fd::AsFd;
 
-/// `--tunnel-memory-budget`, `--tunnel-receive-buffer` and `--tunnel-unsent-limit`.
+/// `--tunnel-memory-budget`, `--tunnel-receive-buffer`, `--tunnel-unsent-limit` and
+/// `--tunnel-max-window`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MemoryArgs {
     /// Most bytes of tunnel data this process holds received but not yet taken by its
@@ -29,6 +30,30 @@ pub struct MemoryArgs {
     /// sending side, beyond what is in flight. 0: no limit (net.ipv4.tcp_wmem's maximum).
     #[arg(long, env = "BRIDGEHEAD_TUNNEL_UNSENT_LIMIT", default_value = "16Ki", value_parser = parse_size, value_name = "SIZE")]
     pub tunnel_unsent_limit: u64,
+    /// Largest receive window one tunnel earns by reading (each direction's receiver grants
+    /// it: the server for downloads, the agent for uploads). One tunnel moves at most about
+    /// half of it per round trip of the agent link, so a link with latency wants more than
+    /// the default: 256Ki carries about 12 MiB/s at 10 ms, 4Mi about 200 MiB/s. Only tunnels
+    /// that keep reading earn it (an eighth of what they read so far), and the memory budget
+    /// still bounds what all tunnels hold together. 64Ki (the window a tunnel starts with)
+    /// to 16Mi (the most credit the protocol lets a peer hold); a size.
+    #[arg(long, env = "BRIDGEHEAD_TUNNEL_MAX_WINDOW", default_value = "256Ki", value_parser = parse_window, value_name = "SIZE")]
+    pub tunnel_max_window: u32,
+}
+
+/// `--tunnel-max-window`: a size from the initial window to the protocol's credit limit.
+fn parse_window(input: &str) -> Result<u32, String> {
+    let size = parse_size(input)?;
+    let (low, high) = (
+        u64::from(bridgehead_proto::session::DEFAULT_INITIAL_WINDOW),
+        bridgehead_proto::session::MAX_CREDIT,
+    );
+    if !(low..=high).contains(&size) {
+        return Err(format!(
+            "{input:?}: a tunnel's window is 64Ki (the window it starts with) to 16Mi"
+        ));
+    }
+    u32::try_from(size).map_err(|_| format!("{input:?} is too large"))
 }
 
 impl MemoryArgs {
@@ -177,6 +202,16 @@ mod tests {
     }
 
     #[test]
+    fn a_window_is_between_the_initial_window_and_the_credit_limit() {
+        assert_eq!(parse_window("64Ki"), Ok(64 * 1024));
+        assert_eq!(parse_window("4Mi"), Ok(4 << 20));
+        assert_eq!(parse_window("16Mi"), Ok(16 << 20));
+        for bad in ["32Ki", "0", "17Mi", "1Gi", "lots"] {
+            assert!(parse_window(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
     fn the_budgets_series_carry_the_prefix() {
         let mut root = prometheus_client::registry::Registry::default();
         root.sub_registry_with_prefix("bridgehead_agent")
@@ -200,6 +235,7 @@ mod tests {
             tunnel_memory_budget: 1,
             tunnel_receive_buffer: 64 * 1024,
             tunnel_unsent_limit: 16 * 1024,
+            tunnel_max_window: 256 * 1024,
         };
         args.socket_tuning().apply(&socket).unwrap();
         let sock = socket2::SockRef::from(&socket);

@@ -151,6 +151,7 @@ async fn session(
         let mux = Mux::new(SessionConfig {
             max_streams: ctx.registry.max_tunnels_per_agent(),
             budget: ctx.budget.clone(),
+            max_window: ctx.max_window,
             ..SessionConfig::new(Role::Server)
         });
         let registration = Registration {

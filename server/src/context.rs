@@ -55,6 +55,8 @@ pub struct Context {
     /// `--tunnel-receive-buffer`, `--tunnel-unsent-limit`: the kernel buffers of every
     /// CONNECT client's TCP socket.
     pub socket_tuning: SocketTuning,
+    /// `--tunnel-max-window`: the largest receive window a tunnel earns.
+    pub max_window: u32,
 }
 
 impl Context {
@@ -90,6 +92,7 @@ impl Context {
             log_tunnels: config.log_tunnels,
             budget,
             socket_tuning: config.memory.socket_tuning(),
+            max_window: config.memory.tunnel_max_window,
         }
     }
 }

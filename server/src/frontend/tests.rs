@@ -140,6 +140,7 @@ fn context_with_dial_timeout(registry: Registry, dial_timeout: Duration) -> Arc<
         log_tunnels: true,
         budget,
         socket_tuning: Default::default(),
+        max_window: bridgehead_proto::session::DEFAULT_MAX_WINDOW,
     })
 }
 
