@@ -63,6 +63,13 @@ fn pair(pki: &Pki, path: &Path, server_args: &[&str], agent_args: &[&str]) -> (S
     (server, agent)
 }
 
+/// The tunnel bytes `server` holds against its budget.
+fn server_buffered(server: &Server) -> u64 {
+    server
+        .metric("bridgehead_server_tunnel_buffered_bytes")
+        .unwrap() as u64
+}
+
 /// Opens tunnels to `target`, each made to stall by `stall`, waiting after each until
 /// `buffered` grew, until a CONNECT is refused; returns the stalled tunnels and the refusal.
 fn stall_until_refused(
@@ -112,11 +119,7 @@ fn past_the_servers_budget_new_tunnels_get_503_and_open_ones_keep_moving() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bridgehead.sock");
     let (server, _agent) = pair(&pki, &path, &["--tunnel-memory-budget", "1Mi"], &[]);
-    let buffered = || {
-        server
-            .metric("bridgehead_server_tunnel_buffered_bytes")
-            .unwrap() as u64
-    };
+    let buffered = || server_buffered(&server);
     assert_eq!(
         server
             .metric("bridgehead_server_tunnel_memory_budget_bytes")
@@ -418,11 +421,7 @@ fn a_reading_tunnel_earns_the_window_the_flag_allows() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bridgehead.sock");
     let (server, _agent) = pair(&pki, &path, &["--tunnel-max-window", "4Mi"], &[]);
-    let buffered = || {
-        server
-            .metric("bridgehead_server_tunnel_buffered_bytes")
-            .unwrap() as u64
-    };
+    let buffered = || server_buffered(&server);
     let firehose = target::source("127.0.0.1:0", usize::MAX).unwrap();
     let (mut conn, reply) = connect(&path, firehose);
     assert_eq!(reply.status, 200, "{}", reply.head);
