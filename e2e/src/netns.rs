@@ -411,15 +411,13 @@ impl TestNet {
             bail!("nft: {}", String::from_utf8_lossy(&out.stderr).trim());
         }
         let millis = format!("{}ms", delay.as_millis());
-        let netem = Command::new("ip")
-            .args([
-                "netns", "exec", &ns, "tc", "qdisc", "replace", "dev", "eth0",
-            ])
-            .args(["root", "netem", "delay", &millis])
-            .stdin(Stdio::null())
-            .output()
-            .context("running tc (iproute2)")?;
-        let delayed = if netem.status.success() {
+        let netem = self.run_in(
+            i,
+            &[
+                "tc", "qdisc", "replace", "dev", "eth0", "root", "netem", "delay", &millis,
+            ],
+        );
+        let delayed = if netem.is_ok() {
             format!("netem delay {millis} on the host's way out")
         } else {
             self.delay_line(i, delay)?;
@@ -443,20 +441,6 @@ impl TestNet {
         }
         // Packets the delay line writes back come in on its device and are forwarded out of
         // the link: forwarding on, and no source check against the host's own address.
-        let sysctl = |key: &str| {
-            let out = Command::new("ip")
-                .args(["netns", "exec", &ns, "sysctl", "-qw", key])
-                .stdin(Stdio::null())
-                .output()
-                .context("running sysctl (procps)")?;
-            if !out.status.success() {
-                bail!(
-                    "sysctl {key}: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
-            }
-            anyhow::Ok(())
-        };
         for key in [
             "net.ipv4.ip_forward=1".to_owned(),
             "net.ipv4.conf.all.rp_filter=0".to_owned(),
@@ -464,7 +448,7 @@ impl TestNet {
             format!("net.ipv4.conf.{DEVICE}.rp_filter=0"),
             format!("net.ipv4.conf.{DEVICE}.accept_local=1"),
         ] {
-            sysctl(&key)?;
+            self.run_in(i, &["sysctl", "-qw", &key])?;
         }
         let root = root_v4.to_string();
         ip(&["-n", &ns, "link", "set", DEVICE, "up"])?;
