@@ -24,7 +24,15 @@ const MARK: u64 = 32 << 20;
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let delay: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(25);
+    let delay: u64 = match args.next() {
+        None => 25,
+        Some(arg) => arg.parse().unwrap_or_else(|_| {
+            eprintln!(
+                "usage: window_over_latency [DELAY_MS] [WINDOW]; {arg:?} is not milliseconds"
+            );
+            std::process::exit(2)
+        }),
+    };
     let window = args.next().unwrap_or_else(|| "4Mi".to_owned());
     for setting in [None, Some(window.clone()), None, Some(window)] {
         run(Duration::from_millis(delay), setting);
