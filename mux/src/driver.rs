@@ -181,7 +181,7 @@ impl Mux {
                     Ok(Incoming::Binary(bytes)) => {
                         let handled = shared.with(|state| {
                             for frame in Frame::decode_all(bytes) {
-                                state.session.handle_frame(frame?)?;
+                                state.session.handle_frame(own_small_payload(frame?))?;
                             }
                             Ok::<(), Violation>(())
                         });
@@ -264,6 +264,23 @@ impl Mux {
     }
 }
 
+/// DATA payloads smaller than this are copied out of the message they came in: the reader
+/// reads small messages several to a buffer, and a small chunk held for long (its client
+/// stopped reading) would keep the buffer and its neighbours' bytes. Larger payloads come one
+/// to a message ([`send_queued`]) in a buffer of their own and are handed on as they are.
+const COPY_BELOW: usize = crate::websocket::READ_BUFFER;
+
+/// `frame`, its payload copied out of the message's buffer if it is a small DATA payload.
+fn own_small_payload(frame: Frame) -> Frame {
+    match frame {
+        Frame::Data { stream, payload } if payload.len() < COPY_BELOW => Frame::Data {
+            stream,
+            payload: Bytes::copy_from_slice(&payload),
+        },
+        frame => frame,
+    }
+}
+
 /// The session's one timer: sleeps until the protocol's next dial deadline
 /// ([`bridgehead_proto::session::Session::next_deadline`]), lets the protocol fail what
 /// expired, and waits again. Independent of the writer, so a dial to a peer that stopped
@@ -288,7 +305,14 @@ async fn deadlines(shared: &SessionState) -> std::convert::Infallible {
 
 /// Encodes every queued frame into messages of up to [`BATCH_BYTES`], writes and flushes them.
 /// DATA payloads of [`SPLICE_MIN`] bytes or more are not copied into the message: they go out
-/// from the buffer the splice read them into.
+/// from the buffer the splice read them into, each as the last frame of its message.
+///
+/// That last rule is for the receiving end's memory. There a message's payloads are handed on
+/// without a copy, as slices of the buffer the message was read into, and a buffer lives as
+/// long as any slice of it: one chunk held for a client that stopped reading would keep the
+/// whole message, other tunnels' chunks and all, far beyond what the budget counts. With one
+/// large payload per message (small ones are copied out, [`own_small_payload`]) a held chunk
+/// keeps its own bytes and at most the small frames that came before it.
 async fn send_queued<W>(
     sink: &mut Writer<W>,
     shared: &SessionState,
@@ -309,8 +333,13 @@ where
                         if let Frame::Data { payload, .. } = frame {
                             message.splice(payload);
                         }
+                        // The payload ends its message (see `own_small_payload`).
+                        false
                     }
-                    frame => frame.encode(message.bytes()),
+                    frame => {
+                        frame.encode(message.bytes());
+                        true
+                    }
                 })
         });
         if frames == 0 {

@@ -83,7 +83,7 @@ pub(crate) const MAX_HEADER: usize = 14;
 /// Largest control frame payload.
 const MAX_CONTROL: usize = 125;
 /// The buffer a reader waits with between messages; a larger frame gets a buffer of its size.
-const READ_BUFFER: usize = 4 * 1024;
+pub(crate) const READ_BUFFER: usize = 4 * 1024;
 
 /// What the reader took off the WebSocket.
 #[derive(Debug)]
@@ -264,10 +264,18 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                 Some(header) => header.end,
                 None => self.buf.len() + 1,
             };
-            // Room for the whole frame, with what was read of it so far. The reads fill
+            // Room for the whole frame, with what was read of it so far, in a buffer of
+            // exactly that size when the one at hand is too small: payloads are handed on as
+            // slices of it and keep it alive, so it holds nothing beyond the frame (a
+            // `reserve` would size it after earlier, larger buffers). The reads fill
             // uninitialised capacity: a TLS stream copies its plaintext in without zeroing it
             // first.
-            self.buf.reserve(need.max(READ_BUFFER) - self.buf.len());
+            let want = need.max(READ_BUFFER);
+            if self.buf.capacity() < want {
+                let mut fresh = BytesMut::with_capacity(want);
+                fresh.extend_from_slice(&self.buf);
+                self.buf = fresh;
+            }
             if self.io.read_buf(&mut self.buf).await? == 0 {
                 return Err(WsError::EndedWithoutClose);
             }

@@ -509,22 +509,31 @@ impl Session {
     /// `max_bytes` or the queue is empty; returns the number of frames encoded.
     pub fn encode_transmit(&mut self, dst: &mut BytesMut, max_bytes: usize) -> usize {
         let room = max_bytes.saturating_sub(dst.len());
-        self.transmit_batch(room, |frame| frame.encode(dst))
+        self.transmit_batch(room, |frame| {
+            frame.encode(dst);
+            true
+        })
     }
 
-    /// Hands queued frames to `put`, in order, until they encode to at least `max_bytes` or
-    /// the queue is empty; returns how many. [`Session::encode_transmit`] encodes each into a
-    /// buffer; a writer that sends DATA payloads from where they lie encodes only their
-    /// headers ([`Frame::encode_header`]).
-    pub fn transmit_batch(&mut self, max_bytes: usize, mut put: impl FnMut(Frame)) -> usize {
+    /// Hands queued frames to `put`, in order, until they encode to at least `max_bytes`, the
+    /// queue is empty, or `put` returns `false` (the message is complete); returns how many.
+    /// [`Session::encode_transmit`] encodes each into a buffer; a writer that sends DATA
+    /// payloads from where they lie encodes only their headers ([`Frame::encode_header`]).
+    pub fn transmit_batch(
+        &mut self,
+        max_bytes: usize,
+        mut put: impl FnMut(Frame) -> bool,
+    ) -> usize {
         let (mut frames, mut bytes) = (0, 0);
         while bytes + HEADER_LEN < max_bytes {
             let Some(frame) = self.poll_transmit() else {
                 break;
             };
             bytes += frame.encoded_len();
-            put(frame);
             frames += 1;
+            if !put(frame) {
+                break;
+            }
         }
         frames
     }

@@ -546,6 +546,25 @@ fn encode_transmit_fills_a_message_up_to_its_size_and_no_further() {
     assert!(!server.has_transmit());
 }
 
+/// `put` ends a batch early by returning `false`; the frame it was given still counts and
+/// the next batch starts after it.
+#[test]
+fn transmit_batch_ends_where_put_says_the_message_is_complete() {
+    let (mut server, id) = open_server(1000, 100);
+    for chunk in [b"aaaa", b"bbbb", b"cccc"] {
+        server.send(id, Bytes::from_static(chunk)).unwrap();
+    }
+    let mut taken = Vec::new();
+    let batch = server.transmit_batch(1000, |frame| {
+        taken.push(frame);
+        taken.len() < 2
+    });
+    assert_eq!(batch, 2);
+    assert_eq!(taken.len(), 2);
+    assert_eq!(server.transmit_batch(1000, |_| true), 1, "the rest");
+    assert!(!server.has_transmit());
+}
+
 /// The server counts the dials still waiting for their answer (the router's pending bound).
 #[test]
 fn dialing_counts_the_dials_not_yet_answered() {
