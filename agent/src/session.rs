@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bridgehead_mux::splice::{self, AbortOnClose, Moved};
+use bridgehead_mux::splice::{self, Moved, TunnelSocket};
 use bridgehead_mux::{DialRequest, Mux, MuxStream, SessionEnd};
 use bridgehead_proto::host::HostPort;
 use bridgehead_proto::session::{Role, SessionConfig};
@@ -140,6 +140,7 @@ async fn drain_on_shutdown(
 fn tunnel(request: DialRequest, health: Health, policy: Arc<Policy>) -> impl Future<Output = ()> {
     async move {
         let metrics = health.metrics();
+        let earned = policy.socket_tuning().receive_buffer;
         let dialed = {
             let policy = policy;
             dial_target(request, metrics, &policy).await
@@ -150,7 +151,9 @@ fn tunnel(request: DialRequest, health: Health, policy: Arc<Policy>) -> impl Fut
         let _open = metrics.stream_opened();
         let mut moved = Moved::default();
         let result =
-            splice::splice_metered(&mut socket, &stream, Bytes::new(), &mut moved, metrics).await;
+            splice::splice_metered(&mut socket, &stream, Bytes::new(), &mut moved, metrics)
+                .earning(earned, None)
+                .await;
         match result {
             Ok(()) => debug!(
                 from_target = moved.up,

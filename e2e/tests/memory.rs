@@ -444,3 +444,68 @@ fn a_reading_tunnel_earns_the_window_the_flag_allows() {
         "{held} bytes held, more than the 4 MiB window"
     );
 }
+
+/// Samples `measure` every 100 ms until three samples in a row are equal (what it measures has
+/// settled), at most [`WAIT`]; returns the last.
+fn settled(what: &str, mut measure: impl FnMut() -> u64) -> u64 {
+    let deadline = Instant::now() + WAIT;
+    let (mut last, mut same) = (measure(), 0);
+    while same < 3 {
+        assert!(Instant::now() < deadline, "{what}: still moving after {WAIT:?}");
+        std::thread::sleep(Duration::from_millis(100));
+        let now = measure();
+        same = if now == last { same + 1 } else { 0 };
+        last = now;
+    }
+    last
+}
+
+/// Tunnels whose clients stopped reading a firehose hold little in the kernel. On the agent,
+/// each target socket keeps the 16 KiB receive buffer it started with (it never read enough
+/// to earn more; a fixed 64Ki buffer held about 120 KiB); on the server, each Unix-socket
+/// client's send buffer likewise (Linux's default lets each client's socket hold about
+/// 200 KiB the client has not read). A tunnel that reads beside them still moves every byte.
+#[test]
+fn stalled_readers_hold_little_in_the_kernel() {
+    const TUNNELS: usize = 64;
+    let pki = Pki::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bridgehead.sock");
+    let (server, agent) = pair(&pki, &path, &[], &[]);
+    let firehose = target::source("127.0.0.1:0", usize::MAX).unwrap();
+    let stalled: Vec<UnixStream> = (0..TUNNELS)
+        .map(|_| {
+            let (conn, reply) = connect(&path, firehose);
+            assert_eq!(reply.status, 200, "{}", reply.head);
+            conn
+        })
+        .collect();
+    let agent_pid = agent.process.pid();
+    let unread = || {
+        stalled
+            .iter()
+            .map(|conn| rustix::io::ioctl_fionread(conn).unwrap())
+            .sum::<u64>()
+    };
+    let at_clients = settled("the clients' unread bytes", unread);
+    let at_agent = settled("the agent's unread bytes", || {
+        bridgehead_e2e::procfs::tcp_queued(agent_pid).0
+    });
+    eprintln!(
+        "{TUNNELS} stalled tunnels: {at_clients} bytes unread at the clients, {at_agent} at the agent, {} buffered by the server",
+        server_buffered(&server)
+    );
+    assert!(
+        at_clients <= TUNNELS as u64 * 24 * 1024,
+        "{at_clients} bytes wait in {TUNNELS} stalled clients' sockets"
+    );
+    assert!(
+        at_agent <= TUNNELS as u64 * 16 * 1024,
+        "{at_agent} bytes wait in the agent's {TUNNELS} target sockets"
+    );
+    let echo = target::echo("127.0.0.1:0").unwrap();
+    let (mut reading, reply) = connect(&path, echo);
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    let big: Vec<u8> = (0..4 << 20).map(|i| (i % 251) as u8).collect();
+    echo_round_trip(&mut reading, &big);
+}

@@ -44,6 +44,39 @@ pub trait Meter: Sync {
     fn moved(&self, up: u64, down: u64);
 }
 
+/// How a tunnel's socket earns one of its kernel buffers: the one that holds the tunnel's
+/// bytes when the far end stops taking them (a TCP socket's receive buffer, which fills when
+/// this end stops reading it; a Unix socket's send buffer, which fills when its client stops
+/// reading). It starts at `start` (set before the connection was made, so that a TCP window
+/// announced in the handshake is that small too) and doubles whenever the tunnel has moved
+/// eight times the buffer it has that way, up to `max`. A socket whose tunnel stalls before
+/// moving much (a client that never reads a firehose) keeps the small buffer, and with it
+/// what the kernel holds for it; one that keeps moving soon has the largest. Growing is always
+/// safe; shrinking is not (a TCP sender that saw a large window stops sending into a small
+/// one), so a buffer never shrinks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EarnedBuffer {
+    /// The buffer every tunnel socket starts with.
+    pub start: u32,
+    /// The largest buffer a moving tunnel earns.
+    pub max: u32,
+}
+
+/// A tunnel earns its next buffer after moving this many times the one it has.
+pub const EARN_FACTOR: u64 = 8;
+
+impl EarnedBuffer {
+    /// The buffer of a tunnel that has moved `moved` bytes: `start` doubled as often as
+    /// earned, at most `max`.
+    pub fn size(&self, moved: u64) -> u32 {
+        let mut size = self.start.max(1);
+        while size < self.max && moved >= u64::from(size) * 2 * EARN_FACTOR {
+            size = size.saturating_mul(2);
+        }
+        size.min(self.max.max(self.start))
+    }
+}
+
 /// Why a splice ended abnormally. The stream has been reset; the socket should be closed with
 /// a TCP RST so the client sees the failure.
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +93,7 @@ pub enum SpliceError {
 /// EOF becomes FIN on the stream and the peer's FIN shuts the socket's write side, so each
 /// direction ends on its own. `initial` holds bytes already read from the socket (a CONNECT
 /// client's behind its request head, say); they go first. On error the stream is reset (and the caller should end the socket
-/// with [`AbortOnClose::abort_on_close`]). `moved` holds the byte counts when it returns.
+/// with [`TunnelSocket::abort_on_close`]). `moved` holds the byte counts when it returns.
 pub fn splice<'a, S>(
     socket: S,
     stream: &'a MuxStream,
@@ -112,6 +145,8 @@ where
         stream,
         moved,
         meter,
+        receive: None,
+        send: None,
         up: Uplink {
             pending,
             big: BytesMut::new(),
@@ -124,32 +159,81 @@ where
             unflushed: false,
             eof: false,
             written: 0,
+            sent: 0,
             done: false,
         },
     }
 }
 
-/// A socket that can be made to end with a TCP RST instead of a FIN, so that the peer sees a
-/// failed tunnel as a failure and not as a clean end of data.
-pub trait AbortOnClose {
-    /// Makes the socket's close a reset (`SO_LINGER` zero). Sockets without resets (Unix
+/// What a tunnel's owner and its splice ask of the socket beyond reading and writing.
+pub trait TunnelSocket {
+    /// Makes the socket's close a reset (`SO_LINGER` zero), so that the peer sees a failed
+    /// tunnel as a failure and not as a clean end of data. Sockets without resets (Unix
     /// sockets) do nothing: their close is the only end there is.
     fn abort_on_close(&self);
+
+    /// Sets the kernel receive buffer to `bytes` as the tunnel earns it ([`Splice::earning`]),
+    /// where that buffer holds what this end has not read: a TCP socket's. A Unix socket does
+    /// nothing: what its server has not read waits in its client's send buffer.
+    fn set_receive_buffer(&self, bytes: u32) -> io::Result<()>;
+
+    /// Sets the kernel send buffer to `bytes` as the tunnel earns it, where that buffer holds
+    /// what the peer has not read: a Unix socket's. A TCP socket does nothing: its unsent
+    /// bytes are bounded by `TCP_NOTSENT_LOWAT`, and its buffer autotunes with the link.
+    fn set_send_buffer(&self, bytes: u32) -> io::Result<()>;
 }
 
-impl AbortOnClose for TcpStream {
+impl TunnelSocket for TcpStream {
     fn abort_on_close(&self) {
         let _ = self.set_zero_linger();
     }
+
+    fn set_receive_buffer(&self, bytes: u32) -> io::Result<()> {
+        socket2::SockRef::from(self).set_recv_buffer_size(bytes as usize)
+    }
+
+    fn set_send_buffer(&self, _bytes: u32) -> io::Result<()> {
+        Ok(())
+    }
 }
 
-impl AbortOnClose for UnixStream {
+impl TunnelSocket for UnixStream {
     fn abort_on_close(&self) {}
+
+    fn set_receive_buffer(&self, _bytes: u32) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn set_send_buffer(&self, bytes: u32) -> io::Result<()> {
+        socket2::SockRef::from(self).set_send_buffer_size(bytes as usize)
+    }
 }
 
-impl<T: AbortOnClose + ?Sized> AbortOnClose for Box<T> {
+impl<T: TunnelSocket + ?Sized> TunnelSocket for Box<T> {
     fn abort_on_close(&self) {
         (**self).abort_on_close();
+    }
+
+    fn set_receive_buffer(&self, bytes: u32) -> io::Result<()> {
+        (**self).set_receive_buffer(bytes)
+    }
+
+    fn set_send_buffer(&self, bytes: u32) -> io::Result<()> {
+        (**self).set_send_buffer(bytes)
+    }
+}
+
+impl<T: TunnelSocket + ?Sized> TunnelSocket for &mut T {
+    fn abort_on_close(&self) {
+        (**self).abort_on_close();
+    }
+
+    fn set_receive_buffer(&self, bytes: u32) -> io::Result<()> {
+        (**self).set_receive_buffer(bytes)
+    }
+
+    fn set_send_buffer(&self, bytes: u32) -> io::Result<()> {
+        (**self).set_send_buffer(bytes)
     }
 }
 
@@ -160,8 +244,47 @@ pub struct Splice<'a, S> {
     stream: &'a MuxStream,
     moved: &'a mut Moved,
     meter: Option<&'a dyn Meter>,
+    /// The socket's receive buffer as the tunnel earns it by reading ([`Splice::earning`]).
+    receive: Option<Earning<S>>,
+    /// The socket's send buffer as the tunnel earns it by writing.
+    send: Option<Earning<S>>,
     up: Uplink,
     down: Downlink,
+}
+
+/// Where a splice's socket stands in earning one of its buffers.
+struct Earning<S> {
+    policy: EarnedBuffer,
+    /// The buffer the socket has now.
+    size: u32,
+    /// Sets the socket's buffer ([`TunnelSocket::set_receive_buffer`] or
+    /// [`TunnelSocket::set_send_buffer`]).
+    set: fn(&S, u32) -> io::Result<()>,
+}
+
+impl<S> Earning<S> {
+    /// Earning by `policy`, the socket's buffer set by `set`; `None` without a policy, or with
+    /// one that leaves nothing to earn.
+    fn new(policy: Option<EarnedBuffer>, set: fn(&S, u32) -> io::Result<()>) -> Option<Self> {
+        let policy = policy.filter(|p| p.max > p.start)?;
+        Some(Earning {
+            policy,
+            size: policy.start,
+            set,
+        })
+    }
+
+    /// Gives `socket` the buffer `moved` bytes earned, if that is larger than its own.
+    fn grow(&mut self, socket: &S, moved: u64) {
+        let size = self.policy.size(moved);
+        if size > self.size {
+            self.size = size;
+            // A kernel that refuses keeps the smaller buffer: slower, never wrong.
+            if let Err(error) = (self.set)(socket, size) {
+                tracing::debug!(%error, size, "growing a tunnel socket's buffer");
+            }
+        }
+    }
 }
 
 /// Socket to stream, reading only as much as the stream's credit allows.
@@ -196,6 +319,8 @@ struct Downlink {
     eof: bool,
     /// Bytes the socket took since the stream was last told.
     written: usize,
+    /// Bytes the socket took in all: what it earns its send buffer with.
+    sent: u64,
     /// The socket's write side is shut.
     done: bool,
 }
@@ -205,9 +330,29 @@ impl<S> fmt::Debug for Splice<'_, S> {
         f.debug_struct("Splice")
             .field("stream", &self.stream)
             .field("moved", &self.moved)
+            .field("receive_buffer", &self.receive.as_ref().map(|e| e.size))
+            .field("send_buffer", &self.send.as_ref().map(|e| e.size))
             .field("up", &self.up)
             .field("down", &self.down)
             .finish_non_exhaustive()
+    }
+}
+
+impl<S: TunnelSocket> Splice<'_, S> {
+    /// Grows the socket's receive buffer as the tunnel reads and its send buffer as the
+    /// tunnel writes, each from its policy's `start` (which the socket must already have) to
+    /// its `max`, as far as the socket has such a buffer ([`TunnelSocket`]); `None` leaves a
+    /// buffer alone.
+    pub fn earning(mut self, receive: Option<EarnedBuffer>, send: Option<EarnedBuffer>) -> Self {
+        self.receive = Earning::new(receive, |socket: &S, bytes| {
+            socket.set_receive_buffer(bytes)
+        });
+        self.send = Earning::new(send, |socket: &S, bytes| socket.set_send_buffer(bytes));
+        // Bytes handed in ahead of the socket's own count as read.
+        if let Some(earn) = &mut self.receive {
+            earn.grow(&self.socket, self.moved.up);
+        }
+        self
     }
 }
 
@@ -270,6 +415,9 @@ where
                     meter.moved(chunk.len() as u64, 0);
                 }
                 self.up.pending = chunk;
+                if let Some(earn) = &mut self.receive {
+                    earn.grow(&self.socket, self.moved.up);
+                }
             }
         }
         Ok(())
@@ -280,7 +428,12 @@ where
     fn poll_down(&mut self, cx: &mut Context<'_>) -> Result<(), SpliceError> {
         while !self.down.done {
             let written = self.down.poll_write(&mut self.socket, cx);
-            self.stream.release(std::mem::take(&mut self.down.written));
+            let took = std::mem::take(&mut self.down.written);
+            self.stream.release(took);
+            self.down.sent += took as u64;
+            if let Some(earn) = self.send.as_mut().filter(|_| took > 0) {
+                earn.grow(&self.socket, self.down.sent);
+            }
             if written?.is_pending() {
                 return Ok(());
             }
@@ -322,6 +475,7 @@ where
             if let Some(meter) = self.meter {
                 meter.moved(0, size as u64);
             }
+
             self.down.head = first;
         }
         Ok(())

@@ -4,7 +4,7 @@
 use std::io::ErrorKind;
 use std::time::Duration;
 
-use bridgehead_mux::splice::{self, AbortOnClose, Moved};
+use bridgehead_mux::splice::{self, Moved, TunnelSocket};
 use bridgehead_mux::{Keepalive, Mux, MuxStream};
 use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -105,7 +105,7 @@ async fn abort_on_close_turns_the_close_into_a_reset() {
                 }
                 Close::AbortBoxed => {
                     let socket = Box::new(socket);
-                    AbortOnClose::abort_on_close(&socket);
+                    TunnelSocket::abort_on_close(&socket);
                     drop(socket);
                 }
             }

@@ -7,6 +7,8 @@
 
 use std::os::fd::AsFd;
 
+pub use bridgehead_mux::splice::EarnedBuffer;
+
 /// `--tunnel-memory-budget`, `--tunnel-receive-buffer`, `--tunnel-unsent-limit` and
 /// `--tunnel-max-window`.
 #[derive(Debug, Clone, clap::Args)]
@@ -18,11 +20,14 @@ pub struct MemoryArgs {
     /// bytes, or with Ki, Mi, Gi (or k, M, G).
     #[arg(long, env = "BRIDGEHEAD_TUNNEL_MEMORY_BUDGET", default_value = "256Mi", value_parser = parse_size, value_name = "SIZE")]
     pub tunnel_memory_budget: u64,
-    /// Kernel receive buffer of every tunnel TCP socket this process owns (CONNECT clients'
-    /// on the server, dialed targets' on the agent): what a tunnel whose other end stopped
-    /// reading holds in the kernel on the receiving side (the kernel doubles the value for its
-    /// bookkeeping). 0 leaves it to the kernel's autotuning, up to net.ipv4.tcp_rmem's
-    /// maximum (megabytes per socket). A size, as for --tunnel-memory-budget.
+    /// Largest kernel receive buffer of a tunnel TCP socket this process owns (CONNECT
+    /// clients' on the server, dialed targets' on the agent). Every such socket starts with
+    /// 8Ki (or this, if smaller) and earns more as its tunnel reads, doubling each time it has
+    /// read eight times what it has, so a tunnel whose other end stopped reading before it
+    /// moved much holds little in the kernel while a reading one soon has this (the kernel
+    /// doubles the value for its bookkeeping). 0 leaves every socket to the kernel's
+    /// autotuning, up to net.ipv4.tcp_rmem's maximum (megabytes per socket). A size, as for
+    /// --tunnel-memory-budget.
     #[arg(long, env = "BRIDGEHEAD_TUNNEL_RECEIVE_BUFFER", default_value = "64Ki", value_parser = parse_size, value_name = "SIZE")]
     pub tunnel_receive_buffer: u64,
     /// Most bytes a tunnel TCP socket this process owns keeps queued but not yet sent
@@ -56,36 +61,78 @@ fn parse_window(input: &str) -> Result<u32, String> {
     u32::try_from(size).map_err(|_| format!("{input:?} is too large"))
 }
 
+/// The buffer every tunnel socket starts with before its tunnel earns more
+/// ([`EarnedBuffer::start`]): a TCP socket's receive buffer, a Unix socket's send buffer. The
+/// kernel doubles it: 16 KiB, of which a TCP socket whose reader stopped holds about 12 KiB.
+/// Smaller starts stop growing on Linux (a TCP socket that starts at 4 KiB keeps 4 KiB
+/// windows whatever buffer it is given later).
+pub const START_BUFFER: u32 = 8 * 1024;
+/// The most a Unix-socket client's send buffer earns: Linux's default for Unix sockets
+/// (net.core.wmem_default, 208 KiB once doubled), which a bulk download needs to keep its
+/// speed (half of it costs a third).
+pub const UNIX_SEND_BUFFER: u32 = 104 * 1024;
+
 impl MemoryArgs {
     /// The tunnel sockets' options these flags ask for.
     pub fn socket_tuning(&self) -> SocketTuning {
         let nonzero = |value: u64| u32::try_from(value).ok().filter(|&v| v > 0);
+        let earned = nonzero(self.tunnel_receive_buffer).map(|max| EarnedBuffer {
+            start: START_BUFFER.min(max),
+            max,
+        });
         SocketTuning {
-            receive_buffer: nonzero(self.tunnel_receive_buffer),
+            receive_buffer: earned,
+            unix_send_buffer: earned.map(|_| EarnedBuffer {
+                start: START_BUFFER,
+                max: UNIX_SEND_BUFFER,
+            }),
             unsent_limit: nonzero(self.tunnel_unsent_limit),
         }
     }
 }
 
-/// The kernel buffer options of a tunnel's TCP socket; `None` leaves the kernel's default.
+/// The kernel buffer options of a tunnel's socket; `None` leaves the kernel's default.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SocketTuning {
-    /// `SO_RCVBUF`.
-    pub receive_buffer: Option<u32>,
-    /// `TCP_NOTSENT_LOWAT`.
+    /// A TCP socket's `SO_RCVBUF`: where every socket starts and the most its tunnel earns.
+    pub receive_buffer: Option<EarnedBuffer>,
+    /// A Unix socket's `SO_SNDBUF` (CONNECT clients on the Unix-socket frontend), likewise.
+    pub unix_send_buffer: Option<EarnedBuffer>,
+    /// A TCP socket's `TCP_NOTSENT_LOWAT`.
     pub unsent_limit: Option<u32>,
 }
 
 impl SocketTuning {
-    /// Sets the options on a TCP socket. A receive buffer set before `connect` also bounds
-    /// the window announced in the handshake.
+    /// Sets the options on a tunnel's TCP socket, the receive buffer at its start. Set before
+    /// `connect`, the receive buffer also bounds the window announced in the handshake, and
+    /// only then: a buffer made smaller than a window already announced stalls the sender.
     pub fn apply(&self, socket: &impl AsFd) -> std::io::Result<()> {
-        let socket = socket2::SockRef::from(socket);
-        if let Some(size) = self.receive_buffer {
-            socket.set_recv_buffer_size(size as usize)?;
+        self.apply_listener(socket)?;
+        self.apply_accepted(socket)
+    }
+
+    /// Sets the starting receive buffer on a listening TCP socket, which the connections it
+    /// accepts inherit from their handshake on (setting it after `accept` would be too late).
+    pub fn apply_listener(&self, socket: &impl AsFd) -> std::io::Result<()> {
+        if let Some(earned) = self.receive_buffer {
+            socket2::SockRef::from(socket).set_recv_buffer_size(earned.start as usize)?;
         }
+        Ok(())
+    }
+
+    /// Sets what a TCP socket accepted from a listener that [`SocketTuning::apply_listener`]
+    /// set up does not have yet: the unsent limit.
+    pub fn apply_accepted(&self, socket: &impl AsFd) -> std::io::Result<()> {
         if let Some(limit) = self.unsent_limit {
-            socket.set_tcp_notsent_lowat(limit)?;
+            socket2::SockRef::from(socket).set_tcp_notsent_lowat(limit)?;
+        }
+        Ok(())
+    }
+
+    /// Sets the starting send buffer on an accepted Unix socket.
+    pub fn apply_unix(&self, socket: &impl AsFd) -> std::io::Result<()> {
+        if let Some(earned) = self.unix_send_buffer {
+            socket2::SockRef::from(socket).set_send_buffer_size(earned.start as usize)?;
         }
         Ok(())
     }
@@ -237,10 +284,18 @@ mod tests {
             tunnel_unsent_limit: 16 * 1024,
             tunnel_max_window: 256 * 1024,
         };
-        args.socket_tuning().apply(&socket).unwrap();
+        let tuning = args.socket_tuning();
+        tuning.apply(&socket).unwrap();
         let sock = socket2::SockRef::from(&socket);
-        // Linux doubles the receive buffer for its bookkeeping.
-        assert_eq!(sock.recv_buffer_size().unwrap(), 128 * 1024);
+        // Linux doubles the receive buffer for its bookkeeping; a socket starts small.
+        assert_eq!(sock.recv_buffer_size().unwrap(), 16 * 1024);
+        assert_eq!(
+            tuning.receive_buffer,
+            Some(EarnedBuffer {
+                start: 8 * 1024,
+                max: 64 * 1024
+            })
+        );
         assert_eq!(sock.tcp_notsent_lowat().unwrap(), 16 * 1024);
         let off = MemoryArgs {
             tunnel_receive_buffer: 0,

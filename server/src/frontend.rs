@@ -12,7 +12,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use bridgehead_mux::splice::AbortOnClose;
+use bridgehead_mux::splice::TunnelSocket;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
@@ -32,8 +32,8 @@ mod tls_stream;
 pub use tls_stream::TlsStream;
 
 /// A client connection a tunnel can run over: TLS over TCP, or a Unix socket.
-pub trait ClientSocket: AsyncRead + AsyncWrite + AbortOnClose + Unpin + Send + 'static {}
-impl<T: AsyncRead + AsyncWrite + AbortOnClose + Unpin + Send + 'static> ClientSocket for T {}
+pub trait ClientSocket: AsyncRead + AsyncWrite + TunnelSocket + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + TunnelSocket + Unpin + Send + 'static> ClientSocket for T {}
 
 /// What [`read_head`] made of a client's first bytes.
 #[doc(hidden)]
@@ -91,6 +91,10 @@ pub async fn serve_tcp(
     shutdown: CancellationToken,
     connections: TaskTracker,
 ) {
+    // Accepted connections start with the listener's receive buffer.
+    if let Err(error) = ctx.socket_tuning.apply_listener(&listener) {
+        warn!(%error, "setting the frontend's receive buffer");
+    }
     loop {
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -121,7 +125,7 @@ pub async fn serve_tcp(
         connections.spawn(
             async move {
                 let _ = tcp.set_nodelay(true);
-                if let Err(error) = ctx.socket_tuning.apply(&tcp) {
+                if let Err(error) = ctx.socket_tuning.apply_accepted(&tcp) {
                     debug!(%error, "setting the socket's buffer options");
                 }
                 if let Some(idle) = ctx.frontend_keepalive {
@@ -198,6 +202,9 @@ pub async fn serve_unix(
             target = tracing::field::Empty,
             agent = tracing::field::Empty
         );
+        if let Err(error) = ctx.socket_tuning.apply_unix(&socket) {
+            debug!(%error, "setting the socket's send buffer");
+        }
         // Every client of the socket is one client: its file mode is the access control.
         let client = ClientKey::from(&b"unix socket"[..]);
         connections

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use bridgehead_proto::session::{Role as SessionRole, SessionConfig, DEFAULT_MAX_WINDOW};
 
-use super::{splice, Moved, Splice, IDLE_READ};
+use super::{splice, EarnedBuffer, Moved, Splice, IDLE_READ};
 use crate::{Keepalive, Mux, MuxStream};
 
 /// Every async test fails after this long instead of hanging the suite.
@@ -362,6 +362,190 @@ async fn a_chunk_larger_than_a_write_goes_out_in_pieces() {
         read_through(&mut splice, &mut client, &mut got).await;
         assert!(got[..first.len()] == first[..], "the chunk arrived changed");
         assert_eq!(&got[first.len()..], b"next");
+        shutdown.cancel();
+    })
+    .await
+}
+
+/// A loopback TCP connection whose reading end starts with a receive buffer of `start`, set
+/// before it connected: (the reading end, the writing end).
+async fn tcp_with_receive_buffer(start: u32) -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(start).unwrap();
+    let reading = socket
+        .connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (writing, _) = listener.accept().await.unwrap();
+    (reading, writing)
+}
+
+/// The receive buffer the kernel gives `socket` (twice what was set).
+fn receive_buffer(socket: &tokio::net::TcpStream) -> usize {
+    socket2::SockRef::from(socket).recv_buffer_size().unwrap()
+}
+
+/// A tunnel socket earns its receive buffer by reading: one whose stream stalls after its
+/// first window keeps the small buffer it started with, one whose stream keeps reading
+/// doubles it up to the largest. Without the earning both would keep the start.
+#[tokio::test]
+async fn a_socket_earns_its_receive_buffer_by_reading() {
+    bounded(async {
+        const WINDOW: usize = 64 * 1024;
+        let (server, agent, shutdown) = streams(WINDOW as u32, 2).await;
+        let policy = EarnedBuffer {
+            start: 8 * 1024,
+            max: 64 * 1024,
+        };
+        for (i, stalls) in [(0, true), (1, false)] {
+            let (mut socket, mut target) = tcp_with_receive_buffer(policy.start).await;
+            assert_eq!(receive_buffer(&socket), 16 * 1024);
+            let total = 2 << 20;
+            let writing = tokio::spawn(async move {
+                let _ = target.write_all(&vec![5; total]).await;
+                target
+            });
+            let mut moved = Moved::default();
+            let mut splice = splice(&mut socket, &agent[i], Bytes::new(), &mut moved)
+                .earning(Some(policy), None);
+            let mut got = 0;
+            if stalls {
+                // The client takes the first window and never lets go of it: no more credit.
+                let held = poll_fn(|cx| loop {
+                    match server[i].poll_read_held(cx) {
+                        Poll::Ready(chunk) => got += chunk.unwrap().unwrap().len(),
+                        Poll::Pending if got >= WINDOW => return Poll::Ready(()),
+                        Poll::Pending => return Poll::Pending,
+                    }
+                });
+                tokio::select! {
+                    () = held => {}
+                    result = &mut splice => panic!("the splice ended: {result:?}"),
+                }
+                poll_once(&mut splice).await;
+                drop(splice);
+                assert_eq!(got, WINDOW);
+                assert_eq!(
+                    receive_buffer(&socket),
+                    16 * 1024,
+                    "a stalled tunnel earned"
+                );
+                writing.abort();
+            } else {
+                let reading = async {
+                    while got < total {
+                        got += server[i].read().await.unwrap().unwrap().len();
+                    }
+                };
+                tokio::select! {
+                    () = reading => {}
+                    result = &mut splice => panic!("the splice ended: {result:?}"),
+                }
+                drop(splice);
+                assert_eq!(
+                    receive_buffer(&socket),
+                    128 * 1024,
+                    "a reading tunnel earned"
+                );
+                drop(writing.await.unwrap());
+            }
+        }
+        shutdown.cancel();
+    })
+    .await
+}
+
+#[test]
+fn the_earned_buffer_doubles_at_eight_times_its_size() {
+    let policy = EarnedBuffer {
+        start: 8 * 1024,
+        max: 64 * 1024,
+    };
+    let kib = |n: u64| n * 1024;
+    assert_eq!(policy.size(0), 8 * 1024);
+    assert_eq!(policy.size(kib(128) - 1), 8 * 1024);
+    assert_eq!(policy.size(kib(128)), 16 * 1024);
+    assert_eq!(policy.size(kib(256)), 32 * 1024);
+    assert_eq!(policy.size(kib(512)), 64 * 1024);
+    assert_eq!(policy.size(u64::MAX), 64 * 1024);
+    // A start at or above the largest stays where it is.
+    let fixed = EarnedBuffer {
+        start: 64 * 1024,
+        max: 32 * 1024,
+    };
+    assert_eq!(fixed.size(u64::MAX), 64 * 1024);
+}
+
+/// A Unix-socket client's socket earns its send buffer by taking bytes: one whose client
+/// reads doubles it up to the largest; one whose client stalls keeps the buffer it started
+/// with, and that is all the kernel holds for it. Without the earning both would keep the
+/// start.
+#[tokio::test]
+async fn a_unix_socket_earns_its_send_buffer_by_writing() {
+    bounded(async {
+        const WINDOW: usize = 64 * 1024;
+        let (server, agent, shutdown) = streams(WINDOW as u32, 2).await;
+        let policy = EarnedBuffer {
+            start: 8 * 1024,
+            max: 104 * 1024,
+        };
+        let send_buffer = |socket: &tokio::net::UnixStream| {
+            socket2::SockRef::from(socket).send_buffer_size().unwrap()
+        };
+        let chunk = Bytes::from(vec![6; 64 * 1024]);
+        for (i, stalls) in [(0, true), (1, false)] {
+            let (mut socket, mut client) = tokio::net::UnixStream::pair().unwrap();
+            socket2::SockRef::from(&socket)
+                .set_send_buffer_size(policy.start as usize)
+                .unwrap();
+            let mut moved = Moved::default();
+            let mut splice = splice(&mut socket, &server[i], Bytes::new(), &mut moved)
+                .earning(None, Some(policy));
+            let mut pending = Bytes::new();
+            let mut sent = 0;
+            let total = 2 << 20;
+            let mut got = vec![0; total];
+            let mut read = 0;
+            // The agent's end sends as its credit allows; the splice writes into the socket;
+            // the client reads (or not). Stalled: the splice holds a chunk the full socket did
+            // not take, and the agent's end has no credit: nothing moves until the client reads.
+            poll_fn(|cx| loop {
+                assert!(Pin::new(&mut splice).poll(cx).is_pending());
+                if !stalls {
+                    let mut buf = tokio::io::ReadBuf::new(&mut got[read..]);
+                    if let Poll::Ready(done) =
+                        tokio::io::AsyncRead::poll_read(Pin::new(&mut client), cx, &mut buf)
+                    {
+                        done.unwrap();
+                        read += buf.filled().len();
+                        if read == total {
+                            return Poll::Ready(());
+                        }
+                        continue;
+                    }
+                }
+                if sent < total || !pending.is_empty() {
+                    if pending.is_empty() {
+                        pending = chunk.clone();
+                        sent += chunk.len();
+                    }
+                    if let Poll::Ready(credit) = agent[i].poll_writable(cx) {
+                        credit.unwrap();
+                        agent[i].send(&mut pending).unwrap();
+                        continue;
+                    }
+                }
+                if stalls && !splice.down.head.is_empty() {
+                    return Poll::Ready(());
+                }
+                return Poll::Pending;
+            })
+            .await;
+            drop(splice);
+            let expected = if stalls { 16 * 1024 } else { 208 * 1024 };
+            assert_eq!(send_buffer(&socket), expected, "stalls: {stalls}");
+        }
         shutdown.cancel();
     })
     .await

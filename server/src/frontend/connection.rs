@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use bridgehead_mux::splice::{self, AbortOnClose, Meter, Moved};
+use bridgehead_mux::splice::{self, Meter, Moved, TunnelSocket};
 use bridgehead_mux::MuxStream;
 use bridgehead_proto::ErrorCode;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -187,7 +187,12 @@ async fn tunnel<S: ClientSocket>(mut socket: Box<S>, opened: Opened, ctx: &Conte
     let meter = BytesMeter(&ctx.metrics);
     let result = {
         let held = Held::new(&mut *socket, hold);
-        splice::splice_metered(held, &stream, early, &mut moved, &meter).await
+        splice::splice_metered(held, &stream, early, &mut moved, &meter)
+            .earning(
+                ctx.socket_tuning.receive_buffer,
+                ctx.socket_tuning.unix_send_buffer,
+            )
+            .await
     };
     ctx.metrics.tunnels_open.dec();
     let duration = started.elapsed();

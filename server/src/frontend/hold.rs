@@ -14,6 +14,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
+use bridgehead_mux::splice::TunnelSocket;
+
 /// A client socket whose writes wait for the client's first byte or the hold time.
 #[derive(Debug)]
 pub(super) struct Held<'a, S> {
@@ -56,6 +58,20 @@ impl<'a, S> Held<'a, S> {
                 }
             }
         }
+    }
+}
+
+impl<S: TunnelSocket> TunnelSocket for Held<'_, S> {
+    fn abort_on_close(&self) {
+        self.socket.abort_on_close();
+    }
+
+    fn set_receive_buffer(&self, bytes: u32) -> io::Result<()> {
+        self.socket.set_receive_buffer(bytes)
+    }
+
+    fn set_send_buffer(&self, bytes: u32) -> io::Result<()> {
+        self.socket.set_send_buffer(bytes)
     }
 }
 

@@ -105,9 +105,17 @@ impl AsyncWrite for ServerEnd {
     }
 }
 
-impl AbortOnClose for ServerEnd {
+impl TunnelSocket for ServerEnd {
     fn abort_on_close(&self) {
         self.aborted.store(true, Ordering::SeqCst);
+    }
+
+    fn set_receive_buffer(&self, _bytes: u32) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn set_send_buffer(&self, _bytes: u32) -> io::Result<()> {
+        Ok(())
     }
 }
 

@@ -504,9 +504,17 @@ type WriteTraffic<'c> = rustls::unbuffered::WriteTraffic<'c, ServerConnectionDat
 /// What runs in the writable state: encrypts into `outgoing`.
 type WriteFn<'f> = dyn FnMut(&mut WriteTraffic<'_>, &mut Pending) -> io::Result<()> + 'f;
 
-impl bridgehead_mux::splice::AbortOnClose for TlsStream {
+impl bridgehead_mux::splice::TunnelSocket for TlsStream {
     fn abort_on_close(&self) {
-        bridgehead_mux::splice::AbortOnClose::abort_on_close(&self.io);
+        bridgehead_mux::splice::TunnelSocket::abort_on_close(&self.io);
+    }
+
+    fn set_receive_buffer(&self, bytes: u32) -> io::Result<()> {
+        bridgehead_mux::splice::TunnelSocket::set_receive_buffer(&self.io, bytes)
+    }
+
+    fn set_send_buffer(&self, bytes: u32) -> io::Result<()> {
+        bridgehead_mux::splice::TunnelSocket::set_send_buffer(&self.io, bytes)
     }
 }
 
