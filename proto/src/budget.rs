@@ -101,11 +101,14 @@ impl Budget {
         self.buffered() / per_unit
     }
 
-    pub(crate) fn hold(&self, bytes: u64) {
+    /// Counts `bytes` more of tunnel data held: a session's received DATA, or what a socket's
+    /// own layer keeps for a peer that has not taken it (a TLS stream's encrypted records).
+    pub fn hold(&self, bytes: u64) {
         self.inner.buffered.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    pub(crate) fn release(&self, bytes: u64) {
+    /// `bytes` of what [`Budget::hold`] counted are no longer held.
+    pub fn release(&self, bytes: u64) {
         if bytes > 0 {
             self.inner.buffered.fetch_sub(bytes, Ordering::Relaxed);
         }

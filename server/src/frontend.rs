@@ -154,6 +154,7 @@ pub async fn serve_tcp(
                         || ClientKey::from(&[][..]),
                         |cert| ClientKey::from(cert.as_ref()),
                     );
+                tls.count_against(ctx.budget.clone());
                 connection::serve(tls, client, ctx).await;
             }
             .instrument(span),

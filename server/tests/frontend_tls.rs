@@ -263,6 +263,58 @@ async fn tcp_eof_without_close_notify_is_an_error() {
     .await
 }
 
+/// Records encrypted for a client that stopped reading, which its socket did not take, count
+/// as tunnel data held against the budget (at most one write's worth), and leave it as the
+/// client reads them or the stream goes.
+#[tokio::test]
+async fn records_waiting_for_a_client_count_against_the_budget() {
+    bounded(async {
+        let rig = rig().await;
+        for drained in [true, false] {
+            let (mut server, mut client) = rig.pair().await;
+            let budget = bridgehead_proto::budget::Budget::new(1 << 30);
+            server.count_against(budget.clone());
+            let chunk = pattern(64 * 1024, 3);
+            let mut written = 0;
+            // Write until the socket and the stream take no more, without waiting.
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            while let std::task::Poll::Ready(n) =
+                std::pin::Pin::new(&mut server).poll_write(&mut cx, &chunk)
+            {
+                written += n.unwrap();
+            }
+            let held = budget.buffered();
+            assert!(held > 0, "nothing counted with {written} bytes written");
+            assert!(held <= 64 * 1024 + 4 * 22, "{held} bytes counted");
+            if drained {
+                // Once records had to wait, the next write takes one record's worth at most:
+                // a client that keeps stalling holds no more than that.
+                let mut first = vec![0; written / 2];
+                client.read_exact(&mut first).await.unwrap();
+                let n = loop {
+                    match std::pin::Pin::new(&mut server).poll_write(&mut cx, &chunk) {
+                        std::task::Poll::Ready(n) => break n.unwrap(),
+                        std::task::Poll::Pending => tokio::task::yield_now().await,
+                    }
+                };
+                assert!(n <= 16 * 1024, "{n} bytes taken by a backlogged stream");
+                let written = written - first.len() + n;
+                let reading = tokio::spawn(async move {
+                    let mut got = vec![0; written];
+                    client.read_exact(&mut got).await.unwrap();
+                });
+                server.flush().await.unwrap();
+                reading.await.unwrap();
+                assert_eq!(budget.buffered(), 0, "after the client read everything");
+            } else {
+                drop(server);
+                assert_eq!(budget.buffered(), 0, "after the stream went");
+            }
+        }
+    })
+    .await
+}
+
 #[tokio::test]
 async fn idle_stream_holds_no_buffers() {
     bounded(async {
