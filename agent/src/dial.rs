@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bridgehead_proto::ErrorCode;
-use bridgehead_runtime::memory::SocketTuning;
+use bridgehead_runtime::memory::{EarnedBuffer, SocketTuning};
 
 use crate::policy::{Denied, Policy};
 use tokio::net::TcpStream;
@@ -68,15 +68,20 @@ pub fn code_of(error: &io::Error) -> ErrorCode {
 }
 
 /// Resolves `host` (an IP literal, IPv6 without brackets, or a name) and connects to each
-/// address `policy` permits in turn until one answers, all within `deadline`.
+/// address `policy` permits in turn until one answers, all within `deadline`, the socket's
+/// receive buffer starting at `receive`'s start.
 pub async fn dial(
     host: &str,
     port: u16,
     deadline: Duration,
     policy: &Policy,
+    receive: Option<EarnedBuffer>,
 ) -> Result<TcpStream, DialError> {
     let tuning = policy.socket_tuning();
-    let socket = dial_with(host, port, deadline, policy, |addr| connect(addr, tuning)).await?;
+    let socket = dial_with(host, port, deadline, policy, |addr| {
+        connect(addr, tuning, receive)
+    })
+    .await?;
     // Interactive protocols (kubectl exec) must not wait for Nagle.
     let _ = socket.set_nodelay(true);
     Ok(socket)
@@ -84,13 +89,17 @@ pub async fn dial(
 
 /// Connects to `addr`, the socket's kernel buffer options set first (so the window announced
 /// in the handshake is bounded too). A kernel that refuses them costs the bound, not the dial.
-async fn connect(addr: SocketAddr, tuning: SocketTuning) -> io::Result<TcpStream> {
+async fn connect(
+    addr: SocketAddr,
+    tuning: SocketTuning,
+    receive: Option<EarnedBuffer>,
+) -> io::Result<TcpStream> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
         tokio::net::TcpSocket::new_v6()?
     };
-    if let Err(error) = tuning.apply(&socket) {
+    if let Err(error) = tuning.apply_dial(&socket, receive) {
         tracing::debug!(%error, "setting the target socket's buffer options");
     }
     socket.connect(addr).await

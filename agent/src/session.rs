@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use bridgehead_mux::splice::{self, Moved, TunnelSocket};
 use bridgehead_mux::{DialRequest, Mux, MuxStream, SessionEnd};
 use bridgehead_proto::host::HostPort;
-use bridgehead_proto::session::{Role, SessionConfig};
+use bridgehead_proto::session::{Role, SessionConfig, DEFAULT_INITIAL_WINDOW};
+use bridgehead_runtime::memory::EarnedBuffer;
 use bytes::Bytes;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -140,10 +141,13 @@ async fn drain_on_shutdown(
 fn tunnel(request: DialRequest, health: Health, policy: Arc<Policy>) -> impl Future<Output = ()> {
     async move {
         let metrics = health.metrics();
-        let earned = policy.socket_tuning().receive_buffer;
+        // A server under memory pressure grants new streams less than its usual window:
+        // the target socket then starts small too, and earns the rest by reading.
+        let pressed = request.window < DEFAULT_INITIAL_WINDOW;
+        let earned = policy.socket_tuning().dial_receive(pressed);
         let dialed = {
             let policy = policy;
-            dial_target(request, metrics, &policy).await
+            dial_target(request, metrics, &policy, earned).await
         };
         let Some((mut socket, stream)) = dialed else {
             return;
@@ -180,6 +184,7 @@ async fn dial_target(
     request: DialRequest,
     metrics: &Metrics,
     policy: &Policy,
+    receive: Option<EarnedBuffer>,
 ) -> Option<(TcpStream, MuxStream)> {
     let started = Instant::now();
     // Boxed: a large state, and needed only until the connection is up.
@@ -188,6 +193,7 @@ async fn dial_target(
         request.port,
         request.timeout,
         policy,
+        receive,
     ));
     let dialed = tokio::select! {
         dialed = dial => dialed,

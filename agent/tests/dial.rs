@@ -29,6 +29,7 @@ async fn connects_to_a_listener() {
             port,
             Duration::from_secs(5),
             &Policy::default(),
+            None,
         )
         .await
         .unwrap();
@@ -40,6 +41,7 @@ async fn connects_to_a_listener() {
             port,
             Duration::from_secs(5),
             &Policy::default(),
+            None,
         )
         .await
         .unwrap();
@@ -58,6 +60,7 @@ async fn closed_port_is_refused() {
             port,
             Duration::from_secs(5),
             &Policy::default(),
+            None,
         )
         .await
         .unwrap_err();
@@ -75,9 +78,15 @@ async fn ipv6_literal_without_brackets() {
             return;
         };
         let port = listener.local_addr().unwrap().port();
-        dial("::1", port, Duration::from_secs(5), &Policy::default())
-            .await
-            .unwrap();
+        dial(
+            "::1",
+            port,
+            Duration::from_secs(5),
+            &Policy::default(),
+            None,
+        )
+        .await
+        .unwrap();
     })
     .await
 }
@@ -88,7 +97,7 @@ async fn unknown_name_is_not_resolved() {
         // A 64-octet label is not a valid DNS name: the resolver refuses it without sending a
         // query, so this test sends no packet off the machine.
         let name = format!("{}.invalid", "a".repeat(64));
-        let error = dial(&name, 80, Duration::from_secs(10), &Policy::default())
+        let error = dial(&name, 80, Duration::from_secs(10), &Policy::default(), None)
             .await
             .unwrap_err();
         assert!(
@@ -183,7 +192,7 @@ async fn the_policy_applies_to_resolved_addresses() {
         );
         // A name that resolves to a denied address is as denied as the address.
         for host in ["127.0.0.1", "localhost"] {
-            let error = dial(host, port, Duration::from_secs(5), &deny)
+            let error = dial(host, port, Duration::from_secs(5), &deny, None)
                 .await
                 .unwrap_err();
             assert!(matches!(error, DialError::Denied(_)), "{host}: {error}");
@@ -191,7 +200,7 @@ async fn the_policy_applies_to_resolved_addresses() {
         }
         // The agent's own port on this host is denied by default.
         let own = Policy::new(vec![], vec![], vec![port], vec![]);
-        let error = dial("127.0.0.1", port, Duration::from_secs(5), &own)
+        let error = dial("127.0.0.1", port, Duration::from_secs(5), &own, None)
             .await
             .unwrap_err();
         assert!(error.to_string().contains("own port"), "{error}");

@@ -121,23 +121,42 @@ fn socket_inodes(pid: u32) -> std::collections::HashSet<String> {
 /// yet, and written and not yet acknowledged (`rx_queue` and `tx_queue` of `/proc/net/tcp`;
 /// payload bytes, without the kernel's per-buffer overhead).
 pub fn tcp_queued(pid: u32) -> (u64, u64) {
+    tcp_queues(pid, |_| true)
+        .into_iter()
+        .fold((0, 0), |(rx, tx), q| (rx + q.0, tx + q.1))
+}
+
+/// [`tcp_queued`] per socket, for the IPv4 TCP sockets of `pid` connected to a remote
+/// `port`.
+pub fn tcp_queued_to(pid: u32, port: u16) -> Vec<(u64, u64)> {
+    let remote = format!(":{port:04X}");
+    tcp_queues(pid, |remote_address| remote_address.ends_with(&remote))
+}
+
+/// (received unread, unacknowledged) of each IPv4 TCP socket of `pid` whose remote address
+/// (`/proc/net/tcp`'s hex `ADDR:PORT`) `remote` accepts.
+fn tcp_queues(pid: u32, remote: impl Fn(&str) -> bool) -> Vec<(u64, u64)> {
     let inodes = socket_inodes(pid);
     let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
-    let mut queued = (0, 0);
+    let mut queues = Vec::new();
     for line in table.lines().skip(1) {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        let (Some(queues), Some(inode)) = (fields.get(4), fields.get(9)) else {
+        let (Some(address), Some(queued), Some(inode)) =
+            (fields.get(2), fields.get(4), fields.get(9))
+        else {
             continue;
         };
-        if !inodes.contains(*inode) {
+        if !inodes.contains(*inode) || !remote(address) {
             continue;
         }
-        if let Some((tx, rx)) = queues.split_once(':') {
-            queued.0 += u64::from_str_radix(rx, 16).unwrap_or(0);
-            queued.1 += u64::from_str_radix(tx, 16).unwrap_or(0);
+        if let Some((tx, rx)) = queued.split_once(':') {
+            queues.push((
+                u64::from_str_radix(rx, 16).unwrap_or(0),
+                u64::from_str_radix(tx, 16).unwrap_or(0),
+            ));
         }
     }
-    queued
+    queues
 }
 
 /// The machine's TCP memory in pages (`mem` of the `TCP:` line of `/proc/net/sockstat`): every

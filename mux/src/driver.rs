@@ -266,8 +266,9 @@ impl Mux {
 
 /// DATA payloads smaller than this are copied out of the message they came in: the reader
 /// reads small messages several to a buffer, and a small chunk held for long (its client
-/// stopped reading) would keep the buffer and its neighbours' bytes. Larger payloads come one
-/// to a message ([`send_queued`]) in a buffer of their own and are handed on as they are.
+/// stopped reading) would keep the buffer and its neighbours' bytes. Larger messages get a
+/// buffer of their own, holding one stream's DATA ([`send_queued`]), and their payloads are
+/// handed on as they are.
 const COPY_BELOW: usize = crate::websocket::READ_BUFFER;
 
 /// `frame`, its payload copied out of the message's buffer if it is a small DATA payload.
@@ -305,14 +306,11 @@ async fn deadlines(shared: &SessionState) -> std::convert::Infallible {
 
 /// Encodes every queued frame into messages of up to [`BATCH_BYTES`], writes and flushes them.
 /// DATA payloads of [`SPLICE_MIN`] bytes or more are not copied into the message: they go out
-/// from the buffer the splice read them into, each as the last frame of its message.
-///
-/// That last rule is for the receiving end's memory. There a message's payloads are handed on
-/// without a copy, as slices of the buffer the message was read into, and a buffer lives as
-/// long as any slice of it: one chunk held for a client that stopped reading would keep the
-/// whole message, other tunnels' chunks and all, far beyond what the budget counts. With one
-/// large payload per message (small ones are copied out, [`own_small_payload`]) a held chunk
-/// keeps its own bytes and at most the small frames that came before it.
+/// from the buffer the splice read them into. A message carries DATA of one stream
+/// ([`bridgehead_proto::session::Session::transmit_batch`]), for the receiving end's memory:
+/// there a message's payloads are handed on as slices of the buffer it was read into, and one
+/// chunk held for a client that stopped reading keeps the whole buffer, which then holds only
+/// that tunnel's bytes (small payloads are copied out, [`own_small_payload`]).
 async fn send_queued<W>(
     sink: &mut Writer<W>,
     shared: &SessionState,
@@ -333,13 +331,8 @@ where
                         if let Frame::Data { payload, .. } = frame {
                             message.splice(payload);
                         }
-                        // The payload ends its message (see `own_small_payload`).
-                        false
                     }
-                    frame => {
-                        frame.encode(message.bytes());
-                        true
-                    }
+                    frame => frame.encode(message.bytes()),
                 })
         });
         if frames == 0 {

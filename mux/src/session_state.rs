@@ -64,6 +64,7 @@ pub(crate) struct PendingDial {
     pub(crate) host: String,
     pub(crate) port: u16,
     pub(crate) timeout_ms: u32,
+    pub(crate) window: u32,
 }
 
 #[derive(Debug)]
@@ -145,6 +146,7 @@ impl SessionState {
                     host,
                     port,
                     timeout_ms,
+                    window,
                 } => {
                     state.slots.insert(stream, Box::default());
                     state.dials.push_back(PendingDial {
@@ -152,6 +154,7 @@ impl SessionState {
                         host,
                         port,
                         timeout_ms,
+                        window,
                     });
                     self.dials.notify_one();
                 }

@@ -308,6 +308,7 @@ pub(crate) async fn accept(shared: &Arc<SessionState>) -> Option<DialRequest> {
                     host: dial.host,
                     port: dial.port,
                     timeout: Duration::from_millis(u64::from(dial.timeout_ms)),
+                    window: dial.window,
                 })
             }
             Ok(None) => notified.await,
@@ -326,6 +327,10 @@ pub struct DialRequest {
     pub port: u16,
     /// How long the server waits for the answer.
     pub timeout: Duration,
+    /// The window the server granted for the stream: below the window it starts streams
+    /// with ([`bridgehead_proto::session::DEFAULT_INITIAL_WINDOW`]) while its tunnel memory
+    /// budget is under pressure.
+    pub window: u32,
 }
 
 impl DialRequest {

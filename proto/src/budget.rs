@@ -7,25 +7,27 @@
 //! up holds at most a frame or two at any moment. So the policy sizes windows by what is
 //! buffered now, the process's *pressure* (buffered / budget):
 //!
-//! - a new stream starts with the configured initial window while pressure is below 1/4, a
-//!   window shrinking linearly to [`MIN_WINDOW`] as pressure goes to 1/2, and [`MIN_WINDOW`]
-//!   beyond: many stalled streams make every later stream start small;
+//! - a new stream starts with the configured initial window while pressure is below 1/8, a
+//!   window shrinking linearly to [`MIN_WINDOW`] as pressure goes to 1/4, and [`MIN_WINDOW`]
+//!   beyond: many stalled streams make every later stream start small, early enough that
+//!   thousands of them stay well below the 3/4 where reading streams' windows begin to
+//!   shrink;
 //! - a stream earns a larger window by moving data: an eighth of what it has read so far,
 //!   never less than the window it has, never more than the maximum, so a stream must have
 //!   read eight times a window's worth before it holds that much (a client whose kernel
 //!   buffers absorbed a few hundred KiB before it stalled earns little more than it started
 //!   with);
-//! - what a stream may be granted is capped by pressure too: the maximum window below 1/2,
+//! - what a stream may be granted is capped by pressure too: the maximum window below 3/4,
 //!   shrinking linearly to [`MIN_WINDOW`] as pressure goes to 1. A stalled stream cannot be
 //!   granted more (it reads nothing, so it is granted nothing) and a reading stream keeps its
-//!   window until the stalled ones fill half the budget;
+//!   window until the stalled ones fill three quarters of the budget;
 //! - a stream is always granted [`MIN_WINDOW`]: no stream waits for credit that only another
 //!   stream's progress would free;
 //! - once the buffered bytes reach the budget, no new stream is admitted (the server answers
 //!   CONNECT with 503, the agent answers DIAL with `overloaded`).
 //!
 //! The bound this gives: buffered bytes stay under the budget plus what streams admitted just
-//! before it filled had been granted, at most [`MIN_WINDOW`] each once pressure passed 1/2.
+//! before it filled had been granted, at most [`MIN_WINDOW`] each once pressure passed 1/4.
 //! Every window travels in today's frames (DIAL, DIAL_OK, WINDOW): a peer that does not
 //! adapt its own windows still works against one that does.
 
@@ -116,7 +118,7 @@ impl Budget {
 
     /// The window a new stream starts with, for a configured `initial` window.
     pub fn initial_window(&self, initial: u32) -> u32 {
-        shrink(initial, self.pressure(), ONE / 4, ONE / 2)
+        shrink(initial, self.pressure(), ONE / 8, ONE / 4)
     }
 
     /// The window a stream whose window is `current` and that has read `read` bytes so far
@@ -124,7 +126,7 @@ impl Budget {
     pub fn window(&self, current: u32, max: u32, read: u64) -> u32 {
         let max = max.max(current);
         let earned = (read / EARN_DIVISOR).clamp(u64::from(current), u64::from(max)) as u32;
-        earned.min(shrink(max, self.pressure(), ONE / 2, ONE))
+        earned.min(shrink(max, self.pressure(), ONE * 3 / 4, ONE))
     }
 }
 
@@ -155,13 +157,13 @@ mod tests {
     }
 
     #[test]
-    fn new_streams_start_small_once_a_quarter_is_buffered() {
+    fn new_streams_start_small_once_an_eighth_is_buffered() {
         let limit = 1024 * 1024;
         assert_eq!(at(limit, 0).initial_window(64 * KIB), 64 * KIB);
-        assert_eq!(at(limit, limit / 4).initial_window(64 * KIB), 64 * KIB);
-        // Half way between 1/4 and 1/2: half way between 64 and 16 KiB.
-        assert_eq!(at(limit, limit * 3 / 8).initial_window(64 * KIB), 40 * KIB);
-        assert_eq!(at(limit, limit / 2).initial_window(64 * KIB), MIN_WINDOW);
+        assert_eq!(at(limit, limit / 8).initial_window(64 * KIB), 64 * KIB);
+        // Half way between 1/8 and 1/4: half way between 64 and 16 KiB.
+        assert_eq!(at(limit, limit * 3 / 16).initial_window(64 * KIB), 40 * KIB);
+        assert_eq!(at(limit, limit / 4).initial_window(64 * KIB), MIN_WINDOW);
         assert_eq!(at(limit, limit * 2).initial_window(64 * KIB), MIN_WINDOW);
         // Windows configured below the floor are never raised to it.
         assert_eq!(at(limit, limit).initial_window(1000), 1000);
@@ -178,14 +180,14 @@ mod tests {
         assert_eq!(calm.window(64 * KIB, 256 * KIB, 1 << 30), 256 * KIB);
         // A window fixed by configuration (max = initial) stays fixed.
         assert_eq!(calm.window(1000, 1000, 1 << 30), 1000);
-        // Up to half the budget buffered, a reading stream keeps its window...
+        // Up to three quarters of the budget buffered, a reading stream keeps its window...
         assert_eq!(
-            at(limit, limit / 2).window(64 * KIB, 256 * KIB, 1 << 30),
+            at(limit, limit * 3 / 4).window(64 * KIB, 256 * KIB, 1 << 30),
             256 * KIB
         );
         // ...then it shrinks towards the floor, reached when the budget is spent.
-        let three_quarters = at(limit, limit * 3 / 4).window(64 * KIB, 256 * KIB, 1 << 30);
-        assert_eq!(three_quarters, 136 * KIB);
+        let seven_eighths = at(limit, limit * 7 / 8).window(64 * KIB, 256 * KIB, 1 << 30);
+        assert_eq!(seven_eighths, 136 * KIB);
         assert_eq!(
             at(limit, limit).window(64 * KIB, 256 * KIB, 1 << 30),
             MIN_WINDOW

@@ -94,6 +94,9 @@ pub enum Event {
         host: String,
         port: u16,
         timeout_ms: u32,
+        /// The window the server granted in its DIAL: smaller than it starts streams with
+        /// when its memory budget is under pressure.
+        window: u32,
     },
     /// Server: the agent's dial succeeded; the stream is open.
     Opened { stream: StreamId },
@@ -509,31 +512,39 @@ impl Session {
     /// `max_bytes` or the queue is empty; returns the number of frames encoded.
     pub fn encode_transmit(&mut self, dst: &mut BytesMut, max_bytes: usize) -> usize {
         let room = max_bytes.saturating_sub(dst.len());
-        self.transmit_batch(room, |frame| {
-            frame.encode(dst);
-            true
-        })
+        self.transmit_batch(room, |frame| frame.encode(dst))
     }
 
     /// Hands queued frames to `put`, in order, until they encode to at least `max_bytes`, the
-    /// queue is empty, or `put` returns `false` (the message is complete); returns how many.
-    /// [`Session::encode_transmit`] encodes each into a buffer; a writer that sends DATA
-    /// payloads from where they lie encodes only their headers ([`Frame::encode_header`]).
-    pub fn transmit_batch(
-        &mut self,
-        max_bytes: usize,
-        mut put: impl FnMut(Frame) -> bool,
-    ) -> usize {
+    /// queue is empty, or the next frame is DATA of another stream than the batch's; returns
+    /// how many. [`Session::encode_transmit`] encodes each into a buffer; a writer that sends
+    /// DATA payloads from where they lie encodes only their headers
+    /// ([`Frame::encode_header`]).
+    ///
+    /// One stream's DATA to a batch is for the receiving end's memory: a receiver that hands
+    /// payloads on as slices of the message they came in keeps the whole message alive while
+    /// any of them is held (for a client that stopped reading, say), and then it holds only
+    /// that stream's bytes, not other tunnels' too. A single busy stream still fills batches.
+    pub fn transmit_batch(&mut self, max_bytes: usize, mut put: impl FnMut(Frame)) -> usize {
         let (mut frames, mut bytes) = (0, 0);
+        let mut data_of = None;
         while bytes + HEADER_LEN < max_bytes {
+            if let (true, Some(Frame::Data { stream, .. }), Some(batch)) =
+                (self.control.is_empty(), self.data.front(), data_of)
+            {
+                if *stream != batch {
+                    break;
+                }
+            }
             let Some(frame) = self.poll_transmit() else {
                 break;
             };
-            bytes += frame.encoded_len();
-            frames += 1;
-            if !put(frame) {
-                break;
+            if let Frame::Data { stream, .. } = &frame {
+                data_of = Some(*stream);
             }
+            bytes += frame.encoded_len();
+            put(frame);
+            frames += 1;
         }
         frames
     }

@@ -20,12 +20,12 @@ pub struct MemoryArgs {
     /// bytes, or with Ki, Mi, Gi (or k, M, G).
     #[arg(long, env = "BRIDGEHEAD_TUNNEL_MEMORY_BUDGET", default_value = "256Mi", value_parser = parse_size, value_name = "SIZE")]
     pub tunnel_memory_budget: u64,
-    /// Largest kernel receive buffer of a tunnel TCP socket this process owns (CONNECT
-    /// clients' on the server, dialed targets' on the agent). Every such socket starts with
-    /// 8Ki (or this, if smaller) and earns more as its tunnel reads, doubling each time it has
-    /// read eight times what it has, so a tunnel whose other end stopped reading before it
-    /// moved much holds little in the kernel while a reading one soon has this (the kernel
-    /// doubles the value for its bookkeeping). 0 leaves every socket to the kernel's
+    /// Kernel receive buffer of every tunnel TCP socket this process owns (CONNECT clients'
+    /// on the server, dialed targets' on the agent): what a tunnel whose other end stopped
+    /// reading holds in the kernel on the receiving side (the kernel doubles the value for its
+    /// bookkeeping). A target socket dialed while the server's memory budget is under pressure
+    /// starts with 8Ki instead and earns this by reading; Unix-socket clients' send buffers
+    /// likewise start at 8Ki and earn Linux's default. 0 leaves every socket to the kernel's
     /// autotuning, up to net.ipv4.tcp_rmem's maximum (megabytes per socket). A size, as for
     /// --tunnel-memory-budget.
     #[arg(long, env = "BRIDGEHEAD_TUNNEL_RECEIVE_BUFFER", default_value = "64Ki", value_parser = parse_size, value_name = "SIZE")]
@@ -61,11 +61,12 @@ fn parse_window(input: &str) -> Result<u32, String> {
     u32::try_from(size).map_err(|_| format!("{input:?} is too large"))
 }
 
-/// The buffer every tunnel socket starts with before its tunnel earns more
-/// ([`EarnedBuffer::start`]): a TCP socket's receive buffer, a Unix socket's send buffer. The
-/// kernel doubles it: 16 KiB, of which a TCP socket whose reader stopped holds about 12 KiB.
-/// Smaller starts stop growing on Linux (a TCP socket that starts at 4 KiB keeps 4 KiB
-/// windows whatever buffer it is given later).
+/// The buffer a tunnel socket starts with when it starts small, before its tunnel earns more
+/// ([`EarnedBuffer::start`]): a dialed TCP socket's receive buffer while the server's memory
+/// budget is under pressure, every Unix-socket client's send buffer. The kernel doubles it:
+/// 16 KiB, of which a TCP socket whose reader stopped holds about 12 KiB. Smaller starts
+/// stop growing on Linux (a TCP socket that starts at 4 KiB keeps 4 KiB windows whatever
+/// buffer it is given later).
 pub const START_BUFFER: u32 = 8 * 1024;
 /// The most a Unix-socket client's send buffer earns: Linux's default for Unix sockets
 /// (net.core.wmem_default, 208 KiB once doubled), which a bulk download needs to keep its
@@ -76,13 +77,10 @@ impl MemoryArgs {
     /// The tunnel sockets' options these flags ask for.
     pub fn socket_tuning(&self) -> SocketTuning {
         let nonzero = |value: u64| u32::try_from(value).ok().filter(|&v| v > 0);
-        let earned = nonzero(self.tunnel_receive_buffer).map(|max| EarnedBuffer {
-            start: START_BUFFER.min(max),
-            max,
-        });
+        let receive_buffer = nonzero(self.tunnel_receive_buffer);
         SocketTuning {
-            receive_buffer: earned,
-            unix_send_buffer: earned.map(|_| EarnedBuffer {
+            receive_buffer,
+            unix_send_buffer: receive_buffer.map(|_| EarnedBuffer {
                 start: START_BUFFER,
                 max: UNIX_SEND_BUFFER,
             }),
@@ -94,39 +92,57 @@ impl MemoryArgs {
 /// The kernel buffer options of a tunnel's socket; `None` leaves the kernel's default.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SocketTuning {
-    /// A TCP socket's `SO_RCVBUF`: where every socket starts and the most its tunnel earns.
-    pub receive_buffer: Option<EarnedBuffer>,
-    /// A Unix socket's `SO_SNDBUF` (CONNECT clients on the Unix-socket frontend), likewise.
+    /// A TCP socket's `SO_RCVBUF`: the most a tunnel's socket has.
+    pub receive_buffer: Option<u32>,
+    /// A Unix socket's `SO_SNDBUF` (CONNECT clients on the Unix-socket frontend): where every
+    /// client starts and the most its tunnel earns.
     pub unix_send_buffer: Option<EarnedBuffer>,
     /// A TCP socket's `TCP_NOTSENT_LOWAT`.
     pub unsent_limit: Option<u32>,
 }
 
 impl SocketTuning {
-    /// Sets the options on a tunnel's TCP socket, the receive buffer at its start. Set before
-    /// `connect`, the receive buffer also bounds the window announced in the handshake, and
-    /// only then: a buffer made smaller than a window already announced stalls the sender.
-    pub fn apply(&self, socket: &impl AsFd) -> std::io::Result<()> {
-        self.apply_listener(socket)?;
-        self.apply_accepted(socket)
+    /// The receive buffer of a target socket the agent dials: all of it at once, or, when the
+    /// server asked while under memory pressure (`pressed`), [`START_BUFFER`] to start with
+    /// and the rest earned by reading.
+    ///
+    /// Why not always start small: a TCP socket's window scale is fixed in its handshake by
+    /// the buffer it then has, and one that starts below 64 KiB can never announce a window
+    /// of more than 64 KiB. On loopback, where a segment is 64 KiB, that costs a bulk tunnel
+    /// 15-30 % more CPU per GiB (docs/benchmarks.md). Under pressure, what stalled tunnels
+    /// hold in the kernel matters more: each holds about 12 KiB instead of 120 KiB.
+    pub fn dial_receive(&self, pressed: bool) -> Option<EarnedBuffer> {
+        let max = self.receive_buffer?;
+        let start = if pressed { START_BUFFER.min(max) } else { max };
+        Some(EarnedBuffer { start, max })
     }
 
-    /// Sets the starting receive buffer on a listening TCP socket, which the connections it
-    /// accepts inherit from their handshake on (setting it after `accept` would be too late).
-    pub fn apply_listener(&self, socket: &impl AsFd) -> std::io::Result<()> {
-        if let Some(earned) = self.receive_buffer {
-            socket2::SockRef::from(socket).set_recv_buffer_size(earned.start as usize)?;
+    /// Sets the options on a TCP socket about to connect, its receive buffer at
+    /// `receive.start`. Set before `connect`, the receive buffer also bounds the window
+    /// announced in the handshake, and only then: a buffer made smaller than a window already
+    /// announced stalls the sender.
+    pub fn apply_dial(
+        &self,
+        socket: &impl AsFd,
+        receive: Option<EarnedBuffer>,
+    ) -> std::io::Result<()> {
+        let sock = socket2::SockRef::from(socket);
+        if let Some(receive) = receive {
+            sock.set_recv_buffer_size(receive.start as usize)?;
         }
-        Ok(())
-    }
-
-    /// Sets what a TCP socket accepted from a listener that [`SocketTuning::apply_listener`]
-    /// set up does not have yet: the unsent limit.
-    pub fn apply_accepted(&self, socket: &impl AsFd) -> std::io::Result<()> {
         if let Some(limit) = self.unsent_limit {
-            socket2::SockRef::from(socket).set_tcp_notsent_lowat(limit)?;
+            sock.set_tcp_notsent_lowat(limit)?;
         }
         Ok(())
+    }
+
+    /// Sets the options on an accepted TCP socket (a CONNECT client): the receive buffer and
+    /// the unsent limit.
+    pub fn apply_accepted(&self, socket: &impl AsFd) -> std::io::Result<()> {
+        let receive = self
+            .receive_buffer
+            .map(|max| EarnedBuffer { start: max, max });
+        self.apply_dial(socket, receive)
     }
 
     /// Sets the starting send buffer on an accepted Unix socket.
@@ -285,23 +301,24 @@ mod tests {
             tunnel_max_window: 256 * 1024,
         };
         let tuning = args.socket_tuning();
-        tuning.apply(&socket).unwrap();
+        tuning.apply_accepted(&socket).unwrap();
         let sock = socket2::SockRef::from(&socket);
-        // Linux doubles the receive buffer for its bookkeeping; a socket starts small.
-        assert_eq!(sock.recv_buffer_size().unwrap(), 16 * 1024);
-        assert_eq!(
-            tuning.receive_buffer,
-            Some(EarnedBuffer {
-                start: 8 * 1024,
-                max: 64 * 1024
-            })
-        );
+        // Linux doubles the receive buffer for its bookkeeping.
+        assert_eq!(sock.recv_buffer_size().unwrap(), 128 * 1024);
         assert_eq!(sock.tcp_notsent_lowat().unwrap(), 16 * 1024);
+        let full = EarnedBuffer {
+            start: 64 * 1024,
+            max: 64 * 1024,
+        };
+        assert_eq!(tuning.dial_receive(false), Some(full));
+        let pressed = tuning.dial_receive(true).unwrap();
+        assert_eq!((pressed.start, pressed.max), (8 * 1024, 64 * 1024));
         let off = MemoryArgs {
             tunnel_receive_buffer: 0,
             tunnel_unsent_limit: 0,
             ..args
         };
         assert_eq!(off.socket_tuning(), SocketTuning::default());
+        assert_eq!(off.socket_tuning().dial_receive(true), None);
     }
 }

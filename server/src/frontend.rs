@@ -91,10 +91,6 @@ pub async fn serve_tcp(
     shutdown: CancellationToken,
     connections: TaskTracker,
 ) {
-    // Accepted connections start with the listener's receive buffer.
-    if let Err(error) = ctx.socket_tuning.apply_listener(&listener) {
-        warn!(%error, "setting the frontend's receive buffer");
-    }
     loop {
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {

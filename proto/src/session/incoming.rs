@@ -58,6 +58,7 @@ impl Session {
                         host,
                         port,
                         timeout_ms,
+                        window,
                     });
                 }
             }

@@ -188,10 +188,7 @@ async fn tunnel<S: ClientSocket>(mut socket: Box<S>, opened: Opened, ctx: &Conte
     let result = {
         let held = Held::new(&mut *socket, hold);
         splice::splice_metered(held, &stream, early, &mut moved, &meter)
-            .earning(
-                ctx.socket_tuning.receive_buffer,
-                ctx.socket_tuning.unix_send_buffer,
-            )
+            .earning(None, ctx.socket_tuning.unix_send_buffer)
             .await
     };
     ctx.metrics.tunnels_open.dec();

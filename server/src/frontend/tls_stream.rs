@@ -30,9 +30,6 @@ const READ_SIZE: usize = 64 * 1024;
 const RECORD_ROOM: usize = 16 * 1024 + 256 + 5;
 /// Plaintext encrypted per `poll_write` at most; more waits for the socket to take some.
 const WRITE_SIZE: usize = 64 * 1024;
-/// Plaintext encrypted per `poll_write` while the socket is backlogged (the last records had
-/// to wait for it): one record, so a client that stopped reading holds at most that much here.
-const BACKLOGGED_WRITE_SIZE: usize = MAX_FRAGMENT;
 /// Per-record expansion of TLS 1.3 AES-GCM (header, content type, tag); a first guess at the
 /// output size, corrected by rustls' `InsufficientSize` when it is wrong.
 const RECORD_OVERHEAD: usize = 5 + 1 + 16;
@@ -52,7 +49,6 @@ impl TlsStream {
             read_eof: false,
             io_eof: false,
             write_closed: false,
-            backlogged: false,
             budget: None,
             counted: 0,
         };
@@ -79,12 +75,9 @@ pub struct TlsStream {
     io_eof: bool,
     /// Our `close_notify` is queued: no more writes.
     write_closed: bool,
-    /// The records of the last write had to wait for the socket: the next write encrypts at
-    /// most [`BACKLOGGED_WRITE_SIZE`].
-    backlogged: bool,
     /// Where the records in `outgoing` count as tunnel data held ([`TlsStream::count_against`]).
     budget: Option<Budget>,
-    /// The bytes of `outgoing` counted in `budget` now.
+    /// The bytes of `outgoing`'s buffer counted in `budget` now.
     counted: usize,
 }
 
@@ -190,6 +183,16 @@ impl Pending {
         self.pos += n;
         if self.pos == self.buf.len() {
             self.buf = Vec::new();
+            self.pos = 0;
+        }
+    }
+
+    /// Lets go of room beyond what still waits, when that is most of the buffer: a buffer
+    /// sized for a whole write, kept for the few records its socket did not take, is what a
+    /// client that stopped reading would otherwise hold.
+    fn compact(&mut self) {
+        if self.buf.capacity() > 2 * self.len() {
+            self.buf = self.bytes().to_vec();
             self.pos = 0;
         }
     }
@@ -425,18 +428,22 @@ impl TlsStream {
         let _ = self.io.shutdown().await;
     }
 
-    /// Encrypts `plaintext` (at most `limit` bytes of it, starting with the first non-empty
-    /// slice) into `outgoing`; returns how many plaintext bytes it took.
-    fn encrypt(&mut self, slices: &[io::IoSlice<'_>], limit: usize) -> io::Result<usize> {
+    /// Encrypts `plaintext` (at most [`WRITE_SIZE`] bytes of it, starting with the first
+    /// non-empty slice) into `outgoing`; returns how many plaintext bytes it took.
+    fn encrypt(&mut self, slices: &[io::IoSlice<'_>]) -> io::Result<usize> {
         // Room for every record at once: grown slice by slice, the buffer's capacity would
         // double past what it holds, and a client that stops reading keeps it that size.
-        let plaintext = slices.iter().map(|s| s.len()).sum::<usize>().min(limit);
+        let plaintext = slices
+            .iter()
+            .map(|s| s.len())
+            .sum::<usize>()
+            .min(WRITE_SIZE);
         let room = plaintext + (plaintext.div_ceil(MAX_FRAGMENT) + slices.len()) * RECORD_OVERHEAD;
         self.outgoing.buf.reserve_exact(room);
         let mut taken = 0;
         let mut write = |traffic: &mut WriteTraffic<'_>, outgoing: &mut Pending| {
             for slice in slices {
-                let chunk = &slice[..slice.len().min(limit - taken)];
+                let chunk = &slice[..slice.len().min(WRITE_SIZE - taken)];
                 if chunk.is_empty() {
                     continue;
                 }
@@ -449,7 +456,7 @@ impl TlsStream {
                     )
                     .map_err(encrypt_error)?;
                 taken += chunk.len();
-                if taken == limit {
+                if taken == WRITE_SIZE {
                     break;
                 }
             }
@@ -490,22 +497,18 @@ impl TlsStream {
             return Poll::Ready(Ok(0));
         }
         // Earlier records first; while any still wait for the socket, so does the caller: a
-        // client that stopped reading holds at most one write's worth of records here, and
-        // once it has (`backlogged`), one record's.
+        // client that stopped reading holds at most one write's worth of records here.
         let sent = self.poll_send(cx);
         self.recount();
         if sent?.is_pending() {
             return Poll::Pending;
         }
-        let limit = if self.backlogged {
-            BACKLOGGED_WRITE_SIZE
-        } else {
-            WRITE_SIZE
-        };
-        let taken = self.encrypt(slices, limit)?;
+        let taken = self.encrypt(slices)?;
         // Whatever the socket does not take now goes with the next write, flush or shutdown.
         let sent = self.poll_send(cx);
-        self.backlogged = sent.is_pending();
+        if sent.is_pending() {
+            self.outgoing.compact();
+        }
         self.recount();
         if let Poll::Ready(Err(error)) = sent {
             return Poll::Ready(Err(error));
@@ -514,20 +517,19 @@ impl TlsStream {
     }
 
     /// Counts the encrypted records this stream holds for a client that has not taken them
-    /// (up to one write's worth, [`WRITE_SIZE`], then one record) as tunnel data held in
-    /// `budget`, beside what
+    /// (up to one write's worth, [`WRITE_SIZE`]) as tunnel data held in `budget`, beside what
     /// the sessions hold: a tunnel whose client stopped reading holds both.
     pub fn count_against(&mut self, budget: Budget) {
         self.budget = Some(budget);
         self.recount();
     }
 
-    /// Brings the budget's count of `outgoing` up to date.
+    /// Brings the budget's count of `outgoing` up to date: the memory its buffer takes.
     fn recount(&mut self) {
         let Some(budget) = &self.budget else {
             return;
         };
-        let now = self.outgoing.len();
+        let now = self.outgoing.buf.capacity();
         if now > self.counted {
             budget.hold((now - self.counted) as u64);
         } else {
