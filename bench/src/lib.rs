@@ -398,19 +398,25 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
     }
     if selected(Measurement::StalledReaders) {
         // Fresh processes and a target of its own, its sockets' send buffers small.
-        let rig = Rig::start(false, &extra)?;
+        let rig = Rig::start(true, &extra)?;
         let (target_process, firehose) = spawn_target_with(Some(stalled::TARGET_SEND_BUFFER))?;
-        let mut pids = rig.pids();
+        let mut pids = rig.all_pids();
         pids.push(target_process.pid());
         let noise = Noise::start(&pids);
-        runtime.block_on(stalled::run(
-            &rig,
-            firehose,
-            target.addr,
-            options.stalled_readers.unwrap_or(budget.stalled_readers),
-            &budget,
-            &mut report,
-        ));
+        // Both frontends: kube-apiserver dials the Unix socket on its own node, or mTLS.
+        for pair in [Some(rig.mtls_pair()), rig.uds_pair()]
+            .into_iter()
+            .flatten()
+        {
+            runtime.block_on(stalled::run(
+                pair,
+                firehose,
+                target.addr,
+                options.stalled_readers.unwrap_or(budget.stalled_readers),
+                &budget,
+                &mut report,
+            ));
+        }
         record_noise(&mut report, "stalled_readers", &noise);
         drop(rig);
         // konnectivity under the same stalled readers, when built.

@@ -214,7 +214,11 @@ pub(crate) async fn open_held(
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
                 .is_ok()
             {
-                let mut conn = route.open(target).await?;
+                let receive_buffer = match then {
+                    Use::Idle => None,
+                    Use::Stalled(_) => Some(crate::stalled::CLIENT_RECEIVE_BUFFER),
+                };
+                let mut conn = route.open_with(target, receive_buffer).await?;
                 match then {
                     Use::Idle => {
                         target::start_echo(&mut conn).await?;

@@ -27,6 +27,14 @@ pub struct Rig {
     uds: Option<UdsPair>,
 }
 
+/// One frontend's route and the server and agent behind it.
+#[derive(Debug, Clone, Copy)]
+pub struct Pair<'a> {
+    pub route: &'a Route,
+    pub server: &'a Server,
+    pub agent: &'a Agent,
+}
+
 #[derive(Debug)]
 struct UdsPair {
     server: Server,
@@ -139,6 +147,24 @@ impl Rig {
             process.wait_exit(left)?;
         }
         Ok(())
+    }
+
+    /// The mTLS frontend's route with its server and agent.
+    pub fn mtls_pair(&self) -> Pair<'_> {
+        Pair {
+            route: &self.mtls,
+            server: &self.server,
+            agent: &self.agent,
+        }
+    }
+
+    /// The Unix-socket frontend's route with its server and agent, when started.
+    pub fn uds_pair(&self) -> Option<Pair<'_>> {
+        self.uds.as_ref().map(|uds| Pair {
+            route: &uds.route,
+            server: &uds.server,
+            agent: &uds.agent,
+        })
     }
 
     /// Direct, mTLS and (when started) Unix socket.

@@ -104,12 +104,26 @@ impl Route {
 
     /// Opens a connection to `target`, within [`OPEN_TIMEOUT`].
     pub async fn open(&self, target: SocketAddr) -> anyhow::Result<Conn> {
-        tokio::time::timeout(OPEN_TIMEOUT, self.open_unbounded(target))
+        self.open_with(target, None).await
+    }
+
+    /// [`Route::open`], the client's TCP socket made with `receive_buffer` as its `SO_RCVBUF`
+    /// (the kernel's default if `None`).
+    pub async fn open_with(
+        &self,
+        target: SocketAddr,
+        receive_buffer: Option<u32>,
+    ) -> anyhow::Result<Conn> {
+        tokio::time::timeout(OPEN_TIMEOUT, self.open_unbounded(target, receive_buffer))
             .await
             .with_context(|| format!("{} did not open within {OPEN_TIMEOUT:?}", self.label()))?
     }
 
-    async fn open_unbounded(&self, target: SocketAddr) -> anyhow::Result<Conn> {
+    async fn open_unbounded(
+        &self,
+        target: SocketAddr,
+        receive_buffer: Option<u32>,
+    ) -> anyhow::Result<Conn> {
         match self {
             Route::Direct => {
                 let tcp = TcpStream::connect(target)
@@ -119,7 +133,9 @@ impl Route {
                 Ok(Box::new(tcp))
             }
             Route::Bridgehead(frontend) | Route::Peer { frontend, .. } => {
-                frontend.open(&target.to_string()).await
+                frontend
+                    .open_with(&target.to_string(), receive_buffer)
+                    .await
             }
         }
     }

@@ -17,23 +17,30 @@ use tokio::time::Instant;
 
 use crate::memory::{open_held, Use};
 use crate::report::{rate, Check, Outcome, Report};
-use crate::rig::Rig;
+use crate::rig::Pair;
 use crate::route::Route;
 use crate::throughput::{bulk, Bulk, Direction};
 use crate::Budget;
 use bridgehead_e2e::procfs;
 
 /// The firehose target's send buffer (the kernel doubles it).
-pub const TARGET_SEND_BUFFER: u32 = 16 * 1024;
+pub const TARGET_SEND_BUFFER: u32 = 8 * 1024;
+/// The stalled clients' receive buffer (the kernel doubles it). A client's kernel buffers are
+/// its own, on its own machine (kube-apiserver's, or kubectl's far away); on this one they
+/// would outweigh everything else, as the target's send buffers would. With the kernel's
+/// default (net.ipv4.tcp_rmem[1], 128 KiB here) each stalled client holds about 130 KiB.
+pub const CLIENT_RECEIVE_BUFFER: u32 = 8 * 1024;
 /// The stated overhead per stalled tunnel beyond the budget, server and agent each: an idle
-/// tunnel's cost (under 10 KiB, the idle measurement), the one TLS write of records (up to
-/// 64 KiB and their headers) the mTLS frontend has accepted for a client that stopped
-/// reading, and the WebSocket message buffers that stalled chunks keep alive.
-const PER_TUNNEL_OVERHEAD: u64 = 112 * 1024;
+/// tunnel's cost (under 10 KiB, the idle measurement), the TLS connection's state and the
+/// allocator's slack around the chunks a stalled tunnel holds. (The TLS records a stalled
+/// client has not taken count in the budget, and a held chunk keeps only its own stream's
+/// message.)
+const PER_TUNNEL_OVERHEAD: u64 = 24 * 1024;
 /// Bytes the server's and agent's own TCP sockets queue in the kernel per stalled tunnel, at
-/// most: the agent's target socket holds its receive window (`--tunnel-receive-buffer`), the
-/// server's client socket its unsent limit and one more segment.
-const KERNEL_PER_TUNNEL: u64 = 192 * 1024;
+/// most: the agent's target socket holds its receive buffer (`--tunnel-receive-buffer`, about
+/// 120 KiB; 12 KiB for tunnels asked for under memory pressure), the server's client socket
+/// its unsent limit.
+const KERNEL_PER_TUNNEL: u64 = 144 * 1024;
 /// A bulk download beside the stalled tunnels keeps at least this share of its speed alone.
 const MIN_SHARE: f64 = 0.9;
 /// TCP memory counts as far from pressure below this share of `tcp_mem`'s first threshold.
@@ -58,7 +65,7 @@ struct Held {
     kernel_queued: (u64, u64),
 }
 
-fn held(rig: &Rig) -> Held {
+fn held(rig: Pair<'_>) -> Held {
     let [server, agent] = [rig.server.process.pid(), rig.agent.process.pid()];
     Held {
         server_rss: procfs::rss_bytes(server).unwrap_or(0),
@@ -82,7 +89,7 @@ fn held(rig: &Rig) -> Held {
 /// Runs the measurement with `count` stalled tunnels on `rig` (fresh) to `firehose` (a target
 /// serving with [`TARGET_SEND_BUFFER`]), the bulk downloads from `target`.
 pub async fn run(
-    rig: &Rig,
+    rig: Pair<'_>,
     firehose: SocketAddr,
     target: SocketAddr,
     count: usize,
@@ -94,12 +101,13 @@ pub async fn run(
         .server
         .metric("bridgehead_server_tunnel_memory_budget_bytes")
         .unwrap_or(0.0) as u64;
+    let label = rig.route.label();
     eprintln!(
-        "== memory under {count} stalled readers (--tunnel-memory-budget {} MiB)",
+        "== memory under {count} stalled readers, {label} (--tunnel-memory-budget {} MiB)",
         memory_budget >> 20
     );
-    let what = format!("{count} stalled readers");
-    let alone = match downloads(&rig.mtls, target, budget).await {
+    let what = format!("{count} stalled readers, {label}");
+    let alone = match downloads(rig.route, target, budget).await {
         Ok(alone) => alone,
         Err(error) => return report.failed(&what, "-", &error),
     };
@@ -109,7 +117,7 @@ pub async fn run(
     let conns = Arc::new(Mutex::new(Vec::new()));
     let started = Instant::now();
     let stalled = Use::Stalled(STALL_FOR);
-    if let Err(error) = open_held(&rig.mtls, firehose, count, &conns, stalled).await {
+    if let Err(error) = open_held(rig.route, firehose, count, &conns, stalled).await {
         return report.failed(&what, "all open", &error);
     }
     let open_seconds = started.elapsed().as_secs_f64();
@@ -123,7 +131,7 @@ pub async fn run(
         stalled.agent_rss >> 20,
         stalled.tcp_pages
     );
-    let beside = downloads(&rig.mtls, target, budget).await;
+    let beside = downloads(rig.route, target, budget).await;
     let after = held(rig);
     let have = conns.lock().map_or(0, |c| c.len());
     let beside = match beside {
@@ -159,6 +167,7 @@ pub async fn run(
     let _ = report.record(
         "stalled_readers",
         json!({
+            "route": label,
             "tunnels": have,
             "wanted": count,
             "memory_budget": memory_budget,
@@ -183,8 +192,9 @@ pub async fn run(
         }),
     );
     report.row(
-        "Memory under stalled readers (mTLS; each target streams into a client that never reads)",
+        "Memory under stalled readers (each target streams into a client that never reads)",
         &[
+            "frontend",
             "tunnels",
             "server RSS growth (buffered)",
             "agent RSS growth (buffered)",
@@ -194,6 +204,7 @@ pub async fn run(
             "bulk beside",
         ],
         vec![
+            label.to_owned(),
             have.to_string(),
             format!(
                 "{} MiB ({} MiB)",
@@ -216,7 +227,7 @@ pub async fn run(
         ],
     );
     let _ = report.check(Check {
-        what: format!("server and agent RSS growth, {count} stalled readers"),
+        what: format!("server and agent RSS growth, {count} stalled readers, {label}"),
         bridgehead: format!(
             "server +{} MiB, agent +{} MiB",
             server_growth >> 20,
@@ -232,7 +243,9 @@ pub async fn run(
         outcome: Outcome::of(have == count && server_growth <= bound && agent_growth <= bound),
     });
     let _ = report.check(Check {
-        what: format!("server and agent kernel queues per tunnel, {count} stalled readers"),
+        what: format!(
+            "server and agent kernel queues per tunnel, {count} stalled readers, {label}"
+        ),
         bridgehead: format!("{} KiB", kernel_per >> 10),
         direct: "-".to_owned(),
         ratio: "-".to_owned(),
@@ -241,7 +254,7 @@ pub async fn run(
     });
     let far = (low as f64 * FAR_FROM_PRESSURE) as u64;
     let _ = report.check(Check {
-        what: format!("machine TCP memory, {count} stalled readers"),
+        what: format!("machine TCP memory, {count} stalled readers, {label}"),
         bridgehead: format!("{} pages", stalled.tcp_pages),
         direct: "-".to_owned(),
         ratio: format!(
@@ -252,7 +265,7 @@ pub async fn run(
         outcome: Outcome::of(low > 0 && stalled.tcp_pages <= far),
     });
     let _ = report.check(Check {
-        what: format!("bulk download beside {count} stalled readers"),
+        what: format!("bulk download beside {count} stalled readers, {label}"),
         bridgehead: rate(beside),
         direct: format!("{} alone", rate(alone)),
         ratio: format!("{share:.2}"),
@@ -371,7 +384,7 @@ async fn downloads(route: &Route, target: SocketAddr, budget: &Budget) -> anyhow
 
 /// Waits until the processes' RSS and buffered bytes stopped moving (less than 1 % between two
 /// samples), at most [`SETTLE_MAX`]; returns the last sample.
-async fn settle(rig: &Rig) -> Held {
+async fn settle(rig: Pair<'_>) -> Held {
     let deadline = Instant::now() + SETTLE_MAX;
     let mut last = held(rig);
     loop {

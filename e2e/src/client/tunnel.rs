@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use rustls::pki_types::ServerName;
 use rustls::ClientConfig;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::{TcpSocket, UnixStream};
 use tokio_rustls::TlsConnector;
 
 use super::kube;
@@ -62,11 +62,25 @@ impl Frontend {
 
     /// A connection to the frontend, TLS handshake done, nothing sent yet.
     pub async fn connect(&self) -> anyhow::Result<AsyncConn> {
+        self.connect_with(None).await
+    }
+
+    /// [`Frontend::connect`], a TCP connection made with `receive_buffer` as its `SO_RCVBUF`
+    /// (the kernel's default if `None`; a Unix socket has none).
+    pub async fn connect_with(&self, receive_buffer: Option<u32>) -> anyhow::Result<AsyncConn> {
+        let tcp = |addr: SocketAddr| async move {
+            let socket = match addr {
+                SocketAddr::V4(_) => TcpSocket::new_v4()?,
+                SocketAddr::V6(_) => TcpSocket::new_v6()?,
+            };
+            if let Some(size) = receive_buffer {
+                socket.set_recv_buffer_size(size)?;
+            }
+            socket.connect(addr).await
+        };
         match self {
             Frontend::Mtls { addr, connector } => {
-                let tcp = TcpStream::connect(addr)
-                    .await
-                    .context("connecting to the frontend")?;
+                let tcp = tcp(*addr).await.context("connecting to the frontend")?;
                 tcp.set_nodelay(true)?;
                 let name = ServerName::IpAddress(addr.ip().into());
                 let tls = connector
@@ -82,7 +96,7 @@ impl Frontend {
                 Ok(Box::new(socket))
             }
             Frontend::Tcp { addr } => {
-                let tcp = TcpStream::connect(addr)
+                let tcp = tcp(*addr)
                     .await
                     .with_context(|| format!("connecting to {addr}"))?;
                 tcp.set_nodelay(true)?;
@@ -93,7 +107,16 @@ impl Frontend {
 
     /// A tunnel to `target`: [`Frontend::connect`], then [`connect`].
     pub async fn open(&self, target: &str) -> anyhow::Result<AsyncConn> {
-        let conn = self.connect().await?;
+        self.open_with(target, None).await
+    }
+
+    /// [`Frontend::open`] over [`Frontend::connect_with`] `receive_buffer`.
+    pub async fn open_with(
+        &self,
+        target: &str,
+        receive_buffer: Option<u32>,
+    ) -> anyhow::Result<AsyncConn> {
+        let conn = self.connect_with(receive_buffer).await?;
         connect(conn, target).await
     }
 }
