@@ -92,7 +92,7 @@ fn run(delay: Duration, window: Option<String>) {
             let seconds = started.elapsed().as_secs_f64();
             println!(
             "{applied}; --tunnel-max-window {}: {} MiB in {seconds:.1} s, {:.1} MiB/s; per 32 MiB: {}",
-            window.as_deref().unwrap_or("default (256Ki)"),
+            window.as_deref().unwrap_or("default (1Mi)"),
             TOTAL >> 20,
             mib(TOTAL) / seconds,
             steps.join(", ")

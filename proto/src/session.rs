@@ -29,7 +29,7 @@ use stream::{Phase, Stream};
 /// shrinks it; see [`crate::budget`]).
 pub const DEFAULT_INITIAL_WINDOW: u32 = 64 * 1024;
 /// Default largest receive window a reading stream earns.
-pub const DEFAULT_MAX_WINDOW: u32 = 256 * 1024;
+pub const DEFAULT_MAX_WINDOW: u32 = 1024 * 1024;
 /// Largest credit a peer may hold out on one stream at any time (16 MiB): a DIAL or DIAL_OK
 /// window, or a WINDOW that would take the credit above it, resets the stream
 /// (`flow_control`). A peer granting more would only make this end read its client faster

@@ -727,15 +727,15 @@ fn a_reading_stream_earns_its_window_up_to_the_maximum() {
     let mut server = budgeted(&budget);
     let (id, window) = dial_window(&mut server);
     assert_eq!(window, 64 * 1024);
-    // The window grows with what was read (an eighth of it) to 256 KiB and no further.
-    let after_grants = keep_reading(&mut server, id, window, 8 << 20);
+    // The window grows with what was read (an eighth of it) to 1 MiB and no further.
+    let after_grants = keep_reading(&mut server, id, window, 16 << 20);
     assert!(
         after_grants
             .iter()
-            .all(|&(read, credit)| credit <= (read / EARN_DIVISOR).clamp(64 << 10, 256 << 10)),
+            .all(|&(read, credit)| credit <= (read / EARN_DIVISOR).clamp(64 << 10, 1 << 20)),
         "a window grew before it was earned: {after_grants:?}"
     );
-    assert_eq!(after_grants.iter().map(|&(_, c)| c).max(), Some(256 << 10));
+    assert_eq!(after_grants.iter().map(|&(_, c)| c).max(), Some(1 << 20));
     assert_eq!(budget.buffered(), 0);
 }
 
@@ -807,8 +807,8 @@ fn pressure_caps_what_a_reading_stream_is_granted() {
         let (id, window) = dial_window(&mut server);
         deliver(&mut server, id, window as usize);
     }
-    // ...so a stream that reads 8 MiB, which would earn 256 KiB, holds about 136 KiB: the
-    // cap half way between 3/4 and all of the budget.
+    // ...so a stream that reads 8 MiB, which would earn 1 MiB, holds about 510 KiB: the cap
+    // half way between 3/4 and all of the budget.
     let (fast, window) = dial_window(&mut server);
     assert_eq!(
         window, MIN_WINDOW,
@@ -817,7 +817,7 @@ fn pressure_caps_what_a_reading_stream_is_granted() {
     let after_grants = keep_reading(&mut server, fast, window, 8 << 20);
     let most = after_grants.iter().map(|&(_, c)| c).max().unwrap();
     assert!(
-        (128 * 1024..=140 * 1024).contains(&most),
+        (500 * 1024..=528 * 1024).contains(&most),
         "the reading stream held {most} at 7/8 pressure: {after_grants:?}"
     );
 }

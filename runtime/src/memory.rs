@@ -37,12 +37,13 @@ pub struct MemoryArgs {
     pub tunnel_unsent_limit: u64,
     /// Largest receive window one tunnel earns by reading (each direction's receiver grants
     /// it: the server for downloads, the agent for uploads). One tunnel moves at most about
-    /// half of it per round trip of the agent link, so a link with latency wants more than
-    /// the default: 256Ki carries about 12 MiB/s at 10 ms, 4Mi about 200 MiB/s. Only tunnels
+    /// half of it per round trip of the agent link, and even on loopback the round trip
+    /// through both processes is what limits one tunnel: the default 1Mi carries about
+    /// 50 MiB/s at 10 ms, 4Mi about 200 MiB/s. Only tunnels
     /// that keep reading earn it (an eighth of what they read so far), and the memory budget
     /// still bounds what all tunnels hold together. 64Ki (the window a tunnel starts with)
     /// to 16Mi (the most credit the protocol lets a peer hold); a size.
-    #[arg(long, env = "BRIDGEHEAD_TUNNEL_MAX_WINDOW", default_value = "256Ki", value_parser = parse_window, value_name = "SIZE")]
+    #[arg(long, env = "BRIDGEHEAD_TUNNEL_MAX_WINDOW", default_value = "1Mi", value_parser = parse_window, value_name = "SIZE")]
     pub tunnel_max_window: u32,
 }
 
