@@ -19,32 +19,21 @@ async fn bounded<F: std::future::Future>(body: F) -> F::Output {
         .expect("test timed out")
 }
 
+/// [`dial`] within 5 s, with the default policy and the kernel's socket buffers.
+async fn dial_loopback(host: &str, port: u16) -> Result<TcpStream, DialError> {
+    dial(host, port, Duration::from_secs(5), &Policy::default(), None).await
+}
+
 #[tokio::test]
 async fn connects_to_a_listener() {
     bounded(async {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let socket = dial(
-            "127.0.0.1",
-            port,
-            Duration::from_secs(5),
-            &Policy::default(),
-            None,
-        )
-        .await
-        .unwrap();
+        let socket = dial_loopback("127.0.0.1", port).await.unwrap();
         assert!(socket.nodelay().unwrap());
         // Names resolve on the agent; if "localhost" also resolves to ::1, where nothing listens,
         // the next address is tried.
-        dial(
-            "localhost",
-            port,
-            Duration::from_secs(5),
-            &Policy::default(),
-            None,
-        )
-        .await
-        .unwrap();
+        dial_loopback("localhost", port).await.unwrap();
     })
     .await
 }
@@ -55,15 +44,7 @@ async fn closed_port_is_refused() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         drop(listener);
-        let error = dial(
-            "127.0.0.1",
-            port,
-            Duration::from_secs(5),
-            &Policy::default(),
-            None,
-        )
-        .await
-        .unwrap_err();
+        let error = dial_loopback("127.0.0.1", port).await.unwrap_err();
         assert_eq!(error.code(), ErrorCode::Refused, "{error}");
         assert!(error.to_string().contains("127.0.0.1"), "{error}");
     })
@@ -78,15 +59,7 @@ async fn ipv6_literal_without_brackets() {
             return;
         };
         let port = listener.local_addr().unwrap().port();
-        dial(
-            "::1",
-            port,
-            Duration::from_secs(5),
-            &Policy::default(),
-            None,
-        )
-        .await
-        .unwrap();
+        dial_loopback("::1", port).await.unwrap();
     })
     .await
 }
