@@ -38,9 +38,9 @@ pub const CLIENT_RECEIVE_BUFFER: u32 = 8 * 1024;
 const PER_TUNNEL_OVERHEAD: u64 = 24 * 1024;
 /// Bytes the server's and agent's own TCP sockets queue in the kernel per stalled tunnel, at
 /// most: the agent's target socket holds its receive buffer (`--tunnel-receive-buffer`, about
-/// 120 KiB; 12 KiB for tunnels asked for under memory pressure), the server's client socket
+/// 240 KiB; 12 KiB for tunnels asked for under memory pressure), the server's client socket
 /// its unsent limit.
-const KERNEL_PER_TUNNEL: u64 = 144 * 1024;
+const KERNEL_PER_TUNNEL: u64 = 272 * 1024;
 /// A bulk download beside the stalled tunnels keeps at least this share of its speed alone.
 const MIN_SHARE: f64 = 0.9;
 /// TCP memory counts as far from pressure below this share of `tcp_mem`'s first threshold.

@@ -7,7 +7,7 @@
 //! up holds at most a frame or two at any moment. So the policy sizes windows by what is
 //! buffered now, the process's *pressure* (buffered / budget):
 //!
-//! - a new stream starts with the configured initial window while pressure is below 1/8, a
+//! - a new stream starts with the configured initial window while pressure is below 1/16, a
 //!   window shrinking linearly to [`MIN_WINDOW`] as pressure goes to 1/4, and [`MIN_WINDOW`]
 //!   beyond: many stalled streams make every later stream start small, early enough that
 //!   thousands of them stay well below the 3/4 where reading streams' windows begin to
@@ -118,7 +118,7 @@ impl Budget {
 
     /// The window a new stream starts with, for a configured `initial` window.
     pub fn initial_window(&self, initial: u32) -> u32 {
-        shrink(initial, self.pressure(), ONE / 8, ONE / 4)
+        shrink(initial, self.pressure(), ONE / 16, ONE / 4)
     }
 
     /// The window a stream whose window is `current` and that has read `read` bytes so far
@@ -157,12 +157,12 @@ mod tests {
     }
 
     #[test]
-    fn new_streams_start_small_once_an_eighth_is_buffered() {
+    fn new_streams_start_small_once_a_sixteenth_is_buffered() {
         let limit = 1024 * 1024;
         assert_eq!(at(limit, 0).initial_window(64 * KIB), 64 * KIB);
-        assert_eq!(at(limit, limit / 8).initial_window(64 * KIB), 64 * KIB);
-        // Half way between 1/8 and 1/4: half way between 64 and 16 KiB.
-        assert_eq!(at(limit, limit * 3 / 16).initial_window(64 * KIB), 40 * KIB);
+        assert_eq!(at(limit, limit / 16).initial_window(64 * KIB), 64 * KIB);
+        // Half way between 1/16 and 1/4: half way between 64 and 16 KiB.
+        assert_eq!(at(limit, limit * 5 / 32).initial_window(64 * KIB), 40 * KIB);
         assert_eq!(at(limit, limit / 4).initial_window(64 * KIB), MIN_WINDOW);
         assert_eq!(at(limit, limit * 2).initial_window(64 * KIB), MIN_WINDOW);
         // Windows configured below the floor are never raised to it.

@@ -28,7 +28,7 @@ pub struct MemoryArgs {
     /// likewise start at 8Ki and earn Linux's default. 0 leaves every socket to the kernel's
     /// autotuning, up to net.ipv4.tcp_rmem's maximum (megabytes per socket). A size, as for
     /// --tunnel-memory-budget.
-    #[arg(long, env = "BRIDGEHEAD_TUNNEL_RECEIVE_BUFFER", default_value = "64Ki", value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, env = "BRIDGEHEAD_TUNNEL_RECEIVE_BUFFER", default_value = "128Ki", value_parser = parse_size, value_name = "SIZE")]
     pub tunnel_receive_buffer: u64,
     /// Most bytes a tunnel TCP socket this process owns keeps queued but not yet sent
     /// (TCP_NOTSENT_LOWAT): what a tunnel whose reader stopped holds in the kernel on the
@@ -111,7 +111,7 @@ impl SocketTuning {
     /// the buffer it then has, and one that starts below 64 KiB can never announce a window
     /// of more than 64 KiB. On loopback, where a segment is 64 KiB, that costs a bulk tunnel
     /// 15-30 % more CPU per GiB (docs/benchmarks.md). Under pressure, what stalled tunnels
-    /// hold in the kernel matters more: each holds about 12 KiB instead of 120 KiB.
+    /// hold in the kernel matters more: each holds about 12 KiB instead of 240 KiB.
     pub fn dial_receive(&self, pressed: bool) -> Option<EarnedBuffer> {
         let max = self.receive_buffer?;
         let start = if pressed { START_BUFFER.min(max) } else { max };
@@ -297,7 +297,7 @@ mod tests {
         let socket = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let args = MemoryArgs {
             tunnel_memory_budget: 1,
-            tunnel_receive_buffer: 64 * 1024,
+            tunnel_receive_buffer: 128 * 1024,
             tunnel_unsent_limit: 16 * 1024,
             tunnel_max_window: 256 * 1024,
         };
@@ -305,15 +305,15 @@ mod tests {
         tuning.apply_accepted(&socket).unwrap();
         let sock = socket2::SockRef::from(&socket);
         // Linux doubles the receive buffer for its bookkeeping.
-        assert_eq!(sock.recv_buffer_size().unwrap(), 128 * 1024);
+        assert_eq!(sock.recv_buffer_size().unwrap(), 256 * 1024);
         assert_eq!(sock.tcp_notsent_lowat().unwrap(), 16 * 1024);
         let full = EarnedBuffer {
-            start: 64 * 1024,
-            max: 64 * 1024,
+            start: 128 * 1024,
+            max: 128 * 1024,
         };
         assert_eq!(tuning.dial_receive(false), Some(full));
         let pressed = tuning.dial_receive(true).unwrap();
-        assert_eq!((pressed.start, pressed.max), (8 * 1024, 64 * 1024));
+        assert_eq!((pressed.start, pressed.max), (8 * 1024, 128 * 1024));
         let off = MemoryArgs {
             tunnel_receive_buffer: 0,
             tunnel_unsent_limit: 0,
