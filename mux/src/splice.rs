@@ -276,6 +276,10 @@ impl<S> Earning<S> {
 
     /// Gives `socket` the buffer `moved` bytes earned, if that is larger than its own.
     fn grow(&mut self, socket: &S, moved: u64) {
+        // Once at the largest, every later read or write costs one comparison.
+        if self.size >= self.policy.max {
+            return;
+        }
         let size = self.policy.size(moved);
         if size > self.size {
             self.size = size;
