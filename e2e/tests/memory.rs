@@ -470,6 +470,39 @@ fn settled(what: &str, mut measure: impl FnMut() -> u64) -> u64 {
     last
 }
 
+/// A target that sends `bytes` to the one connection it accepts, then says what size of
+/// segment it sent them in: what its peer asked for in the handshake, at most half the largest
+/// window the peer offered.
+fn segment_probe(bytes: usize) -> (SocketAddr, std::thread::JoinHandle<u32>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let probe = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let block = vec![0x42u8; 64 * 1024];
+        for _ in 0..bytes / block.len() {
+            stream.write_all(&block).unwrap();
+        }
+        socket2::SockRef::from(&stream).tcp_mss().unwrap()
+    });
+    (addr, probe)
+}
+
+/// The segment size a 4 MiB download through a fresh tunnel reaches the agent in.
+fn download_segment(path: &Path) -> u32 {
+    const BYTES: usize = 4 << 20;
+    let (probe, sent) = segment_probe(BYTES);
+    let (mut conn, reply) = connect(path, probe);
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    let mut read = reply.extra.len();
+    let mut buf = vec![0u8; 256 * 1024];
+    while read < BYTES {
+        let n = conn.read(&mut buf).unwrap();
+        assert!(n > 0, "the download ended after {read} bytes");
+        read += n;
+    }
+    sent.join().unwrap()
+}
+
 /// Tunnels whose clients stopped reading a firehose hold little in the kernel. On the server,
 /// each Unix-socket client's send buffer starts small and a stalled one earns nothing
 /// (Linux's default lets each hold about 200 KiB its client has not read). On the agent, the
@@ -477,15 +510,23 @@ fn settled(what: &str, mut measure: impl FnMut() -> u64) -> u64 {
 /// sixteenth of it held) start at a 16 KiB receive buffer and earn nothing either (the usual
 /// 128Ki holds about 240 KiB), while those asked for before keep the full buffer (its window
 /// scale is fixed at the handshake, and a bulk tunnel needs it). A tunnel that reads beside
-/// them still moves every byte.
+/// them still moves every byte. On loopback, whose segments are 64 KiB, a socket that starts
+/// small asks for segments of 8 KiB, so that its window, capped at 64 KiB, holds several.
 #[test]
 fn stalled_readers_hold_little_in_the_kernel() {
     const BUDGET: u64 = 2 << 20;
     const TUNNELS: usize = 40;
+    const SMALL_SEGMENT: u32 = 8 * 1024;
     let pki = Pki::new().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bridgehead.sock");
     let (server, agent) = pair(&pki, &path, &["--tunnel-memory-budget", "2Mi"], &[]);
+    let segment = download_segment(&path);
+    assert!(
+        segment > SMALL_SEGMENT,
+        "a download before the pressure came in {segment}-byte segments"
+    );
+    wait_until("the budget to empty", || server_buffered(&server) == 0);
     let agent_pid = agent.process.pid();
     let firehose = target::source("127.0.0.1:0", usize::MAX).unwrap();
     let at_agent = || bridgehead_e2e::procfs::tcp_queued_to(agent_pid, firehose.port());
@@ -530,6 +571,11 @@ fn stalled_readers_hold_little_in_the_kernel() {
     assert!(
         per_socket[..pressed].iter().all(|&rx| rx <= 16 * 1024),
         "{pressed} of the agent's target sockets should hold at most 16 KiB: {per_socket:?}"
+    );
+    let segment = download_segment(&path);
+    assert!(
+        segment <= SMALL_SEGMENT,
+        "a download under pressure came in {segment}-byte segments"
     );
     drop(stalled);
     wait_until("the budget to empty", || server_buffered(&server) == 0);

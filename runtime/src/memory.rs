@@ -69,6 +69,18 @@ fn parse_window(input: &str) -> Result<u32, String> {
 /// stop growing on Linux (a TCP socket that starts at 4 KiB keeps 4 KiB windows whatever
 /// buffer it is given later).
 pub const START_BUFFER: u32 = 8 * 1024;
+/// A receive buffer below this at the handshake gives a TCP socket window scale 0: its window
+/// can never pass 64 KiB, whatever buffer it earns later.
+const SCALED_BUFFER: u32 = 64 * 1024;
+/// The largest segment a socket dialed with a receive buffer below [`SCALED_BUFFER`] asks
+/// its peer for (`TCP_MAXSEG`, announced in the handshake): an eighth of the 64 KiB its
+/// window is capped at. Loopback's segments are 64 KiB, so without it such a window holds one
+/// segment and the sender waits for each to be read and acknowledged before it sends the
+/// next (stop and wait); on other links the path's own segment (1,448 bytes on Ethernet) is
+/// smaller and this changes nothing. On loopback with every target socket started small,
+/// 8 KiB segments bring back about half of what the small start costs a download
+/// (docs/benchmarks.md, "Memory under stalled readers").
+pub const SMALL_WINDOW_SEGMENT: u32 = 8 * 1024;
 /// The most a Unix-socket client's send buffer earns: Linux's default for Unix sockets
 /// (net.core.wmem_default, 208 KiB once doubled), which a bulk download needs to keep its
 /// speed (half of it costs a third).
@@ -110,7 +122,8 @@ impl SocketTuning {
     /// Why not always start small: a TCP socket's window scale is fixed in its handshake by
     /// the buffer it then has, and one that starts below 64 KiB can never announce a window
     /// of more than 64 KiB. On loopback, where a segment is 64 KiB, that costs a bulk tunnel
-    /// 15-30 % more CPU per GiB (docs/benchmarks.md). Under pressure, what stalled tunnels
+    /// 15-30 % more CPU per GiB, about half of that once it asks for smaller segments
+    /// ([`SMALL_WINDOW_SEGMENT`]; docs/benchmarks.md). Under pressure, what stalled tunnels
     /// hold in the kernel matters more: each holds about 12 KiB instead of 240 KiB.
     pub fn dial_receive(&self, pressed: bool) -> Option<EarnedBuffer> {
         let max = self.receive_buffer?;
@@ -121,20 +134,18 @@ impl SocketTuning {
     /// Sets the options on a TCP socket about to connect, its receive buffer at
     /// `receive.start`. Set before `connect`, the receive buffer also bounds the window
     /// announced in the handshake, and only then: a buffer made smaller than a window already
-    /// announced stalls the sender.
+    /// announced stalls the sender. A start too small for a window scale also asks for
+    /// segments of at most [`SMALL_WINDOW_SEGMENT`].
     pub fn apply_dial(
         &self,
         socket: &impl AsFd,
         receive: Option<EarnedBuffer>,
     ) -> std::io::Result<()> {
         let sock = socket2::SockRef::from(socket);
-        if let Some(receive) = receive {
-            sock.set_recv_buffer_size(receive.start as usize)?;
+        if receive.is_some_and(|receive| receive.start < SCALED_BUFFER) {
+            sock.set_tcp_mss(SMALL_WINDOW_SEGMENT)?;
         }
-        if let Some(limit) = self.unsent_limit {
-            sock.set_tcp_notsent_lowat(limit)?;
-        }
-        Ok(())
+        self.apply(&sock, receive)
     }
 
     /// Sets the options on an accepted TCP socket (a CONNECT client): the receive buffer and
@@ -143,7 +154,21 @@ impl SocketTuning {
         let receive = self
             .receive_buffer
             .map(|max| EarnedBuffer { start: max, max });
-        self.apply_dial(socket, receive)
+        self.apply(&socket2::SockRef::from(socket), receive)
+    }
+
+    fn apply(
+        &self,
+        sock: &socket2::SockRef<'_>,
+        receive: Option<EarnedBuffer>,
+    ) -> std::io::Result<()> {
+        if let Some(receive) = receive {
+            sock.set_recv_buffer_size(receive.start as usize)?;
+        }
+        if let Some(limit) = self.unsent_limit {
+            sock.set_tcp_notsent_lowat(limit)?;
+        }
+        Ok(())
     }
 
     /// Sets the starting send buffer on an accepted Unix socket.
@@ -321,5 +346,31 @@ mod tests {
         };
         assert_eq!(off.socket_tuning(), SocketTuning::default());
         assert_eq!(off.socket_tuning().dial_receive(true), None);
+    }
+
+    /// Only a socket that starts too small for a window scale asks for small segments (the
+    /// kernel reports the asked-for segment until the socket connects).
+    #[test]
+    fn a_small_start_asks_for_small_segments() {
+        let args = MemoryArgs {
+            tunnel_memory_budget: 1,
+            tunnel_receive_buffer: 128 * 1024,
+            tunnel_unsent_limit: 16 * 1024,
+            tunnel_max_window: 256 * 1024,
+        };
+        let tuning = args.socket_tuning();
+        for (pressed, small) in [(true, true), (false, false)] {
+            let socket =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            tuning
+                .apply_dial(&socket, tuning.dial_receive(pressed))
+                .unwrap();
+            let asked = socket.tcp_mss().unwrap();
+            assert_eq!(
+                asked == SMALL_WINDOW_SEGMENT,
+                small,
+                "pressed {pressed}: {asked}"
+            );
+        }
     }
 }
