@@ -56,6 +56,56 @@ fn server_and_agent_log_json_lines() {
     );
 }
 
+/// At `info` (the level without `-v` or `RUST_LOG`) nothing below it shows, the libraries'
+/// lines included: a directive that capped rustls at debug once switched its lines on, two to
+/// ten for every TLS handshake.
+#[test]
+fn info_shows_no_library_debug_lines() {
+    let pki = Pki::new().unwrap();
+    let info = vec![("RUST_LOG".to_owned(), "info".to_owned())];
+    let json = vec!["--log-format".to_owned(), "json".to_owned()];
+    let server = Server::start(
+        &pki,
+        ServerOptions {
+            args: json.clone(),
+            env: info.clone(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let agent = Agent::start(
+        &pki,
+        &server,
+        AgentOptions {
+            args: json,
+            env: info,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    server.wait_agents(1).unwrap();
+    let echo = bridgehead_e2e::target::echo("127.0.0.1:0").unwrap();
+    let mut conn = bridgehead_e2e::client::tls_connect(&pki, server.frontend_addr()).unwrap();
+    let reply = kube_connect(conn.as_mut(), &echo.to_string()).unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    echo_round_trip(conn.as_mut(), b"ping");
+    drop(conn);
+    for (what, log) in [
+        ("server", server.process.stderr()),
+        ("agent", agent.process.stderr()),
+    ] {
+        let lines = json_lines(&log);
+        assert!(!lines.is_empty(), "{what} logged nothing");
+        for line in lines {
+            let level = line["level"].as_str().unwrap_or_default();
+            assert!(
+                ["INFO", "WARN", "ERROR"].contains(&level),
+                "{what} logged below info: {line}"
+            );
+        }
+    }
+}
+
 /// At trace level, neither binary logs the agent's bearer token or a byte of tunnel data (the
 /// WebSocket and TLS libraries' trace output is capped).
 #[test]

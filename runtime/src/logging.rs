@@ -106,7 +106,8 @@ impl FromStr for LogFormat {
 /// Libraries whose trace output carries secrets or tunnel bytes: tungstenite logs the upgrade
 /// request with the agent's `Authorization` header, the TLS and HTTP layers log records and
 /// headers (the server's own credentials towards kube-apiserver, an agent's token inside a
-/// TokenReview). They are capped at `debug`, whatever `RUST_LOG` asks.
+/// TokenReview). Their trace lines are dropped, whatever `RUST_LOG` asks; their debug lines
+/// show only where the filter asks for debug.
 const CAPPED: [&str; 11] = [
     "tungstenite",
     "tokio_tungstenite",
@@ -121,19 +122,25 @@ const CAPPED: [&str; 11] = [
     "kube_client",
 ];
 
-/// `level` with the capped libraries held at debug.
+/// Whether a span or event of `target` at `level` is a capped library's trace output.
+fn capped(target: &str, level: &tracing::Level) -> bool {
+    *level == tracing::Level::TRACE
+        && CAPPED.iter().any(|library| {
+            target
+                .strip_prefix(library)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+        })
+}
+
+/// The filter for `level` (or `RUST_LOG`, when `from_env` and it is set). The cap is not a
+/// directive here: `rustls=debug` would switch rustls' debug lines on at the default `info`
+/// (every TLS handshake logged them until it was a filter of its own, [`capped`]).
 fn filter(level: &str, from_env: bool) -> EnvFilter {
-    let mut filter = if from_env {
+    if from_env {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level))
     } else {
         EnvFilter::new(level)
-    };
-    for target in CAPPED {
-        if let Ok(cap) = format!("{target}=debug").parse() {
-            filter = filter.add_directive(cap);
-        }
     }
-    filter
 }
 
 /// One output: lines in `format` to `writer`.
@@ -184,6 +191,9 @@ pub fn init(format: LogFormat, settings: &LogSettings) {
                 .boxed()
         }
     };
+    let layers = layers.with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+        !capped(meta.target(), meta.level())
+    }));
     // A second init (tests calling run twice) keeps the first subscriber.
     if tracing_subscriber::registry()
         .with(filter)
@@ -334,6 +344,23 @@ mod tests {
             (&unbounded).write_all(b"0123456789\n").unwrap();
         }
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 7 + 110);
+    }
+
+    #[test]
+    fn only_the_capped_libraries_trace_output_is_dropped() {
+        use tracing::Level;
+        for (target, level, dropped) in [
+            ("rustls::server::hs", Level::TRACE, true),
+            ("rustls", Level::TRACE, true),
+            ("hyper_util::client", Level::TRACE, true),
+            ("tungstenite::handshake", Level::TRACE, true),
+            ("rustls::server::hs", Level::DEBUG, false),
+            ("hyper", Level::INFO, false),
+            ("rustlsx", Level::TRACE, false),
+            ("bridgehead_mux::driver", Level::TRACE, false),
+        ] {
+            assert_eq!(capped(target, &level), dropped, "{target} at {level}");
+        }
     }
 
     #[test]
