@@ -266,8 +266,8 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         bridgehead_runtime::limits::raise_nofile_to(Some(want_fds.max(65_536))).unwrap_or(u64::MAX);
     let machine = Machine::read();
     eprintln!(
-        "machine: {} x {}, kernel {}, load {}; RLIMIT_NOFILE {nofile}",
-        machine.nproc, machine.cpu, machine.kernel, machine.load
+        "machine: {} x {}, kernel {}, TCP {}, load {}; RLIMIT_NOFILE {nofile}",
+        machine.nproc, machine.cpu, machine.kernel, machine.tcp, machine.load
     );
 
     let mut report = Report::create(&json_path, options.quick)?;
@@ -277,6 +277,7 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
             "nproc": machine.nproc,
             "cpu": machine.cpu,
             "kernel": machine.kernel,
+            "tcp": machine.tcp,
             "loadavg_start": machine.load,
             "nofile": nofile,
             "server_args": extra.server,
@@ -514,11 +515,12 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
     let load_end = Machine::read().load;
     report.record("end", json!({ "loadavg_end": load_end }))?;
     println!(
-        "## Bridgehead benchmark{}\n\nmachine: {} x {}, kernel {}; load average at start {}, at end {}\n",
+        "## Bridgehead benchmark{}\n\nmachine: {} x {}, kernel {}, TCP {}; load average at start {}, at end {}\n",
         if options.quick { " (--quick)" } else { "" },
         machine.nproc,
         machine.cpu,
         machine.kernel,
+        machine.tcp,
         machine.load,
         load_end
     );

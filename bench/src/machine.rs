@@ -1,4 +1,5 @@
-//! The machine a run measured on: CPU, kernel, load, written beside every result.
+//! The machine a run measured on: CPU, kernel, TCP's congestion control, load, written beside
+//! every result.
 
 /// What the results depend on.
 #[derive(Debug, Clone)]
@@ -6,6 +7,11 @@ pub struct Machine {
     pub nproc: usize,
     pub cpu: String,
     pub kernel: String,
+    /// New TCP sockets' congestion control and the default queueing discipline, which decide
+    /// whether TCP paces its sends itself: BBR without `fq` paces every socket with a timer
+    /// of its own, loopback included, which costs bulk transfers on this kind of machine
+    /// (docs/benchmarks.md, "Congestion control").
+    pub tcp: String,
     pub load: String,
 }
 
@@ -20,6 +26,10 @@ impl Machine {
                 model.trim().to_owned()
             });
         let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        let sysctl = |path: &str| {
+            std::fs::read_to_string(path)
+                .map_or("unknown".to_owned(), |value| value.trim().to_owned())
+        };
         Machine {
             nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
             cpu,
@@ -27,6 +37,11 @@ impl Machine {
                 .unwrap_or_default()
                 .trim()
                 .to_owned(),
+            tcp: format!(
+                "{}, qdisc {}",
+                sysctl("/proc/sys/net/ipv4/tcp_congestion_control"),
+                sysctl("/proc/sys/net/core/default_qdisc")
+            ),
             load: loadavg
                 .split_whitespace()
                 .take(3)
