@@ -142,10 +142,12 @@ impl SocketTuning {
         receive: Option<EarnedBuffer>,
     ) -> std::io::Result<()> {
         let sock = socket2::SockRef::from(socket);
+        self.apply(&sock, receive)?;
+        // Last: a kernel that refuses it has the buffer options all the same.
         if receive.is_some_and(|receive| receive.start < SCALED_BUFFER) {
             sock.set_tcp_mss(SMALL_WINDOW_SEGMENT)?;
         }
-        self.apply(&sock, receive)
+        Ok(())
     }
 
     /// Sets the options on an accepted TCP socket (a CONNECT client): the receive buffer and
