@@ -24,7 +24,8 @@ pub struct MemoryArgs {
     /// on the server, dialed targets' on the agent): what a tunnel whose other end stopped
     /// reading holds in the kernel on the receiving side (the kernel doubles the value for its
     /// bookkeeping). A target socket dialed while the server's memory budget is under pressure
-    /// starts with 8Ki instead and earns this by reading; Unix-socket clients' send buffers
+    /// starts with 8Ki instead (and asks for segments of at most 8 KiB) and earns this by
+    /// reading; Unix-socket clients' send buffers
     /// likewise start at 8Ki and earn Linux's default. 0 leaves every socket to the kernel's
     /// autotuning, up to net.ipv4.tcp_rmem's maximum (megabytes per socket). A size, as for
     /// --tunnel-memory-budget.
