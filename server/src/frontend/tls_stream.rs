@@ -12,6 +12,7 @@
 //! sends `close_notify` and then shuts the TCP write side; the peer's `close_notify` is EOF,
 //! while a TCP EOF without it is an `UnexpectedEof` error (the data may be truncated).
 
+use std::cell::RefCell;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -34,6 +35,26 @@ const WRITE_SIZE: usize = 64 * 1024;
 /// output size, corrected by rustls' `InsufficientSize` when it is wrong.
 const RECORD_OVERHEAD: usize = 5 + 1 + 16;
 const MAX_FRAGMENT: usize = 16 * 1024;
+
+thread_local! {
+    /// The records one write encrypts, before its socket takes them (one buffer per thread:
+    /// the tunnels of a worker take turns). A stream keeps in `outgoing` only what its socket
+    /// did not take; a reading client's records never need a buffer of their own, which
+    /// each write would otherwise allocate and zero.
+    static SCRATCH: RefCell<Scratch> = const {
+        RefCell::new(Scratch {
+            buf: Vec::new(),
+            end: 0,
+        })
+    };
+}
+
+/// Records encrypted for one write: `buf[..end]`. `buf` keeps its length (all of it
+/// initialized) between writes, so a write zeroes nothing it did not need before.
+struct Scratch {
+    buf: Vec<u8>,
+    end: usize,
+}
 
 impl TlsStream {
     /// Runs the server's side of the handshake on `io` with `config`. A failed handshake sends
@@ -208,26 +229,49 @@ impl Pending {
     fn append<E>(
         &mut self,
         guess: usize,
-        mut encode: impl FnMut(&mut [u8]) -> Result<usize, E>,
+        encode: impl FnMut(&mut [u8]) -> Result<usize, E>,
         too_small: impl Fn(&E) -> Option<usize>,
     ) -> Result<(), E> {
         let at = self.buf.len();
-        let mut size = guess;
-        loop {
-            self.buf.resize(at + size, 0);
-            match encode(&mut self.buf[at..]) {
-                Ok(n) => {
-                    self.buf.truncate(at + n);
-                    return Ok(());
-                }
-                Err(error) => match too_small(&error) {
-                    Some(required) if required > size => size = required,
-                    _ => {
-                        self.buf.truncate(at);
-                        return Err(error);
-                    }
-                },
-            }
+        let end = encode_at(&mut self.buf, at, guess, encode, too_small);
+        self.buf.truncate(*end.as_ref().unwrap_or(&at));
+        end.map(|_| ())
+    }
+}
+
+impl Scratch {
+    /// [`Pending::append`] for the scratch buffer, which keeps its length.
+    fn append<E>(
+        &mut self,
+        guess: usize,
+        encode: impl FnMut(&mut [u8]) -> Result<usize, E>,
+        too_small: impl Fn(&E) -> Option<usize>,
+    ) -> Result<(), E> {
+        self.end = encode_at(&mut self.buf, self.end, guess, encode, too_small)?;
+        Ok(())
+    }
+}
+
+/// Runs `encode` on `buf[at..]`, grown (zero-filled) to at least `guess` bytes, or to what
+/// `encode` says it needs; returns where what it wrote ends. `buf` may end up longer.
+fn encode_at<E>(
+    buf: &mut Vec<u8>,
+    at: usize,
+    guess: usize,
+    mut encode: impl FnMut(&mut [u8]) -> Result<usize, E>,
+    too_small: impl Fn(&E) -> Option<usize>,
+) -> Result<usize, E> {
+    let mut size = guess;
+    loop {
+        if buf.len() < at + size {
+            buf.resize(at + size, 0);
+        }
+        match encode(&mut buf[at..]) {
+            Ok(n) => return Ok(at + n),
+            Err(error) => match too_small(&error) {
+                Some(required) if required > buf.len() - at => size = required,
+                _ => return Err(error),
+            },
         }
     }
 }
@@ -429,41 +473,52 @@ impl TlsStream {
     }
 
     /// Encrypts `plaintext` (at most [`WRITE_SIZE`] bytes of it, starting with the first
-    /// non-empty slice) into `outgoing`; returns how many plaintext bytes it took.
+    /// non-empty slice) and sends what the socket takes at once; the rest waits in `outgoing`.
+    /// Returns how many plaintext bytes it took.
     fn encrypt(&mut self, slices: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        // Room for every record at once: grown slice by slice, the buffer's capacity would
-        // double past what it holds, and a client that stops reading keeps it that size.
-        let plaintext = slices
-            .iter()
-            .map(|s| s.len())
-            .sum::<usize>()
-            .min(WRITE_SIZE);
-        let room = plaintext + (plaintext.div_ceil(MAX_FRAGMENT) + slices.len()) * RECORD_OVERHEAD;
-        self.outgoing.buf.reserve_exact(room);
-        let mut taken = 0;
-        let mut write = |traffic: &mut WriteTraffic<'_>, outgoing: &mut Pending| {
-            for slice in slices {
-                let chunk = &slice[..slice.len().min(WRITE_SIZE - taken)];
-                if chunk.is_empty() {
-                    continue;
-                }
-                let records = chunk.len().div_ceil(MAX_FRAGMENT);
-                outgoing
-                    .append(
-                        chunk.len() + records * RECORD_OVERHEAD,
-                        |buf| traffic.encrypt(chunk, buf),
-                        encrypt_too_small,
-                    )
-                    .map_err(encrypt_error)?;
-                taken += chunk.len();
-                if taken == WRITE_SIZE {
-                    break;
-                }
+        SCRATCH.with_borrow_mut(|scratch| {
+            scratch.end = 0;
+            let mut taken = 0;
+            {
+                let mut write = |traffic: &mut WriteTraffic<'_>, _: &mut Pending| {
+                    for slice in slices {
+                        let chunk = &slice[..slice.len().min(WRITE_SIZE - taken)];
+                        if chunk.is_empty() {
+                            continue;
+                        }
+                        let records = chunk.len().div_ceil(MAX_FRAGMENT);
+                        scratch
+                            .append(
+                                chunk.len() + records * RECORD_OVERHEAD,
+                                |buf| traffic.encrypt(chunk, buf),
+                                encrypt_too_small,
+                            )
+                            .map_err(encrypt_error)?;
+                        taken += chunk.len();
+                        if taken == WRITE_SIZE {
+                            break;
+                        }
+                    }
+                    Ok(())
+                };
+                self.until_written(&mut write)?;
             }
-            Ok(())
-        };
-        self.until_written(&mut write)?;
-        Ok(taken)
+            let records = &scratch.buf[..scratch.end];
+            // Records rustls queued before these (a key update, tickets) go first.
+            let sent = if self.outgoing.len() == 0 {
+                match self.io.try_write(records) {
+                    Ok(n) => n,
+                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => 0,
+                    Err(error) => return Err(error),
+                }
+            } else {
+                0
+            };
+            // Exactly the rest: a client that stops reading keeps this buffer.
+            self.outgoing.buf.reserve_exact(records.len() - sent);
+            self.outgoing.buf.extend_from_slice(&records[sent..]);
+            Ok(taken)
+        })
     }
 
     /// Steps until `write` ran; records that arrive meanwhile wait in `plaintext`.
