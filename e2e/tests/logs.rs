@@ -12,30 +12,49 @@ fn json_lines(log: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-#[test]
-fn server_and_agent_log_json_lines() {
-    let pki = Pki::new().unwrap();
+/// A server and its agent logging JSON lines, both with `env`; `agent` as the agent's
+/// options otherwise.
+fn json_pair(pki: &Pki, env: &[(&str, &str)], agent: AgentOptions) -> (Server, Agent) {
     let json = vec!["--log-format".to_owned(), "json".to_owned()];
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .collect();
     let server = Server::start(
-        &pki,
+        pki,
         ServerOptions {
             args: json.clone(),
+            env: env.clone(),
             ..Default::default()
         },
     )
     .unwrap();
     let agent = Agent::start(
-        &pki,
+        pki,
         &server,
         AgentOptions {
-            id: Some("json-agent".into()),
-            identifiers: Some("host=node-j&ipv4=10.9.8.7".into()),
             args: json,
-            ..Default::default()
+            env,
+            ..agent
         },
     )
     .unwrap();
     server.wait_agents(1).unwrap();
+    (server, agent)
+}
+
+#[test]
+fn server_and_agent_log_json_lines() {
+    let pki = Pki::new().unwrap();
+    let (server, agent) = json_pair(
+        &pki,
+        &[],
+        AgentOptions {
+            id: Some("json-agent".into()),
+            identifiers: Some("host=node-j&ipv4=10.9.8.7".into()),
+            ..Default::default()
+        },
+    );
     let server_lines = json_lines(&server.process.stderr());
     let agent_lines = json_lines(&agent.process.stderr());
     assert!(!server_lines.is_empty() && !agent_lines.is_empty());
@@ -62,28 +81,7 @@ fn server_and_agent_log_json_lines() {
 #[test]
 fn info_shows_no_library_debug_lines() {
     let pki = Pki::new().unwrap();
-    let info = vec![("RUST_LOG".to_owned(), "info".to_owned())];
-    let json = vec!["--log-format".to_owned(), "json".to_owned()];
-    let server = Server::start(
-        &pki,
-        ServerOptions {
-            args: json.clone(),
-            env: info.clone(),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let agent = Agent::start(
-        &pki,
-        &server,
-        AgentOptions {
-            args: json,
-            env: info,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    server.wait_agents(1).unwrap();
+    let (server, agent) = json_pair(&pki, &[("RUST_LOG", "info")], AgentOptions::default());
     let echo = bridgehead_e2e::target::echo("127.0.0.1:0").unwrap();
     let mut conn = bridgehead_e2e::client::tls_connect(&pki, server.frontend_addr()).unwrap();
     let reply = kube_connect(conn.as_mut(), &echo.to_string()).unwrap();

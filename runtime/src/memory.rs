@@ -319,16 +319,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn tuning_is_set_and_zero_means_the_kernels() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let socket = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let args = MemoryArgs {
+    /// The socket flags at their defaults.
+    fn defaults() -> MemoryArgs {
+        MemoryArgs {
             tunnel_memory_budget: 1,
             tunnel_receive_buffer: 128 * 1024,
             tunnel_unsent_limit: 16 * 1024,
             tunnel_max_window: 256 * 1024,
-        };
+        }
+    }
+
+    #[test]
+    fn tuning_is_set_and_zero_means_the_kernels() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let socket = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let args = defaults();
         let tuning = args.socket_tuning();
         tuning.apply_accepted(&socket).unwrap();
         let sock = socket2::SockRef::from(&socket);
@@ -355,13 +360,7 @@ mod tests {
     /// kernel reports the asked-for segment until the socket connects).
     #[test]
     fn a_small_start_asks_for_small_segments() {
-        let args = MemoryArgs {
-            tunnel_memory_budget: 1,
-            tunnel_receive_buffer: 128 * 1024,
-            tunnel_unsent_limit: 16 * 1024,
-            tunnel_max_window: 256 * 1024,
-        };
-        let tuning = args.socket_tuning();
+        let tuning = defaults().socket_tuning();
         for (pressed, small) in [(true, true), (false, false)] {
             let socket =
                 socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();

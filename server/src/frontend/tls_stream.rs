@@ -239,19 +239,6 @@ impl Pending {
     }
 }
 
-impl Scratch {
-    /// [`Pending::append`] for the scratch buffer, which keeps its length.
-    fn append<E>(
-        &mut self,
-        guess: usize,
-        encode: impl FnMut(&mut [u8]) -> Result<usize, E>,
-        too_small: impl Fn(&E) -> Option<usize>,
-    ) -> Result<(), E> {
-        self.end = encode_at(&mut self.buf, self.end, guess, encode, too_small)?;
-        Ok(())
-    }
-}
-
 /// Runs `encode` on `buf[at..]`, grown (zero-filled) to at least `guess` bytes, or to what
 /// `encode` says it needs; returns where what it wrote ends. `buf` may end up longer.
 fn encode_at<E>(
@@ -487,13 +474,15 @@ impl TlsStream {
                             continue;
                         }
                         let records = chunk.len().div_ceil(MAX_FRAGMENT);
-                        scratch
-                            .append(
-                                chunk.len() + records * RECORD_OVERHEAD,
-                                |buf| traffic.encrypt(chunk, buf),
-                                encrypt_too_small,
-                            )
-                            .map_err(encrypt_error)?;
+                        // The scratch buffer keeps its length: nothing is zeroed twice.
+                        scratch.end = encode_at(
+                            &mut scratch.buf,
+                            scratch.end,
+                            chunk.len() + records * RECORD_OVERHEAD,
+                            |buf| traffic.encrypt(chunk, buf),
+                            encrypt_too_small,
+                        )
+                        .map_err(encrypt_error)?;
                         taken += chunk.len();
                         if taken == WRITE_SIZE {
                             break;
