@@ -11,6 +11,7 @@ use bridgehead_proto::budget::Budget;
 use bridgehead_proto::ErrorCode;
 use bridgehead_runtime::health::{metrics_reply, Reply};
 use bridgehead_runtime::legacy_counter::LegacyCounter;
+use bridgehead_runtime::memory::EarnedTotal;
 use http::StatusCode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -71,6 +72,8 @@ struct Inner {
     metrics: Metrics,
     /// `--tunnel-memory-budget`, shared by every session.
     budget: Budget,
+    /// What target sockets earn beyond `--tunnel-receive-buffer`, all tunnels together.
+    earned: Arc<EarnedTotal>,
 }
 
 /// The agent's metrics. Clones share the values.
@@ -98,8 +101,10 @@ const ANP_LATENCY_BUCKETS: [f64; 9] =
     [0.000001, 0.00001, 0.0001, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
 
 impl Health {
-    /// The health state of an agent of `server`, its metrics showing `budget`.
-    pub(crate) fn new(server: &str, budget: Budget) -> Health {
+    /// The health state of an agent of `server`, its metrics showing `budget` and what target
+    /// sockets earned of `earned`.
+    pub(crate) fn new(server: &str, budget: Budget, earned: EarnedTotal) -> Health {
+        let earned = Arc::new(earned);
         let mut metrics = Metrics {
             connected: Gauge::default(),
             server_sessions: Family::default(),
@@ -141,6 +146,9 @@ impl Health {
         let shown = budget.clone();
         registry.register_collector(Box::new(bridgehead_runtime::memory::BudgetCollector(
             move || (shown.buffered(), shown.limit(), shown.refused()),
+        )));
+        registry.register_collector(Box::new(bridgehead_runtime::memory::EarnedCollector(
+            earned.clone(),
         )));
         registry.register(
             "connected",
@@ -226,6 +234,7 @@ impl Health {
                 registry: root,
                 metrics,
                 budget,
+                earned,
             }),
         }
     }
@@ -237,6 +246,11 @@ impl Health {
     /// The process's budget of buffered tunnel data.
     pub(crate) fn budget(&self) -> &Budget {
         &self.inner.budget
+    }
+
+    /// What target sockets earn beyond `--tunnel-receive-buffer`, all tunnels together.
+    pub(crate) fn earned(&self) -> &EarnedTotal {
+        &self.inner.earned
     }
 
     /// Session `key` with `server_id` at `peer` is up.

@@ -95,6 +95,7 @@ pub async fn run(
     let health = Health::new(
         &config.server_authority(),
         bridgehead_proto::budget::Budget::new(config.memory.tunnel_memory_budget),
+        config.memory.earned_total(),
     );
     let health_stop = CancellationToken::new();
     let health_tasks = TaskTracker::new();

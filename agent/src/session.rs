@@ -156,7 +156,7 @@ fn tunnel(request: DialRequest, health: Health, policy: Arc<Policy>) -> impl Fut
         let mut moved = Moved::default();
         let result =
             splice::splice_metered(&mut socket, &stream, Bytes::new(), &mut moved, metrics)
-                .earning(earned, None)
+                .earning_within(earned, None, Some(health.earned()))
                 .await;
         match result {
             Ok(()) => debug!(

@@ -12,7 +12,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bridgehead_e2e::client::{echo_round_trip, kube_connect, uds_stream, ConnectReply};
+use bridgehead_e2e::client::{
+    echo_round_trip, kube_connect, tls_connect, uds_stream, ConnectReply,
+};
 use bridgehead_e2e::{target, Agent, AgentOptions, Pki, Server, ServerOptions};
 
 const BUDGET: u64 = 1024 * 1024;
@@ -450,6 +452,86 @@ fn a_reading_tunnel_earns_the_window_the_flag_allows() {
         held <= WINDOW,
         "{held} bytes held, more than the 4 MiB window"
     );
+}
+
+/// `--tunnel-receive-buffer-max`: a download whose client keeps reading earns its target
+/// socket a larger receive buffer than `--tunnel-receive-buffer`, doubling at every eight
+/// times the buffer it moved, out of a quarter of the agent's budget for all tunnels together;
+/// its share comes back when the tunnel ends. Without the earning the metric stays at 0;
+/// without the total the socket would earn up to the flag's 4 MiB (3.9 MiB beyond the start).
+#[test]
+fn a_reading_download_earns_its_target_socket_a_larger_buffer_within_the_budget() {
+    const BYTES: u64 = 64 << 20;
+    let pki = Pki::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bridgehead.sock");
+    // A quarter of 2 MiB for all tunnels: 512 KiB beyond the 128 KiB each starts with.
+    let (_server, agent) = pair(&pki, &path, &[], &["--tunnel-memory-budget", "2Mi"]);
+    let earned = || {
+        agent
+            .metric("bridgehead_agent_tunnel_earned_receive_buffer_bytes")
+            .unwrap() as u64
+    };
+    assert_eq!(earned(), 0);
+    let source = target::source("127.0.0.1:0", BYTES as usize).unwrap();
+    let (mut conn, reply) = connect(&path, source);
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    let mut read = reply.extra.len() as u64;
+    let mut buf = vec![0u8; 256 * 1024];
+    // 32 MiB earn 4 MiB, but the total stops the socket at 512 KiB: 128 + 256 KiB beyond its
+    // start (the next doubling, 512 KiB more, does not fit).
+    while read < BYTES / 2 {
+        let n = conn.read(&mut buf).unwrap();
+        assert!(n > 0, "the download ended after {read} bytes");
+        read += n as u64;
+    }
+    assert_eq!(earned(), 384 * 1024, "earned while the tunnel is open");
+    while read < BYTES {
+        let n = conn.read(&mut buf).unwrap();
+        assert!(n > 0, "the download ended after {read} bytes");
+        read += n as u64;
+    }
+    drop(conn);
+    wait_until("the tunnel's share to come back", || earned() == 0);
+}
+
+/// The same on the server: a CONNECT client's TCP socket whose tunnel keeps reading (an
+/// upload through the mTLS frontend) earns a larger receive buffer, out of the server's own
+/// quarter of its budget, and gives it back when the tunnel ends.
+#[test]
+fn a_reading_upload_earns_its_client_socket_a_larger_buffer_within_the_budget() {
+    const BYTES: usize = 32 << 20;
+    let pki = Pki::new().unwrap();
+    let server = Server::start(
+        &pki,
+        ServerOptions {
+            args: vec!["--tunnel-memory-budget".into(), "2Mi".into()],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let _agent = Agent::start(&pki, &server, AgentOptions::default()).unwrap();
+    server.wait_agents(1).unwrap();
+    let earned = || {
+        server
+            .metric("bridgehead_server_tunnel_earned_receive_buffer_bytes")
+            .unwrap() as u64
+    };
+    assert_eq!(earned(), 0);
+    let counter = target::counter("127.0.0.1:0").unwrap();
+    let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
+    let reply = kube_connect(&mut *conn, &counter.to_string()).unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    let block = vec![9u8; 256 * 1024];
+    for _ in 0..BYTES / block.len() {
+        conn.write_all(&block).unwrap();
+    }
+    // As on the agent: 128 + 256 KiB beyond the start, the next doubling past the total.
+    wait_until("the client socket to earn 384 KiB", || {
+        earned() == 384 * 1024
+    });
+    drop(conn);
+    wait_until("the tunnel's share to come back", || earned() == 0);
 }
 
 /// Samples `measure` every 100 ms until three samples in a row are equal (what it measures has

@@ -11,6 +11,7 @@ use std::future::Future;
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{ready, Context, Poll};
 
 use bridgehead_proto::frame::MAX_DATA_PAYLOAD;
@@ -74,6 +75,53 @@ impl EarnedBuffer {
             size = size.saturating_mul(2);
         }
         size.min(self.max.max(self.start))
+    }
+}
+
+/// What the sockets of all of a process's tunnels together may earn beyond the buffers they
+/// started with ([`EarnedBuffer`]). A buffer a tunnel earned is what it holds in the kernel
+/// if its far end stops taking its bytes later, and buffers never shrink (see
+/// [`EarnedBuffer`]), so the sum of what was earned is bounded here: once it is spent, a
+/// socket keeps the buffer it has until another tunnel ends and gives its share back.
+#[derive(Debug)]
+pub struct EarnedTotal {
+    limit: u64,
+    earned: AtomicU64,
+}
+
+impl EarnedTotal {
+    /// A total of `limit` bytes beyond the starting buffers.
+    pub fn new(limit: u64) -> EarnedTotal {
+        EarnedTotal {
+            limit,
+            earned: AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes earned beyond the starting buffers now, all tunnels together.
+    pub fn earned(&self) -> u64 {
+        self.earned.load(Ordering::Relaxed)
+    }
+
+    /// The most that may be earned.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Takes `bytes` of the total, if that many are left.
+    fn take(&self, bytes: u64) -> bool {
+        self.earned
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |earned| {
+                earned.checked_add(bytes).filter(|&sum| sum <= self.limit)
+            })
+            .is_ok()
+    }
+
+    /// Gives back `bytes` that [`EarnedTotal::take`] took.
+    fn give(&self, bytes: u64) {
+        if bytes > 0 {
+            self.earned.fetch_sub(bytes, Ordering::Relaxed);
+        }
     }
 }
 
@@ -173,8 +221,9 @@ pub trait TunnelSocket {
     fn abort_on_close(&self);
 
     /// Sets the kernel receive buffer to `bytes` as the tunnel earns it ([`Splice::earning`]),
-    /// where that buffer holds what this end has not read: a TCP socket's. A Unix socket does
-    /// nothing: what its server has not read waits in its client's send buffer.
+    /// where that buffer holds what this end has not read: a TCP socket's. A Unix socket has
+    /// none (what its server has not read waits in its client's send buffer) and answers
+    /// [`io::ErrorKind::Unsupported`]: its tunnel earns nothing.
     fn set_receive_buffer(&self, bytes: u32) -> io::Result<()>;
 
     /// Sets the kernel send buffer to `bytes` as the tunnel earns it, where that buffer holds
@@ -201,7 +250,7 @@ impl TunnelSocket for UnixStream {
     fn abort_on_close(&self) {}
 
     fn set_receive_buffer(&self, _bytes: u32) -> io::Result<()> {
-        Ok(())
+        Err(io::ErrorKind::Unsupported.into())
     }
 
     fn set_send_buffer(&self, bytes: u32) -> io::Result<()> {
@@ -245,24 +294,27 @@ pub struct Splice<'a, S> {
     moved: &'a mut Moved,
     meter: Option<&'a dyn Meter>,
     /// The socket's receive buffer as the tunnel earns it by reading ([`Splice::earning`]).
-    receive: Option<Earning<S>>,
+    receive: Option<Earning<'a, S>>,
     /// The socket's send buffer as the tunnel earns it by writing.
-    send: Option<Earning<S>>,
+    send: Option<Earning<'a, S>>,
     up: Uplink,
     down: Downlink,
 }
 
 /// Where a splice's socket stands in earning one of its buffers.
-struct Earning<S> {
+struct Earning<'a, S> {
     policy: EarnedBuffer,
     /// The buffer the socket has now.
     size: u32,
     /// Sets the socket's buffer ([`TunnelSocket::set_receive_buffer`] or
     /// [`TunnelSocket::set_send_buffer`]).
     set: fn(&S, u32) -> io::Result<()>,
+    /// Where what the socket earned beyond its start is taken from, and given back to when
+    /// the splice ends.
+    total: Option<&'a EarnedTotal>,
 }
 
-impl<S> Earning<S> {
+impl<'a, S> Earning<'a, S> {
     /// Earning by `policy`, the socket's buffer set by `set`; `None` without a policy, or with
     /// one that leaves nothing to earn.
     fn new(policy: Option<EarnedBuffer>, set: fn(&S, u32) -> io::Result<()>) -> Option<Self> {
@@ -271,22 +323,49 @@ impl<S> Earning<S> {
             policy,
             size: policy.start,
             set,
+            total: None,
         })
     }
 
-    /// Gives `socket` the buffer `moved` bytes earned, if that is larger than its own.
+    /// Gives `socket` the buffer `moved` bytes earned, if that is larger than its own, as far
+    /// as the total has room: one doubling at a time.
     fn grow(&mut self, socket: &S, moved: u64) {
         // Once at the largest, every later read or write costs one comparison.
         if self.size >= self.policy.max {
             return;
         }
-        let size = self.policy.size(moved);
+        let earned = self.policy.size(moved);
+        let mut size = self.size;
+        while size < earned {
+            let next = size.saturating_mul(2).min(earned);
+            if self
+                .total
+                .is_some_and(|total| !total.take(u64::from(next - size)))
+            {
+                break;
+            }
+            size = next;
+        }
         if size > self.size {
-            self.size = size;
-            // A kernel that refuses keeps the smaller buffer: slower, never wrong.
+            // A socket that refuses keeps the buffer it has, and is not asked again: slower,
+            // never wrong.
             if let Err(error) = (self.set)(socket, size) {
                 tracing::debug!(%error, size, "growing a tunnel socket's buffer");
+                if let Some(total) = self.total {
+                    total.give(u64::from(size - self.size));
+                }
+                self.policy.max = self.size;
+                return;
             }
+            self.size = size;
+        }
+    }
+}
+
+impl<S> Drop for Earning<'_, S> {
+    fn drop(&mut self) {
+        if let Some(total) = self.total {
+            total.give(u64::from(self.size - self.policy.start));
         }
     }
 }
@@ -342,15 +421,29 @@ impl<S> fmt::Debug for Splice<'_, S> {
     }
 }
 
-impl<S: TunnelSocket> Splice<'_, S> {
+impl<'a, S: TunnelSocket> Splice<'a, S> {
     /// Grows the socket's receive buffer as the tunnel reads and its send buffer as the
     /// tunnel writes, each from its policy's `start` (which the socket must already have) to
     /// its `max`, as far as the socket has such a buffer ([`TunnelSocket`]); `None` leaves a
     /// buffer alone.
-    pub fn earning(mut self, receive: Option<EarnedBuffer>, send: Option<EarnedBuffer>) -> Self {
+    pub fn earning(self, receive: Option<EarnedBuffer>, send: Option<EarnedBuffer>) -> Self {
+        self.earning_within(receive, send, None)
+    }
+
+    /// [`Splice::earning`], what the receive buffer earns beyond its start taken from `total`
+    /// (and given back when the splice ends).
+    pub fn earning_within(
+        mut self,
+        receive: Option<EarnedBuffer>,
+        send: Option<EarnedBuffer>,
+        total: Option<&'a EarnedTotal>,
+    ) -> Self {
         self.receive = Earning::new(receive, |socket: &S, bytes| {
             socket.set_receive_buffer(bytes)
         });
+        if let Some(earn) = &mut self.receive {
+            earn.total = total;
+        }
         self.send = Earning::new(send, |socket: &S, bytes| socket.set_send_buffer(bytes));
         // Bytes handed in ahead of the socket's own count as read.
         if let Some(earn) = &mut self.receive {

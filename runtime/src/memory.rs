@@ -7,7 +7,7 @@
 
 use std::os::fd::AsFd;
 
-pub use bridgehead_mux::splice::EarnedBuffer;
+pub use bridgehead_mux::splice::{EarnedBuffer, EarnedTotal};
 
 /// `--tunnel-memory-budget`, `--tunnel-receive-buffer`, `--tunnel-unsent-limit` and
 /// `--tunnel-max-window`.
@@ -31,6 +31,17 @@ pub struct MemoryArgs {
     /// --tunnel-memory-budget.
     #[arg(long, env = "BRIDGEHEAD_TUNNEL_RECEIVE_BUFFER", default_value = "128Ki", value_parser = parse_size, value_name = "SIZE")]
     pub tunnel_receive_buffer: u64,
+    /// Largest kernel receive buffer a tunnel TCP socket earns by reading (CONNECT clients'
+    /// on the server, dialed targets' on the agent): a tunnel that keeps reading doubles its
+    /// --tunnel-receive-buffer each time it has moved eight times the buffer it has, up to
+    /// this, so a bulk transfer is not held to a small window, while one whose far end stalls
+    /// early keeps the small buffer. All tunnels of the process together earn at most a
+    /// quarter of --tunnel-memory-budget beyond the buffers they started with: that bounds
+    /// what tunnels that earned and then stalled hold in the kernel beyond
+    /// --tunnel-receive-buffer each. At or below --tunnel-receive-buffer: no earning. A size,
+    /// as for --tunnel-memory-budget.
+    #[arg(long, env = "BRIDGEHEAD_TUNNEL_RECEIVE_BUFFER_MAX", default_value = "4Mi", value_parser = parse_size, value_name = "SIZE")]
+    pub tunnel_receive_buffer_max: u64,
     /// Most bytes a tunnel TCP socket this process owns keeps queued but not yet sent
     /// (TCP_NOTSENT_LOWAT): what a tunnel whose reader stopped holds in the kernel on the
     /// sending side, beyond what is in flight. 0: no limit (net.ipv4.tcp_wmem's maximum).
@@ -88,12 +99,23 @@ pub const SMALL_WINDOW_SEGMENT: u32 = 8 * 1024;
 pub const UNIX_SEND_BUFFER: u32 = 104 * 1024;
 
 impl MemoryArgs {
+    /// What all tunnel sockets together earn beyond --tunnel-receive-buffer
+    /// (--tunnel-receive-buffer-max): a quarter of --tunnel-memory-budget.
+    pub fn earned_total(&self) -> EarnedTotal {
+        EarnedTotal::new(self.tunnel_memory_budget / 4)
+    }
+
     /// The tunnel sockets' options these flags ask for.
     pub fn socket_tuning(&self) -> SocketTuning {
         let nonzero = |value: u64| u32::try_from(value).ok().filter(|&v| v > 0);
         let receive_buffer = nonzero(self.tunnel_receive_buffer);
         SocketTuning {
             receive_buffer,
+            receive_buffer_max: receive_buffer.map(|start| {
+                u32::try_from(self.tunnel_receive_buffer_max)
+                    .unwrap_or(u32::MAX)
+                    .max(start)
+            }),
             unix_send_buffer: receive_buffer.map(|_| EarnedBuffer {
                 start: START_BUFFER,
                 max: UNIX_SEND_BUFFER,
@@ -113,12 +135,16 @@ pub struct SocketTuning {
     pub unix_send_buffer: Option<EarnedBuffer>,
     /// A TCP socket's `TCP_NOTSENT_LOWAT`.
     pub unsent_limit: Option<u32>,
+    /// The largest `SO_RCVBUF` a dialed target socket earns by reading.
+    pub receive_buffer_max: Option<u32>,
 }
 
 impl SocketTuning {
-    /// The receive buffer of a target socket the agent dials: all of it at once, or, when the
+    /// The receive buffer of a target socket the agent dials: the receive buffer to start
+    /// with and up to [`SocketTuning::receive_buffer_max`] earned by reading, or, when the
     /// server asked while under memory pressure (`pressed`), [`START_BUFFER`] to start with
-    /// and the rest earned by reading.
+    /// and up to the receive buffer earned (what such a socket earns beyond that is of no
+    /// use: its window scale, fixed by the small start, caps its window at 64 KiB).
     ///
     /// Why not always start small: a TCP socket's window scale is fixed in its handshake by
     /// the buffer it then has, and one that starts below 64 KiB can never announce a window
@@ -127,9 +153,18 @@ impl SocketTuning {
     /// ([`SMALL_WINDOW_SEGMENT`]; docs/benchmarks.md). Under pressure, what stalled tunnels
     /// hold in the kernel matters more: each holds about 12 KiB instead of 240 KiB.
     pub fn dial_receive(&self, pressed: bool) -> Option<EarnedBuffer> {
-        let max = self.receive_buffer?;
-        let start = if pressed { START_BUFFER.min(max) } else { max };
-        Some(EarnedBuffer { start, max })
+        let buffer = self.receive_buffer?;
+        Some(if pressed {
+            EarnedBuffer {
+                start: START_BUFFER.min(buffer),
+                max: buffer,
+            }
+        } else {
+            EarnedBuffer {
+                start: buffer,
+                max: self.receive_buffer_max.unwrap_or(buffer).max(buffer),
+            }
+        })
     }
 
     /// Sets the options on a TCP socket about to connect, its receive buffer at
@@ -151,13 +186,18 @@ impl SocketTuning {
         Ok(())
     }
 
-    /// Sets the options on an accepted TCP socket (a CONNECT client): the receive buffer and
-    /// the unsent limit.
+    /// The receive buffer of an accepted TCP socket (a CONNECT client): the receive buffer to
+    /// start with ([`SocketTuning::apply_accepted`]) and up to
+    /// [`SocketTuning::receive_buffer_max`] earned by reading. Set after the handshake, the
+    /// start does not bound the window scale, which the listener's buffer fixed.
+    pub fn accepted_receive(&self) -> Option<EarnedBuffer> {
+        self.dial_receive(false)
+    }
+
+    /// Sets the options on an accepted TCP socket (a CONNECT client): the receive buffer to
+    /// start with and the unsent limit.
     pub fn apply_accepted(&self, socket: &impl AsFd) -> std::io::Result<()> {
-        let receive = self
-            .receive_buffer
-            .map(|max| EarnedBuffer { start: max, max });
-        self.apply(&socket2::SockRef::from(socket), receive)
+        self.apply(&socket2::SockRef::from(socket), self.accepted_receive())
     }
 
     fn apply(
@@ -230,6 +270,28 @@ where
             counter.metric_type(),
         )?;
         counter.encode(metric)
+    }
+}
+
+/// `tunnel_earned_receive_buffer_bytes` (under the registry's prefix), read at each scrape:
+/// what tunnel sockets earned beyond --tunnel-receive-buffer, all tunnels together.
+#[derive(Debug)]
+pub struct EarnedCollector(pub std::sync::Arc<EarnedTotal>);
+
+impl prometheus_client::collector::Collector for EarnedCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        let gauge = prometheus_client::metrics::gauge::ConstGauge::new(self.0.earned() as i64);
+        let metric = encoder.encode_descriptor(
+            "tunnel_earned_receive_buffer_bytes",
+            "Kernel receive buffers tunnel sockets earned by reading beyond --tunnel-receive-buffer, all tunnels together (at most a quarter of --tunnel-memory-budget)",
+            None,
+            gauge.metric_type(),
+        )?;
+        gauge.encode(metric)
     }
 }
 
@@ -324,6 +386,7 @@ mod tests {
         MemoryArgs {
             tunnel_memory_budget: 1,
             tunnel_receive_buffer: 128 * 1024,
+            tunnel_receive_buffer_max: 4 << 20,
             tunnel_unsent_limit: 16 * 1024,
             tunnel_max_window: 256 * 1024,
         }
@@ -340,11 +403,22 @@ mod tests {
         // Linux doubles the receive buffer for its bookkeeping.
         assert_eq!(sock.recv_buffer_size().unwrap(), 256 * 1024);
         assert_eq!(sock.tcp_notsent_lowat().unwrap(), 16 * 1024);
-        let full = EarnedBuffer {
+        let earning = EarnedBuffer {
             start: 128 * 1024,
-            max: 128 * 1024,
+            max: 4 << 20,
         };
-        assert_eq!(tuning.dial_receive(false), Some(full));
+        assert_eq!(tuning.dial_receive(false), Some(earning));
+        let fixed = MemoryArgs {
+            tunnel_receive_buffer_max: 0,
+            ..defaults()
+        };
+        assert_eq!(
+            fixed.socket_tuning().dial_receive(false),
+            Some(EarnedBuffer {
+                start: 128 * 1024,
+                max: 128 * 1024
+            })
+        );
         let pressed = tuning.dial_receive(true).unwrap();
         assert_eq!((pressed.start, pressed.max), (8 * 1024, 128 * 1024));
         let off = MemoryArgs {

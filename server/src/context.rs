@@ -1,9 +1,10 @@
 //! What every connection task of the server shares.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bridgehead_runtime::accept::RateLimit;
-use bridgehead_runtime::memory::SocketTuning;
+use bridgehead_runtime::memory::{EarnedTotal, SocketTuning};
 
 use bridgehead_mux::Keepalive;
 use bridgehead_proto::budget::Budget;
@@ -55,6 +56,9 @@ pub struct Context {
     /// `--tunnel-receive-buffer`, `--tunnel-unsent-limit`: the kernel buffers of every
     /// CONNECT client's TCP socket.
     pub socket_tuning: SocketTuning,
+    /// What CONNECT clients' TCP sockets earn beyond `--tunnel-receive-buffer`, all tunnels
+    /// together (`--tunnel-receive-buffer-max`).
+    pub earned: Arc<EarnedTotal>,
     /// `--tunnel-max-window`: the largest receive window a tunnel earns.
     pub max_window: u32,
 }
@@ -62,7 +66,8 @@ pub struct Context {
 impl Context {
     pub fn new(config: &Config, agent_auth: AgentAuth) -> Context {
         let budget = Budget::new(config.memory.tunnel_memory_budget);
-        let metrics = Metrics::new(&budget);
+        let earned = Arc::new(config.memory.earned_total());
+        let metrics = Metrics::new(&budget, &earned);
         Context {
             registry: Registry::with_limits(
                 config.strategies.clone(),
@@ -92,6 +97,7 @@ impl Context {
             log_tunnels: config.log_tunnels,
             budget,
             socket_tuning: config.memory.socket_tuning(),
+            earned,
             max_window: config.memory.tunnel_max_window,
         }
     }

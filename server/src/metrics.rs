@@ -2,6 +2,8 @@
 //! names and meanings beside them (`konnectivity_network_proxy_server_*`, for dashboards and
 //! alerts built on ANP), and the standard `process_*` series.
 
+use std::sync::Arc;
+
 use bridgehead_runtime::legacy_counter::LegacyCounter;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -138,8 +140,11 @@ struct Anp {
 }
 
 impl Metrics {
-    /// The server's metrics, `budget`'s among them.
-    pub fn new(budget: &bridgehead_proto::budget::Budget) -> Metrics {
+    /// The server's metrics, `budget`'s and `earned`'s among them.
+    pub fn new(
+        budget: &bridgehead_proto::budget::Budget,
+        earned: &Arc<bridgehead_runtime::memory::EarnedTotal>,
+    ) -> Metrics {
         let mut root = Registry::default();
         root.register_collector(Box::new(
             bridgehead_runtime::process_metrics::ProcessCollector,
@@ -149,6 +154,9 @@ impl Metrics {
         let budget = budget.clone();
         registry.register_collector(Box::new(bridgehead_runtime::memory::BudgetCollector(
             move || (budget.buffered(), budget.limit(), budget.refused()),
+        )));
+        registry.register_collector(Box::new(bridgehead_runtime::memory::EarnedCollector(
+            earned.clone(),
         )));
         let agents_connected = Gauge::default();
         let tunnels_open = Gauge::default();
@@ -384,7 +392,10 @@ impl Drop for GaugeGuard {
 
 impl Default for Metrics {
     fn default() -> Metrics {
-        Metrics::new(&bridgehead_proto::budget::Budget::unlimited())
+        Metrics::new(
+            &bridgehead_proto::budget::Budget::unlimited(),
+            &Arc::new(bridgehead_runtime::memory::EarnedTotal::new(0)),
+        )
     }
 }
 
@@ -402,7 +413,10 @@ mod tests {
 
     #[test]
     fn konnectivity_series_mean_what_anps_do() {
-        let metrics = Metrics::new(&bridgehead_proto::budget::Budget::unlimited());
+        let metrics = Metrics::new(
+            &bridgehead_proto::budget::Budget::unlimited(),
+            &Arc::new(bridgehead_runtime::memory::EarnedTotal::new(0)),
+        );
         for result in [
             DialResult::Ok,
             DialResult::BadRequest,

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use bridgehead_proto::session::{Role as SessionRole, SessionConfig, DEFAULT_MAX_WINDOW};
 
-use super::{splice, EarnedBuffer, Moved, Splice, IDLE_READ};
+use super::{splice, EarnedBuffer, EarnedTotal, Moved, Splice, IDLE_READ};
 use crate::{Keepalive, Mux, MuxStream};
 
 /// Every async test fails after this long instead of hanging the suite.
@@ -451,6 +451,58 @@ async fn a_socket_earns_its_receive_buffer_by_reading() {
                 drop(writing.await.unwrap());
             }
         }
+        shutdown.cancel();
+    })
+    .await
+}
+
+/// What reading sockets earn beyond their start comes out of one total: a second socket
+/// earns only what the first left, and a socket's share comes back when its splice ends.
+/// Without the total both sockets would earn the largest buffer.
+#[tokio::test]
+async fn sockets_earn_from_one_total() {
+    bounded(async {
+        let (server, agent, shutdown) = streams(64 * 1024, 2).await;
+        let policy = EarnedBuffer {
+            start: 8 * 1024,
+            max: 64 * 1024,
+        };
+        let total = EarnedTotal::new(64 * 1024);
+        // Moves 2 MiB from the target through the splice, and leaves the splice open.
+        async fn moves(splice: &mut Splice<'_, &mut tokio::net::TcpStream>, stream: &MuxStream) {
+            let reading = async {
+                let mut got = 0;
+                while got < 2 << 20 {
+                    got += stream.read().await.unwrap().unwrap().len();
+                }
+            };
+            tokio::select! {
+                () = reading => {}
+                result = splice => panic!("the splice ended: {result:?}"),
+            }
+        }
+        let mut sockets = Vec::new();
+        for _ in 0..2 {
+            let (socket, mut target) = tcp_with_receive_buffer(policy.start).await;
+            tokio::spawn(async move { target.write_all(&vec![7; 2 << 20]).await });
+            sockets.push(socket);
+        }
+        let (first, second) = sockets.split_at_mut(1);
+        let (mut moved_first, mut moved_second) = (Moved::default(), Moved::default());
+        let mut splice_first = splice(&mut first[0], &agent[0], Bytes::new(), &mut moved_first)
+            .earning_within(Some(policy), None, Some(&total));
+        moves(&mut splice_first, &server[0]).await;
+        assert_eq!(total.earned(), 56 * 1024, "the first earned the largest");
+        let mut splice_second = splice(&mut second[0], &agent[1], Bytes::new(), &mut moved_second)
+            .earning_within(Some(policy), None, Some(&total));
+        moves(&mut splice_second, &server[1]).await;
+        assert_eq!(total.earned(), 64 * 1024, "the second earned what was left");
+        drop(splice_first);
+        assert_eq!(total.earned(), 8 * 1024, "the first's share came back");
+        drop(splice_second);
+        assert_eq!(total.earned(), 0);
+        assert_eq!(receive_buffer(&first[0]), 128 * 1024);
+        assert_eq!(receive_buffer(&second[0]), 32 * 1024);
         shutdown.cancel();
     })
     .await

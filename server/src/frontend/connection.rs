@@ -188,7 +188,11 @@ async fn tunnel<S: ClientSocket>(mut socket: Box<S>, opened: Opened, ctx: &Conte
     let result = {
         let held = Held::new(&mut *socket, hold);
         splice::splice_metered(held, &stream, early, &mut moved, &meter)
-            .earning(None, ctx.socket_tuning.unix_send_buffer)
+            .earning_within(
+                ctx.socket_tuning.accepted_receive(),
+                ctx.socket_tuning.unix_send_buffer,
+                Some(&ctx.earned),
+            )
             .await
     };
     ctx.metrics.tunnels_open.dec();

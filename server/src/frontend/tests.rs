@@ -127,7 +127,8 @@ fn context(registry: Registry) -> Arc<Context> {
 /// [`context`] with `--dial-timeout` `dial_timeout`.
 fn context_with_dial_timeout(registry: Registry, dial_timeout: Duration) -> Arc<Context> {
     let budget = bridgehead_proto::budget::Budget::unlimited();
-    let metrics = Metrics::new(&budget);
+    let earned = Arc::new(bridgehead_runtime::memory::EarnedTotal::new(0));
+    let metrics = Metrics::new(&budget, &earned);
     Arc::new(Context {
         registry,
         admission: Admission::new(16, 16, metrics.dials_pending.clone()),
@@ -148,6 +149,7 @@ fn context_with_dial_timeout(registry: Registry, dial_timeout: Duration) -> Arc<
         log_tunnels: true,
         budget,
         socket_tuning: Default::default(),
+        earned,
         max_window: bridgehead_proto::session::DEFAULT_MAX_WINDOW,
     })
 }
