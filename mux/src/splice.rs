@@ -103,11 +103,6 @@ impl EarnedTotal {
         self.earned.load(Ordering::Relaxed)
     }
 
-    /// The most that may be earned.
-    pub fn limit(&self) -> u64 {
-        self.limit
-    }
-
     /// Takes `bytes` of the total, if that many are left.
     fn take(&self, bytes: u64) -> bool {
         self.earned
