@@ -72,6 +72,17 @@ fn server_buffered(server: &Server) -> u64 {
         .unwrap() as u64
 }
 
+/// Reads the download on `conn` until `read` (the bytes read so far) reaches `upto`; the
+/// download must not end first.
+fn read_up_to(conn: &mut UnixStream, read: &mut u64, upto: u64) {
+    let mut buf = vec![0u8; 256 * 1024];
+    while *read < upto {
+        let n = conn.read(&mut buf).unwrap();
+        assert!(n > 0, "the download ended after {read} bytes");
+        *read += n as u64;
+    }
+}
+
 /// Opens tunnels to `target`, each made to stall by `stall` (which returns once it has),
 /// until a CONNECT is refused; returns the stalled tunnels and the refusal.
 fn stall_until_refused(
@@ -436,12 +447,7 @@ fn a_reading_tunnel_earns_the_window_the_flag_allows() {
     assert_eq!(reply.status, 200, "{}", reply.head);
     // A tunnel earns an eighth of what it read: after 48 MiB, the flag's 4 MiB.
     let mut read = reply.extra.len() as u64;
-    let mut buf = vec![0u8; 256 * 1024];
-    while read < 12 * WINDOW {
-        let n = conn.read(&mut buf).unwrap();
-        assert!(n > 0, "the download ended after {read} bytes");
-        read += n as u64;
-    }
+    read_up_to(&mut conn, &mut read, 12 * WINDOW);
     // The client stops reading: the server takes what the agent may still send, which is
     // more than the default window would have let it send.
     wait_until("more than 256 KiB held for the stalled download", || {
@@ -477,20 +483,11 @@ fn a_reading_download_earns_its_target_socket_a_larger_buffer_within_the_budget(
     let (mut conn, reply) = connect(&path, source);
     assert_eq!(reply.status, 200, "{}", reply.head);
     let mut read = reply.extra.len() as u64;
-    let mut buf = vec![0u8; 256 * 1024];
     // 32 MiB earn 4 MiB, but the total stops the socket at 512 KiB: 128 + 256 KiB beyond its
     // start (the next doubling, 512 KiB more, does not fit).
-    while read < BYTES / 2 {
-        let n = conn.read(&mut buf).unwrap();
-        assert!(n > 0, "the download ended after {read} bytes");
-        read += n as u64;
-    }
+    read_up_to(&mut conn, &mut read, BYTES / 2);
     assert_eq!(earned(), 384 * 1024, "earned while the tunnel is open");
-    while read < BYTES {
-        let n = conn.read(&mut buf).unwrap();
-        assert!(n > 0, "the download ended after {read} bytes");
-        read += n as u64;
-    }
+    read_up_to(&mut conn, &mut read, BYTES);
     drop(conn);
     wait_until("the tunnel's share to come back", || earned() == 0);
 }
@@ -575,13 +572,8 @@ fn download_segment(path: &Path) -> u32 {
     let (probe, sent) = segment_probe(BYTES);
     let (mut conn, reply) = connect(path, probe);
     assert_eq!(reply.status, 200, "{}", reply.head);
-    let mut read = reply.extra.len();
-    let mut buf = vec![0u8; 256 * 1024];
-    while read < BYTES {
-        let n = conn.read(&mut buf).unwrap();
-        assert!(n > 0, "the download ended after {read} bytes");
-        read += n;
-    }
+    let mut read = reply.extra.len() as u64;
+    read_up_to(&mut conn, &mut read, BYTES as u64);
     sent.join().unwrap()
 }
 

@@ -345,7 +345,10 @@ impl<'a, S> Earning<'a, S> {
             // A socket that refuses keeps the buffer it has, and is not asked again: slower,
             // never wrong.
             if let Err(error) = (self.set)(socket, size) {
-                tracing::debug!(%error, size, "growing a tunnel socket's buffer");
+                // (A Unix socket has no receive buffer: nothing to say.)
+                if error.kind() != io::ErrorKind::Unsupported {
+                    tracing::debug!(%error, size, "growing a tunnel socket's buffer");
+                }
                 if let Some(total) = self.total {
                     total.give(u64::from(size - self.size));
                 }

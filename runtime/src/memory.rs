@@ -135,7 +135,8 @@ pub struct SocketTuning {
     pub unix_send_buffer: Option<EarnedBuffer>,
     /// A TCP socket's `TCP_NOTSENT_LOWAT`.
     pub unsent_limit: Option<u32>,
-    /// The largest `SO_RCVBUF` a dialed target socket earns by reading.
+    /// The largest `SO_RCVBUF` a TCP tunnel socket (a dialed target, an accepted client)
+    /// earns by reading.
     pub receive_buffer_max: Option<u32>,
 }
 
