@@ -601,6 +601,15 @@ fn record_noise(report: &mut Report, measurement: &str, noise: &Noise) {
             "warning: other processes used {foreign:.1} CPU s during the {measurement} runs ({share:.2} of a core on average): noisy"
         );
     }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let stolen_share = noise::stolen_share(stolen, wall, cpus);
+    if stolen_share > noise::STOLEN_SHARE_NOISY {
+        eprintln!(
+            "warning: the hypervisor took {stolen:.1} CPU s during the {measurement} runs ({:.0} % of the machine's {:.0}): their rates are not comparable with another run's",
+            stolen_share * 100.0,
+            wall * cpus as f64
+        );
+    }
     let _ = report.record(
         "noise",
         json!({
@@ -608,6 +617,8 @@ fn record_noise(report: &mut Report, measurement: &str, noise: &Noise) {
             "wall_s": wall,
             "foreign_cpu_s": foreign,
             "stolen_cpu_s": stolen,
+            "stolen_share": stolen_share,
+            "noisy": share > 0.1 || stolen_share > noise::STOLEN_SHARE_NOISY,
         }),
     );
     report.row(
@@ -618,7 +629,7 @@ fn record_noise(report: &mut Report, measurement: &str, noise: &Noise) {
             format!("{wall:.1} s"),
             format!("{foreign:.1} s"),
             format!("{share:.2}"),
-            format!("{stolen:.1} s"),
+            format!("{stolen:.1} s ({:.1} %)", stolen_share * 100.0),
         ],
     );
 }

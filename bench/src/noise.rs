@@ -53,3 +53,33 @@ impl Noise {
         (wall, foreign, steal - self.machine.1)
     }
 }
+
+/// Above this share of the machine's CPU time taken by the hypervisor during a measurement,
+/// its rates are not comparable with another run's: a side-by-side run that lost 26 s of its
+/// 292 on two CPUs (4.5 %) read every one-tunnel row at half speed, for every path alike,
+/// where runs that lost 1-2 % read as usual (docs/benchmarks.md).
+pub const STOLEN_SHARE_NOISY: f64 = 0.03;
+
+/// The share of the machine's CPU time (`cpus` CPUs for `wall` seconds) that `stolen` seconds
+/// are.
+pub fn stolen_share(stolen: f64, wall: f64, cpus: usize) -> f64 {
+    stolen / (wall * cpus.max(1) as f64).max(1e-9)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stolen_share_is_of_every_cpu() {
+        // 11.7 s stolen in a 38.5 s run on two CPUs: 15 % of the machine.
+        let share = stolen_share(11.7, 38.5, 2);
+        assert!((share - 0.152).abs() < 0.001, "{share}");
+        assert!(share > STOLEN_SHARE_NOISY);
+        assert!(stolen_share(26.0, 292.0, 2) > STOLEN_SHARE_NOISY);
+        // 8 s of 236 s: 1.7 %, a measurement.
+        assert!(stolen_share(8.0, 236.0, 2) < STOLEN_SHARE_NOISY);
+        // No time, no CPUs: noisy, not a division by zero.
+        assert!(stolen_share(1.0, 0.0, 0) > STOLEN_SHARE_NOISY);
+    }
+}
