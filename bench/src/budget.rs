@@ -23,6 +23,8 @@ pub struct Budget {
     pub soak_seconds: u64,
     /// Seconds of the CONNECT burst.
     pub burst_seconds: u64,
+    /// Turns the paths take on each side-by-side bulk and round-trip row (`--rounds`).
+    pub side_by_side_rounds: usize,
 }
 
 impl Budget {
@@ -41,6 +43,7 @@ impl Budget {
             soak_tunnels: 10_000,
             soak_seconds: 600,
             burst_seconds: 60,
+            side_by_side_rounds: 1,
         }
     }
 
@@ -59,6 +62,7 @@ impl Budget {
             soak_tunnels: 300,
             soak_seconds: 20,
             burst_seconds: 3,
+            side_by_side_rounds: 1,
         }
     }
 }

@@ -115,6 +115,11 @@ pub struct Options {
     /// `--agent-arg=--worker-threads=1`.
     #[arg(long = "agent-arg", value_name = "FLAG", allow_hyphen_values = true)]
     pub agent_args: Vec<String>,
+    /// Rounds of the side-by-side bulk and round-trip rows: the paths take turns this many
+    /// times and each path's median counts, so a burst of load in one turn does not decide a
+    /// check (default 1).
+    #[arg(long, value_name = "N")]
+    pub rounds: Option<usize>,
     /// Stalled readers of `--only stalled-readers` (default 5,000; 300 with --quick).
     #[arg(long, value_name = "N")]
     pub stalled_readers: Option<usize>,
@@ -239,11 +244,14 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         .json
         .clone()
         .unwrap_or_else(|| out_dir.join("results.jsonl"));
-    let budget = if options.quick {
+    let mut budget = if options.quick {
         Budget::quick()
     } else {
         Budget::full()
     };
+    if let Some(rounds) = options.rounds {
+        budget.side_by_side_rounds = rounds.max(1);
+    }
     // The soak and the burst take minutes: they run only when named.
     let selected = |m: Measurement| {
         options.only.contains(&m)

@@ -3,7 +3,8 @@
 //! idle memory per tunnel, round trips, and what a stalled neighbour costs a bulk download
 //! (ANP#881), each on both frontends (mTLS and the Unix socket), with direct loopback as the
 //! yardstick and every proxy's CPU per GiB also as a multiple of its path's [`floor`].
-//! The paths take turns for every row, so load changes hit them alike. Each Bridgehead path
+//! The paths take turns for every row, so load changes hit them alike; with `--rounds N`
+//! they take turns N times on the bulk and round-trip rows, and each path's median counts. Each Bridgehead path
 //! is checked against konnectivity's on the same frontend, ahead on every row; the
 //! Unix-socket path (plain CONNECT in, one TLS leg, as a peer's) against every peer on the
 //! rows issue 14 names: one tunnel's bulk rate and CPU per GiB both ways, setup rate, round
@@ -37,6 +38,39 @@ struct Path<'a> {
 /// One row's figure on each path, in the order of the paths.
 type Figures = Vec<Option<f64>>;
 
+/// One row's figures on each path over the rounds of a run (`--rounds`).
+struct Rounds(Vec<Vec<f64>>);
+
+impl Rounds {
+    fn new(paths: usize) -> Rounds {
+        Rounds(vec![Vec::new(); paths])
+    }
+
+    /// Adds a round's figure for the path at `index` (none when the run failed).
+    fn push(&mut self, index: usize, value: Option<f64>) {
+        if let (Some(values), Some(value)) = (self.0.get_mut(index), value) {
+            values.push(value);
+        }
+    }
+
+    /// Each path's median over its rounds (of an even count, the mean of the middle two);
+    /// none for a path whose every round failed.
+    fn medians(self) -> Figures {
+        self.0
+            .into_iter()
+            .map(|mut values| {
+                values.sort_by(f64::total_cmp);
+                let middle = values.len() / 2;
+                match values.len() {
+                    0 => None,
+                    n if n % 2 == 1 => Some(values[middle]),
+                    _ => Some((values[middle - 1] + values[middle]) / 2.0),
+                }
+            })
+            .collect()
+    }
+}
+
 /// Who is checked against whom: Bridgehead's path, the other path, and the other's name.
 struct Pair {
     ours: usize,
@@ -58,6 +92,7 @@ pub async fn run(
     report: &mut Report,
 ) {
     let target = bulk_target.addr;
+    let rounds = budget.side_by_side_rounds.max(1);
     eprintln!("== side by side: Bridgehead, konnectivity and peers, both frontends");
     let direct = Route::Direct;
     let Some((uds, uds_pids)) = rig.uds() else {
@@ -150,38 +185,37 @@ pub async fn run(
     for tunnels in TUNNELS {
         for direction in [Direction::Upload, Direction::Download] {
             let row = format!("bulk, {tunnels} tunnel(s), {}", direction.label());
-            let mut rates = Figures::new();
-            let mut cpus = Figures::new();
-            for path in &paths {
-                let bulk = throughput::bulk(
-                    path.route,
-                    target,
-                    direction,
-                    tunnels,
-                    budget.bulk_bytes,
-                    budget.bulk_time,
-                    &path.pids,
-                )
-                .await;
-                match bulk {
-                    Ok(bulk) => {
-                        rates.push(Some(bulk.rate()));
-                        cpus.push(bulk.cpu_per_gib());
-                        let _ = report.record(
-                            "side_by_side",
-                            json!({
-                                "row": row, "route": path.route.label(), "bytes_per_s": bulk.rate(),
-                                "cpu_s_per_gib": bulk.cpu_per_gib(),
-                            }),
-                        );
-                    }
-                    Err(error) => {
-                        eprintln!("  {row}, {}: {error:#}", path.route.label());
-                        rates.push(None);
-                        cpus.push(None);
+            let mut rates = Rounds::new(paths.len());
+            let mut cpus = Rounds::new(paths.len());
+            for round in 0..rounds {
+                for (index, path) in paths.iter().enumerate() {
+                    let bulk = throughput::bulk(
+                        path.route,
+                        target,
+                        direction,
+                        tunnels,
+                        budget.bulk_bytes,
+                        budget.bulk_time,
+                        &path.pids,
+                    )
+                    .await;
+                    match bulk {
+                        Ok(bulk) => {
+                            rates.push(index, Some(bulk.rate()));
+                            cpus.push(index, bulk.cpu_per_gib());
+                            let _ = report.record(
+                                "side_by_side",
+                                json!({
+                                    "row": row, "route": path.route.label(), "round": round,
+                                    "bytes_per_s": bulk.rate(), "cpu_s_per_gib": bulk.cpu_per_gib(),
+                                }),
+                            );
+                        }
+                        Err(error) => eprintln!("  {row}, {}: {error:#}", path.route.label()),
                     }
                 }
             }
+            let (rates, cpus) = (rates.medians(), cpus.medians());
             table(report, &header, &row, "MiB/s", &rates, rate);
             table(
                 report,
@@ -277,17 +311,20 @@ pub async fn run(
         );
     }
     let row = "round trip p50".to_owned();
-    let mut p50s = Figures::new();
-    for path in &paths {
-        let result =
-            latency::round_trips(path.route, target, budget.rtt_count, budget.rtt_time).await;
-        let value = result.ok().map(|s| s.p50.as_secs_f64());
-        let _ = report.record(
-            "side_by_side",
-            json!({ "row": row, "route": path.route.label(), "p50_s": value }),
-        );
-        p50s.push(value);
+    let mut p50s = Rounds::new(paths.len());
+    for round in 0..rounds {
+        for (index, path) in paths.iter().enumerate() {
+            let result =
+                latency::round_trips(path.route, target, budget.rtt_count, budget.rtt_time).await;
+            let value = result.ok().map(|s| s.p50.as_secs_f64());
+            let _ = report.record(
+                "side_by_side",
+                json!({ "row": row, "route": path.route.label(), "round": round, "p50_s": value }),
+            );
+            p50s.push(index, value);
+        }
     }
+    let p50s = p50s.medians();
     let as_micros = |v: f64| micros(std::time::Duration::from_secs_f64(v));
     table(report, &header, &row, "", &p50s, as_micros);
     compare(
@@ -413,5 +450,21 @@ fn compare(
             },
             outcome: Outcome::of(ahead),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_of_rounds() {
+        let mut rounds = Rounds::new(3);
+        for (index, value) in [(0, 3.0), (0, 1.0), (0, 2.0), (1, 4.0), (1, 2.0)] {
+            rounds.push(index, Some(value));
+        }
+        rounds.push(2, None);
+        rounds.push(7, Some(1.0));
+        assert_eq!(rounds.medians(), vec![Some(2.0), Some(3.0), None]);
     }
 }
