@@ -611,9 +611,10 @@ fn record_noise(report: &mut Report, measurement: &str, noise: &Noise) {
     }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let stolen_share = noise::stolen_share(stolen, wall, cpus);
-    if stolen_share > noise::STOLEN_SHARE_NOISY {
+    let stolen_noisy = noise::stolen_is_noisy(stolen, wall, cpus);
+    if stolen_noisy {
         eprintln!(
-            "warning: the hypervisor took {stolen:.1} CPU s during the {measurement} runs ({:.0} % of the machine's {:.0}): their rates are not comparable with another run's",
+            "warning: the hypervisor took {stolen:.1} CPU s during the {measurement} runs ({:.0} % of the machine's {:.0} CPU s): their rates are not comparable with another run's",
             stolen_share * 100.0,
             wall * cpus as f64
         );
@@ -626,7 +627,7 @@ fn record_noise(report: &mut Report, measurement: &str, noise: &Noise) {
             "foreign_cpu_s": foreign,
             "stolen_cpu_s": stolen,
             "stolen_share": stolen_share,
-            "noisy": share > 0.1 || stolen_share > noise::STOLEN_SHARE_NOISY,
+            "noisy": share > 0.1 || stolen_noisy,
         }),
     );
     report.row(

@@ -59,11 +59,21 @@ impl Noise {
 /// 292 on two CPUs (4.5 %) read every one-tunnel row at half speed, for every path alike,
 /// where runs that lost 1-2 % read as usual (docs/benchmarks.md).
 pub const STOLEN_SHARE_NOISY: f64 = 0.03;
+/// Below this many stolen seconds a measurement is not called noisy whatever its share: the
+/// kernel counts steal in clock ticks, and a one-second smoke run (`--quick`) reads 4 % from
+/// ten of them.
+pub const STOLEN_SECONDS_NOISY: f64 = 1.0;
 
 /// The share of the machine's CPU time (`cpus` CPUs for `wall` seconds) that `stolen` seconds
 /// are.
 pub fn stolen_share(stolen: f64, wall: f64, cpus: usize) -> f64 {
     stolen / (wall * cpus.max(1) as f64).max(1e-9)
+}
+
+/// Whether the hypervisor took enough of the machine during a measurement that its rates are
+/// not comparable with another run's.
+pub fn stolen_is_noisy(stolen: f64, wall: f64, cpus: usize) -> bool {
+    stolen >= STOLEN_SECONDS_NOISY && stolen_share(stolen, wall, cpus) > STOLEN_SHARE_NOISY
 }
 
 #[cfg(test)]
@@ -81,5 +91,9 @@ mod tests {
         assert!(stolen_share(8.0, 236.0, 2) < STOLEN_SHARE_NOISY);
         // No time, no CPUs: noisy, not a division by zero.
         assert!(stolen_share(1.0, 0.0, 0) > STOLEN_SHARE_NOISY);
+        assert!(stolen_is_noisy(11.7, 38.5, 2));
+        assert!(!stolen_is_noisy(8.0, 236.0, 2));
+        // A tenth of a second of a 1.2 s smoke run: 4 %, but ten clock ticks.
+        assert!(!stolen_is_noisy(0.1, 1.2, 2));
     }
 }
