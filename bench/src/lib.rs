@@ -118,7 +118,7 @@ pub struct Options {
     /// Rounds of the side-by-side bulk and round-trip rows: the paths take turns this many
     /// times and each path's median counts, so a burst of load in one turn does not decide a
     /// check (default 1).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub rounds: Option<usize>,
     /// Stalled readers of `--only stalled-readers` (default 5,000; 300 with --quick).
     #[arg(long, value_name = "N")]
@@ -250,7 +250,7 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         Budget::full()
     };
     if let Some(rounds) = options.rounds {
-        budget.side_by_side_rounds = rounds.max(1);
+        budget.side_by_side_rounds = rounds;
     }
     // The soak and the burst take minutes: they run only when named.
     let selected = |m: Measurement| {

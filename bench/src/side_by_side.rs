@@ -4,8 +4,9 @@
 //! (ANP#881), each on both frontends (mTLS and the Unix socket), with direct loopback as the
 //! yardstick and every proxy's CPU per GiB also as a multiple of its path's [`floor`].
 //! The paths take turns for every row, so load changes hit them alike; with `--rounds N`
-//! they take turns N times on the bulk and round-trip rows, and each path's median counts. Each Bridgehead path
-//! is checked against konnectivity's on the same frontend, ahead on every row; the
+//! they take turns N times on the bulk and round-trip rows, and each path's median counts
+//! (each turn is a `side_by_side_round` JSON line, the medians `side_by_side` lines as
+//! before). Each Bridgehead path is checked against konnectivity's on the same frontend, ahead on every row; the
 //! Unix-socket path (plain CONNECT in, one TLS leg, as a peer's) against every peer on the
 //! rows issue 14 names: one tunnel's bulk rate and CPU per GiB both ways, setup rate, round
 //! trip, idle memory.
@@ -92,7 +93,7 @@ pub async fn run(
     report: &mut Report,
 ) {
     let target = bulk_target.addr;
-    let rounds = budget.side_by_side_rounds.max(1);
+    let rounds = budget.side_by_side_rounds;
     eprintln!("== side by side: Bridgehead, konnectivity and peers, both frontends");
     let direct = Route::Direct;
     let Some((uds, uds_pids)) = rig.uds() else {
@@ -204,7 +205,7 @@ pub async fn run(
                             rates.push(index, Some(bulk.rate()));
                             cpus.push(index, bulk.cpu_per_gib());
                             let _ = report.record(
-                                "side_by_side",
+                                "side_by_side_round",
                                 json!({
                                     "row": row, "route": path.route.label(), "round": round,
                                     "bytes_per_s": bulk.rate(), "cpu_s_per_gib": bulk.cpu_per_gib(),
@@ -216,6 +217,17 @@ pub async fn run(
                 }
             }
             let (rates, cpus) = (rates.medians(), cpus.medians());
+            for ((path, rate), cpu) in paths.iter().zip(&rates).zip(&cpus) {
+                if rate.is_some() {
+                    let _ = report.record(
+                        "side_by_side",
+                        json!({
+                            "row": row, "route": path.route.label(), "rounds": rounds,
+                            "bytes_per_s": rate, "cpu_s_per_gib": cpu,
+                        }),
+                    );
+                }
+            }
             table(report, &header, &row, "MiB/s", &rates, rate);
             table(
                 report,
@@ -318,13 +330,19 @@ pub async fn run(
                 latency::round_trips(path.route, target, budget.rtt_count, budget.rtt_time).await;
             let value = result.ok().map(|s| s.p50.as_secs_f64());
             let _ = report.record(
-                "side_by_side",
+                "side_by_side_round",
                 json!({ "row": row, "route": path.route.label(), "round": round, "p50_s": value }),
             );
             p50s.push(index, value);
         }
     }
     let p50s = p50s.medians();
+    for (path, p50) in paths.iter().zip(&p50s) {
+        let _ = report.record(
+            "side_by_side",
+            json!({ "row": row, "route": path.route.label(), "rounds": rounds, "p50_s": p50 }),
+        );
+    }
     let as_micros = |v: f64| micros(std::time::Duration::from_secs_f64(v));
     table(report, &header, &row, "", &p50s, as_micros);
     compare(
