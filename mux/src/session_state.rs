@@ -1,6 +1,6 @@
 //! The state one session's tasks share: the protocol state machine and per-stream wake-ups.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
 use std::task::{Context, Waker};
 use std::time::Duration;
@@ -8,6 +8,7 @@ use std::time::Duration;
 use bridgehead_proto::session::{Event, Session, SessionConfig};
 use bridgehead_proto::text::Printable;
 use bridgehead_proto::{ErrorCode, StreamId};
+use foldhash::HashMap;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -97,7 +98,7 @@ impl SessionState {
         SessionState {
             state: Mutex::new(Locked {
                 session: Session::new(config),
-                slots: HashMap::new(),
+                slots: HashMap::default(),
                 dials: VecDeque::new(),
                 closed: None,
             }),

@@ -16,9 +16,10 @@ mod stream;
 
 pub use error::{OpenError, SessionError, StreamError};
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 
 use bytes::{Bytes, BytesMut};
+use foldhash::HashMap;
 
 use crate::budget::Budget;
 use crate::frame::{Frame, StreamId, HEADER_LEN, MAX_DATA_PAYLOAD};
@@ -170,7 +171,7 @@ impl Session {
     pub fn new(config: SessionConfig) -> Session {
         Session {
             config,
-            streams: HashMap::new(),
+            streams: HashMap::default(),
             last_id: 0,
             deadlines: BTreeSet::new(),
             control: VecDeque::new(),
