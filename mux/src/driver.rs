@@ -1,6 +1,8 @@
 //! Drives one session's WebSocket: a reader, a writer, the keepalive and the session's one
 //! timer for dial deadlines.
 
+use std::future::{poll_fn, Future};
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use crate::branches::Branches;
 use crate::session_state::SessionState;
 use crate::websocket::{close_code, Incoming, Message, Reader, WebSocket, Writer, WsError};
 use crate::Mux;
@@ -245,10 +248,21 @@ impl Mux {
             }
         };
 
-        let end = tokio::select! {
-            end = reader => end,
-            end = writer => end,
-            never = deadlines(shared) => match never {},
+        // Each polled only when its own waker fired (`branches`), not all three on every
+        // wake-up of the task as `tokio::select!` would.
+        let end = {
+            let mut reader = pin!(reader);
+            let mut writer = pin!(writer);
+            let mut deadlines = pin!(deadlines(shared));
+            let branches = Branches::<3>::new();
+            poll_fn(|cx| {
+                branches.poll(cx, |branch, cx| match branch {
+                    0 => reader.as_mut().poll(cx),
+                    1 => writer.as_mut().poll(cx),
+                    _ => deadlines.as_mut().poll(cx).map(|never| match never {}),
+                })
+            })
+            .await
         };
         debug!(reason = %end, "session ending");
         shared.close(end.clone());

@@ -14,6 +14,7 @@
 //!
 //! Not here: TLS, HTTP, routing, metrics. Those belong to the server and the agent.
 
+mod branches;
 mod driver;
 mod session_state;
 pub mod splice;
