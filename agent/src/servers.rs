@@ -10,9 +10,11 @@
 //! be listening already) and when they end. The delays between attempts are [`Schedule`]'s.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bridgehead_mux::Branches;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::sync::mpsc;
@@ -235,9 +237,22 @@ fn spawn_session(
                 &shutdown,
                 || drained.cancel(),
             ));
-            let reason = tokio::select! {
-                reason = &mut session => reason,
-                () = drained.cancelled() => {
+            // The session polled only when its own waker fired, not on every frame with
+            // the drain's future (`Branches`).
+            let first = {
+                let mut drained = std::pin::pin!(drained.cancelled());
+                let branches = Branches::<2>::new();
+                std::future::poll_fn(|cx| {
+                    branches.poll(cx, |branch, cx| match branch {
+                        0 => session.as_mut().poll(cx).map(Some),
+                        _ => drained.as_mut().poll(cx).map(|()| None),
+                    })
+                })
+                .await
+            };
+            let reason = match first {
+                Some(reason) => reason,
+                None => {
                     let _ = events.send(Event::Draining(key)).await;
                     session.await
                 }

@@ -2,12 +2,13 @@
 //! splice each tunnel, tell the supervisor when the server drains, and drain on shutdown.
 
 use std::convert::Infallible;
-use std::future::Future;
+use std::future::{poll_fn, Future};
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bridgehead_mux::splice::{self, Moved, TunnelSocket};
-use bridgehead_mux::{DialRequest, Mux, MuxStream, SessionEnd};
+use bridgehead_mux::{Branches, DialRequest, Mux, MuxStream, SessionEnd};
 use bridgehead_proto::host::HostPort;
 use bridgehead_proto::session::{Role, SessionConfig, DEFAULT_INITIAL_WINDOW};
 use bridgehead_runtime::memory::EarnedBuffer;
@@ -47,23 +48,34 @@ pub(crate) async fn run(
     // Stops the driver; cancelled only at the end of a drain, never straight from `shutdown`.
     let stop = CancellationToken::new();
 
-    let driver = mux.run(ws, config.keepalive, stop.clone());
-    let background = async {
-        tokio::join!(
-            accept_loop(&mux, &tracker, health, policy),
-            drain_on_shutdown(&mux, &tracker, shutdown, config.drain_grace_period, &stop),
-            async {
-                mux.peer_drained().await;
-                if mux.peer_draining() {
-                    on_server_drain();
-                }
-            },
-        );
-        std::future::pending::<Infallible>().await
-    };
-    let result = tokio::select! {
-        result = driver => result,
-        never = background => match never {},
+    // The driver and what waits beside it (the server's dials, a shutdown, the server's
+    // drain), each polled only when its own waker fired: not all four on every frame.
+    let result = {
+        let mut driver = pin!(mux.run(ws, config.keepalive, stop.clone()));
+        let mut accept = pin!(then_wait(accept_loop(&mux, &tracker, health, policy)));
+        let mut drain = pin!(then_wait(drain_on_shutdown(
+            &mux,
+            &tracker,
+            shutdown,
+            config.drain_grace_period,
+            &stop,
+        )));
+        let mut server_drain = pin!(then_wait(async {
+            mux.peer_drained().await;
+            if mux.peer_draining() {
+                on_server_drain();
+            }
+        }));
+        let branches = Branches::<4>::new();
+        poll_fn(|cx| {
+            branches.poll(cx, |branch, cx| match branch {
+                0 => driver.as_mut().poll(cx),
+                1 => accept.as_mut().poll(cx).map(|never| match never {}),
+                2 => drain.as_mut().poll(cx).map(|never| match never {}),
+                _ => server_drain.as_mut().poll(cx).map(|never| match never {}),
+            })
+        })
+        .await
     };
     let reason = match result {
         Ok(()) => mux.closed().await,
@@ -82,6 +94,13 @@ pub(crate) async fn run(
         );
     }
     reason
+}
+
+/// Runs `work`, then waits forever: a branch beside the driver that must not be polled once
+/// it finished.
+async fn then_wait(work: impl Future<Output = ()>) -> Infallible {
+    work.await;
+    std::future::pending().await
 }
 
 /// Spawns a tunnel task for every dial the server asks for, until the session ends.

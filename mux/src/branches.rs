@@ -1,12 +1,36 @@
 //! Several futures of one task, each polled only when its own waker fired.
 //!
-//! `tokio::select!` polls every branch whenever the task wakes. The session's driver is three
-//! futures (reader, writer, dial deadlines), and most wake-ups are for one of them: the
-//! transport became readable, or a stream queued frames. Polling the others costs a TLS
-//! read that finds nothing, a pass over the transmit queue, lock round trips on the
-//! session's `Notify`s: about a third of what a 64-byte round trip costs the driver. Here
-//! each branch gets a waker of its own that marks it and wakes the task; a poll of the task
-//! polls the marked branches only.
+//! `tokio::select!` (and `join!`) polls every branch whenever the task wakes. The session's
+//! driver is three futures (reader, writer, dial deadlines), and most wake-ups are for one of
+//! them: the transport became readable, or a stream queued frames. Polling the others costs a
+//! TLS read that finds nothing, a pass over the transmit queue, lock round trips on the
+//! session's `Notify`s: about a third of what a 64-byte round trip costs the driver. The
+//! server and the agent run the driver beside futures that wait for a drain or a shutdown,
+//! and those would be polled on every wake-up as well. Here each branch gets a waker of its
+//! own that marks it and wakes the task; a poll of the task polls the marked branches only.
+//!
+//! ```
+//! # use std::future::{poll_fn, Future};
+//! # use std::pin::pin;
+//! # use std::task::Poll;
+//! # use bridgehead_mux::Branches;
+//! # async fn example(main: impl Future<Output = u32>, beside: impl Future<Output = ()>) -> u32 {
+//! let mut main = pin!(main);
+//! // A branch that ends without deciding the outcome must not be polled again.
+//! let mut beside = pin!(async {
+//!     beside.await;
+//!     std::future::pending::<()>().await
+//! });
+//! let branches = Branches::<2>::new();
+//! poll_fn(|cx| {
+//!     branches.poll(cx, |branch, cx| match branch {
+//!         0 => main.as_mut().poll(cx),
+//!         _ => beside.as_mut().poll(cx).map(|()| 0),
+//!     })
+//! })
+//! .await
+//! # }
+//! ```
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,7 +40,7 @@ use futures_util::task::AtomicWaker;
 
 /// `N` branches of one task; see the module documentation.
 #[derive(Debug)]
-pub(crate) struct Branches<const N: usize> {
+pub struct Branches<const N: usize> {
     shared: Arc<Marks<N>>,
     wakers: [Waker; N],
 }
@@ -47,9 +71,15 @@ impl<const N: usize> Wake for BranchWaker<N> {
     }
 }
 
+impl<const N: usize> Default for Branches<N> {
+    fn default() -> Branches<N> {
+        Branches::new()
+    }
+}
+
 impl<const N: usize> Branches<N> {
     /// Every branch starts marked: the first poll polls them all.
-    pub(crate) fn new() -> Branches<N> {
+    pub fn new() -> Branches<N> {
         let shared = Arc::new(Marks {
             task: AtomicWaker::new(),
             woken: std::array::from_fn(|_| AtomicBool::new(true)),
@@ -65,7 +95,7 @@ impl<const N: usize> Branches<N> {
 
     /// Calls `poll(i, cx)` for each branch `i` woken since its last poll, in order, with a
     /// context of that branch's waker; the first `Ready` ends the round and is returned.
-    pub(crate) fn poll<T>(
+    pub fn poll<T>(
         &self,
         cx: &mut Context<'_>,
         mut poll: impl FnMut(usize, &mut Context<'_>) -> Poll<T>,

@@ -209,6 +209,9 @@ impl Mux {
 
         let writer = async {
             let mut buf = Message::default();
+            // One wait for the whole session: made afresh in every turn of the loop, it
+            // registered and unregistered with the token's list on every message.
+            let mut shutdown = pin!(shutdown.cancelled());
             loop {
                 let notified = shared.transmit.notified();
                 if let Some(end) = shared.closed_reason() {
@@ -238,7 +241,7 @@ impl Mux {
                             return SessionEnd::Write(Arc::new(error));
                         }
                     }
-                    () = shutdown.cancelled() => {
+                    () = &mut shutdown => {
                         // Frames queued before the shutdown (a last DATA and FIN) still go out.
                         let flush = send_queued(&mut sink, shared, &mut buf);
                         let _ = tokio::time::timeout(CLOSE_FLUSH, flush).await;

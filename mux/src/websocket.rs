@@ -342,9 +342,9 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
 
     /// Sends `message` as one binary message. Not flushed.
     pub(crate) async fn send_binary(&mut self, message: &mut Message) -> Result<(), WsError> {
-        let header = self.header(BINARY, message.len());
-        let start = MAX_HEADER - header.len();
-        message.bytes[start..MAX_HEADER].copy_from_slice(&header);
+        let (header, end) = self.header(BINARY, message.len());
+        let start = MAX_HEADER - end;
+        message.bytes[start..MAX_HEADER].copy_from_slice(&header[..end]);
         let bytes = &message.bytes;
         if message.spliced.is_empty() {
             // Small frames only (a round trip, window grants): one plain write.
@@ -374,7 +374,8 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
     /// Sends a control frame (ping, pong, close) and flushes.
     pub(crate) async fn send_control(&mut self, opcode: u8, payload: &[u8]) -> Result<(), WsError> {
         let payload = &payload[..payload.len().min(MAX_CONTROL)];
-        let mut frame = self.header(opcode, payload.len());
+        let (header, end) = self.header(opcode, payload.len());
+        let mut frame = header[..end].to_vec();
         frame.extend_from_slice(payload);
         self.io.write_all(&frame).await?;
         self.flush().await
@@ -404,26 +405,33 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
         Ok(())
     }
 
-    /// A final frame's header for `len` payload bytes; the client's carries the zero mask key.
-    fn header(&self, opcode: u8, len: usize) -> Vec<u8> {
+    /// A final frame's header for `len` payload bytes, `header[..end]`; the client's carries
+    /// the zero mask key. On the stack: one allocation per message less.
+    fn header(&self, opcode: u8, len: usize) -> ([u8; MAX_HEADER], usize) {
         let mask = if self.role == Role::Client { MASKED } else { 0 };
-        let mut header = Vec::with_capacity(MAX_HEADER);
-        header.push(FIN | opcode);
-        match len {
-            0..=125 => header.push(mask | len as u8),
+        let mut header = [0; MAX_HEADER];
+        header[0] = FIN | opcode;
+        let mut end = match len {
+            0..=125 => {
+                header[1] = mask | len as u8;
+                2
+            }
             126..=0xFFFF => {
-                header.push(mask | 126);
-                header.extend_from_slice(&(len as u16).to_be_bytes());
+                header[1] = mask | 126;
+                header[2..4].copy_from_slice(&(len as u16).to_be_bytes());
+                4
             }
             _ => {
-                header.push(mask | 127);
-                header.extend_from_slice(&(len as u64).to_be_bytes());
+                header[1] = mask | 127;
+                header[2..10].copy_from_slice(&(len as u64).to_be_bytes());
+                10
             }
-        }
+        };
         if mask != 0 {
-            header.extend_from_slice(&[0; 4]);
+            // The key is zero, and so are these bytes already.
+            end += 4;
         }
-        header
+        (header, end)
     }
 }
 

@@ -7,10 +7,11 @@
 //! answers `101` and hands the connection to the session driver. A refusal is the status and
 //! a one-line reason (in the status line and the body), which the agent logs.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bridgehead_mux::{Mux, WebSocket, WsRole};
+use bridgehead_mux::{Branches, Mux, WebSocket, WsRole};
 use bridgehead_proto::ident::AgentIdentifiers;
 use bridgehead_proto::servers::{
     parse_connected_servers, CONNECTED_SERVERS_HEADER, SERVER_COUNT_HEADER, SERVER_ID_HEADER,
@@ -220,12 +221,22 @@ async fn session(
                 ctx.metrics
                     .set_ready_backends(&ctx.registry.ready_backends());
             }
-            std::future::pending::<()>().await
+            std::future::pending::<std::convert::Infallible>().await
         }
     };
-    let result = tokio::select! {
-        result = mux.run(ws, ctx.keepalive, sessions) => result,
-        () = watch_drain => Ok(()),
+    // The driver polled only when its own waker fired, not on every frame with the drain's
+    // watch (`Branches`).
+    let result = {
+        let mut run = std::pin::pin!(mux.run(ws, ctx.keepalive, sessions));
+        let mut watch_drain = std::pin::pin!(watch_drain);
+        let branches = Branches::<2>::new();
+        std::future::poll_fn(|cx| {
+            branches.poll(cx, |branch, cx| match branch {
+                0 => run.as_mut().poll(cx),
+                _ => watch_drain.as_mut().poll(cx).map(|never| match never {}),
+            })
+        })
+        .await
     };
     ctx.registry.unregister(key);
     ctx.metrics.agents_connected.dec();
