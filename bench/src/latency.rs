@@ -13,6 +13,7 @@ use crate::route::{Conn, Route};
 use crate::summary::Summary;
 use crate::Budget;
 use bridgehead_e2e::client::tunnel::Frontend;
+use bridgehead_e2e::procfs;
 use bridgehead_e2e::target::bulk as target;
 
 /// Size of each request and of its response.
@@ -24,16 +25,38 @@ const GRACE: Duration = Duration::from_secs(10);
 /// The round trip through Bridgehead may add this much to the direct p50.
 const RTT_BUDGET: Duration = Duration::from_micros(50);
 
-/// Times up to `count` exchanges of [`MESSAGE`] bytes (at most `limit`) on one connection.
+/// Round trips on one connection: their times, and the CPU the proxy's processes spent on
+/// each.
+#[derive(Debug)]
+pub struct RoundTrips {
+    pub summary: Summary,
+    /// CPU seconds per exchange of the processes measured (none when none were given or
+    /// `/proc` could not be read). Wait-dominated latency hides the work a round trip costs;
+    /// this shows it.
+    pub cpu_per_exchange: Option<f64>,
+}
+
+/// Times up to `count` exchanges of [`MESSAGE`] bytes (at most `limit`) on one connection,
+/// counting the CPU `pids` spend on them (the warm-up not included).
 pub async fn round_trips(
     route: &Route,
     target: SocketAddr,
     count: usize,
     limit: Duration,
-) -> anyhow::Result<Summary> {
+    pids: &[u32],
+) -> anyhow::Result<RoundTrips> {
     let mut conn = echo_tunnel(route, target, limit).await?;
+    let cpu_before = procfs::total_cpu(pids).ok();
     let mut samples = exchanges(&mut conn, count, limit).await?;
-    Ok(Summary::of(&mut samples))
+    let cpu_after = procfs::total_cpu(pids).ok();
+    let cpu_per_exchange = cpu_before
+        .zip(cpu_after)
+        .filter(|_| !pids.is_empty() && !samples.is_empty())
+        .map(|(before, after)| (after - before) / samples.len() as f64);
+    Ok(RoundTrips {
+        summary: Summary::of(&mut samples),
+        cpu_per_exchange,
+    })
 }
 
 /// Opens a connection to the echo target and warms it up with [`WARMUP`] exchanges (the
@@ -77,9 +100,15 @@ pub async fn run(rig: &Rig, target: SocketAddr, budget: &Budget, report: &mut Re
     eprintln!("== round trip, {MESSAGE}-byte request/response on an open tunnel");
     let mut direct = None;
     for route in rig.routes() {
-        let result = round_trips(&route, target, budget.rtt_count, budget.rtt_time).await;
-        let summary = match result {
-            Ok(summary) => summary,
+        // Whose CPU counts: the route's server and agent (none for direct).
+        let pids = match &route {
+            Route::Bridgehead(Frontend::Mtls { .. }) => rig.pids(),
+            Route::Bridgehead(_) => rig.uds().map(|(_, pids)| pids.to_vec()).unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        let result = round_trips(&route, target, budget.rtt_count, budget.rtt_time, &pids).await;
+        let (summary, cpu) = match result {
+            Ok(trips) => (trips.summary, trips.cpu_per_exchange),
             Err(error) => {
                 report.failed(
                     &format!("round trip {}", route.label()),
@@ -106,17 +135,19 @@ pub async fn run(rig: &Rig, target: SocketAddr, budget: &Budget, report: &mut Re
                 "p99_us": summary.p99.as_secs_f64() * 1e6,
                 "mean_us": summary.mean.as_secs_f64() * 1e6,
                 "max_us": summary.max.as_secs_f64() * 1e6,
+                "server_agent_cpu_us_per_round_trip": cpu.map(|cpu| cpu * 1e6),
             }),
         );
         report.row(
             "Round trip (64 B request/response, open tunnel)",
-            &["route", "p50", "p99", "mean", "samples"],
+            &["route", "p50", "p99", "mean", "samples", "server+agent CPU"],
             vec![
                 route.label().to_owned(),
                 micros(summary.p50),
                 micros(summary.p99),
                 micros(summary.mean),
                 summary.n.to_string(),
+                cpu.map_or_else(|| "–".to_owned(), |cpu| format!("{:.1} µs", cpu * 1e6)),
             ],
         );
         match (&route, direct) {

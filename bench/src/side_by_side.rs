@@ -324,27 +324,68 @@ pub async fn run(
     }
     let row = "round trip p50".to_owned();
     let mut p50s = Rounds::new(paths.len());
+    let mut cpus = Rounds::new(paths.len());
     for round in 0..rounds {
         for (index, path) in paths.iter().enumerate() {
-            let result =
-                latency::round_trips(path.route, target, budget.rtt_count, budget.rtt_time).await;
-            let value = result.ok().map(|s| s.p50.as_secs_f64());
+            let result = latency::round_trips(
+                path.route,
+                target,
+                budget.rtt_count,
+                budget.rtt_time,
+                &path.pids,
+            )
+            .await;
+            let (value, cpu) = match result {
+                Ok(trips) => (
+                    Some(trips.summary.p50.as_secs_f64()),
+                    trips.cpu_per_exchange,
+                ),
+                Err(_) => (None, None),
+            };
             let _ = report.record(
                 "side_by_side_round",
-                json!({ "row": row, "route": path.route.label(), "round": round, "p50_s": value }),
+                json!({
+                    "row": row, "route": path.route.label(), "round": round, "p50_s": value,
+                    "cpu_s_per_round_trip": cpu,
+                }),
             );
             p50s.push(index, value);
+            cpus.push(index, cpu);
         }
     }
-    let p50s = p50s.medians();
-    for (path, p50) in paths.iter().zip(&p50s) {
+    let (p50s, cpus) = (p50s.medians(), cpus.medians());
+    for ((path, p50), cpu) in paths.iter().zip(&p50s).zip(&cpus) {
         let _ = report.record(
             "side_by_side",
-            json!({ "row": row, "route": path.route.label(), "rounds": rounds, "p50_s": p50 }),
+            json!({
+                "row": row, "route": path.route.label(), "rounds": rounds, "p50_s": p50,
+                "cpu_s_per_round_trip": cpu,
+            }),
         );
     }
     let as_micros = |v: f64| micros(std::time::Duration::from_secs_f64(v));
     table(report, &header, &row, "", &p50s, as_micros);
+    // What each round trip cost the proxy's processes (direct: the bench's own client and
+    // echo target), beside the wait-dominated latency.
+    table(
+        report,
+        &header,
+        "round trip, CPU per round trip",
+        "",
+        &cpus,
+        |v| format!("{:.1} µs", v * 1e6),
+    );
+    compare(
+        report,
+        &pairs,
+        true,
+        &row,
+        "CPU per round trip",
+        &labels,
+        &cpus,
+        Lower,
+        |v| format!("{:.1} µs", v * 1e6),
+    );
     compare(
         report,
         &pairs,
