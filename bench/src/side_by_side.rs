@@ -364,6 +364,7 @@ pub async fn run(
         );
     }
     let as_micros = |v: f64| micros(std::time::Duration::from_secs_f64(v));
+    let cpu_micros = |v: f64| format!("{:.1} µs", v * 1e6);
     table(report, &header, &row, "", &p50s, as_micros);
     // What each round trip cost the proxy's processes (direct: the bench's own client and
     // echo target), beside the wait-dominated latency.
@@ -373,7 +374,7 @@ pub async fn run(
         "round trip, CPU per round trip",
         "",
         &cpus,
-        |v| format!("{:.1} µs", v * 1e6),
+        cpu_micros,
     );
     compare(
         report,
@@ -384,7 +385,7 @@ pub async fn run(
         &labels,
         &cpus,
         Lower,
-        |v| format!("{:.1} µs", v * 1e6),
+        cpu_micros,
     );
     compare(
         report,
