@@ -24,6 +24,7 @@ use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError, Insufficien
 use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_util::io::poll_read_buf;
 
 /// Most bytes one socket read takes: four full records.
 const READ_SIZE: usize = 64 * 1024;
@@ -388,22 +389,28 @@ impl TlsStream {
         if self.io_eof {
             return Poll::Ready(Ok(0));
         }
-        loop {
-            if let Err(error) = ready!(self.io.poll_read_ready(cx)) {
-                return Poll::Ready(Err(error));
+        // Readiness first, so that an idle connection takes no read buffer, and lets go of
+        // the one it has when the socket has nothing more.
+        let Poll::Ready(ready) = self.io.poll_read_ready(cx) else {
+            self.incoming.release_if_empty();
+            return Poll::Pending;
+        };
+        ready?;
+        self.incoming.prepare_read();
+        // Through `AsyncRead`, which takes a read that did not fill the buffer as the socket
+        // drained and waits for readiness next time, where `try_read_buf` keeps the readiness
+        // and the next read is a `recvfrom` that finds nothing: one per request on an
+        // interactive tunnel, one per burst on a bulk one.
+        match poll_read_buf(Pin::new(&mut self.io), cx, &mut self.incoming.buf) {
+            Poll::Ready(Ok(0)) => {
+                self.io_eof = true;
+                Poll::Ready(Ok(0))
             }
-            self.incoming.prepare_read();
-            match self.io.try_read_buf(&mut self.incoming.buf) {
-                Ok(0) => {
-                    self.io_eof = true;
-                    return Poll::Ready(Ok(0));
-                }
-                Ok(n) => return Poll::Ready(Ok(n)),
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                    // Nothing there: an idle connection keeps no read buffer.
-                    self.incoming.release_if_empty();
-                }
-                Err(error) => return Poll::Ready(Err(error)),
+            Poll::Ready(result) => Poll::Ready(result),
+            Poll::Pending => {
+                // Nothing there after all.
+                self.incoming.release_if_empty();
+                Poll::Pending
             }
         }
     }
