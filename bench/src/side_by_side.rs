@@ -188,6 +188,7 @@ pub async fn run(
             let row = format!("bulk, {tunnels} tunnel(s), {}", direction.label());
             let mut rates = Rounds::new(paths.len());
             let mut cpus = Rounds::new(paths.len());
+            let mut wholes = Rounds::new(paths.len());
             for round in 0..rounds {
                 for (index, path) in paths.iter().enumerate() {
                     let bulk = throughput::bulk(
@@ -202,13 +203,16 @@ pub async fn run(
                     .await;
                     match bulk {
                         Ok(bulk) => {
+                            let whole = bulk.whole_cpu_per_gib(matches!(path.route, Route::Direct));
                             rates.push(index, Some(bulk.rate()));
                             cpus.push(index, bulk.cpu_per_gib());
+                            wholes.push(index, whole);
                             let _ = report.record(
                                 "side_by_side_round",
                                 json!({
                                     "row": row, "route": path.route.label(), "round": round,
                                     "bytes_per_s": bulk.rate(), "cpu_s_per_gib": bulk.cpu_per_gib(),
+                                    "whole_path_cpu_s_per_gib": whole,
                                 }),
                             );
                         }
@@ -216,14 +220,15 @@ pub async fn run(
                     }
                 }
             }
-            let (rates, cpus) = (rates.medians(), cpus.medians());
-            for ((path, rate), cpu) in paths.iter().zip(&rates).zip(&cpus) {
+            let (rates, cpus, wholes) = (rates.medians(), cpus.medians(), wholes.medians());
+            for (((path, rate), cpu), whole) in paths.iter().zip(&rates).zip(&cpus).zip(&wholes) {
                 if rate.is_some() {
                     let _ = report.record(
                         "side_by_side",
                         json!({
                             "row": row, "route": path.route.label(), "rounds": rounds,
                             "bytes_per_s": rate, "cpu_s_per_gib": cpu,
+                            "whole_path_cpu_s_per_gib": whole,
                         }),
                     );
                 }
@@ -261,6 +266,16 @@ pub async fn run(
                 &format!("{row}, CPU × floor"),
                 "",
                 &times_floor,
+                |v| format!("{v:.2}"),
+            );
+            // What the machine spent on the whole path, the client's and target's ends
+            // included: where a proxy's own CPU leaves out what it made them pay.
+            table(
+                report,
+                &header,
+                &format!("{row}, whole path CPU s/GiB (with client and target)"),
+                "",
+                &wholes,
                 |v| format!("{v:.2}"),
             );
             let targeted = tunnels == 1;

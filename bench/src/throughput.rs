@@ -52,6 +52,9 @@ pub struct Bulk {
     pub seconds: f64,
     /// CPU seconds the watched processes spent during the transfer.
     pub cpu_seconds: Option<f64>,
+    /// CPU seconds this process spent during the transfer: the client's and the target's
+    /// ends of every tunnel (the proxy's own CPU is [`Bulk::cpu_seconds`]).
+    pub ends_cpu_seconds: Option<f64>,
 }
 
 impl Bulk {
@@ -64,6 +67,19 @@ impl Bulk {
     pub fn cpu_per_gib(&self) -> Option<f64> {
         self.cpu_seconds
             .map(|cpu| cpu / (self.bytes as f64 / GIB).max(1e-12))
+    }
+
+    /// CPU seconds per GiB of the whole path: the watched processes and the client and
+    /// target in this one. A proxy's CPU alone leaves out what it makes its peers pay: a
+    /// TCP sender whose queue waits for the receiver's window has its segments sent, and
+    /// their receipt processed, in the receiver's process when its reads open the window.
+    /// When the watched process is this one (direct), its CPU is the whole path's.
+    pub fn whole_cpu_per_gib(&self, watched_is_self: bool) -> Option<f64> {
+        let cpu = match watched_is_self {
+            true => self.cpu_seconds?,
+            false => self.cpu_seconds? + self.ends_cpu_seconds?,
+        };
+        Some(cpu / (self.bytes as f64 / GIB).max(1e-12))
     }
 }
 
@@ -109,6 +125,8 @@ pub async fn transfer(
     let cpu_before = (!pids.is_empty())
         .then(|| procfs::total_cpu(pids))
         .transpose()?;
+    let own = [std::process::id()];
+    let ends_before = procfs::total_cpu(&own).ok();
     let started = Instant::now();
     let deadline = started + limit;
     let mut transfers = JoinSet::new();
@@ -134,10 +152,12 @@ pub async fn transfer(
     let cpu_after = (!pids.is_empty())
         .then(|| procfs::total_cpu(pids))
         .transpose()?;
+    let ends_after = procfs::total_cpu(&own).ok();
     Ok(Bulk {
         bytes,
         seconds,
         cpu_seconds: cpu_before.zip(cpu_after).map(|(b, a)| a - b),
+        ends_cpu_seconds: ends_before.zip(ends_after).map(|(b, a)| a - b),
     })
 }
 
@@ -281,6 +301,7 @@ fn record(
                 "cpu_of": whose,
                 "cpu_s": bulk.cpu_seconds,
                 "cpu_s_per_gib": bulk.cpu_per_gib(),
+                "ends_cpu_s": bulk.ends_cpu_seconds,
                 "floor_s_per_gib": (route != "direct").then_some(floor).flatten(),
             }),
         );
