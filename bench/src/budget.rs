@@ -25,6 +25,17 @@ pub struct Budget {
     pub burst_seconds: u64,
     /// Turns the paths take on each side-by-side bulk and round-trip row (`--rounds`).
     pub side_by_side_rounds: usize,
+    /// Tunnel counts of the bulk rows, instead of each measurement's own (`--tunnels`).
+    pub bulk_tunnels: Option<Vec<usize>>,
+}
+
+impl Budget {
+    /// The bulk rows' tunnel counts: `--tunnels`, or else `default`.
+    pub fn tunnel_counts(&self, default: &[usize]) -> Vec<usize> {
+        self.bulk_tunnels
+            .clone()
+            .unwrap_or_else(|| default.to_vec())
+    }
 }
 
 impl Budget {
@@ -44,6 +55,7 @@ impl Budget {
             soak_seconds: 600,
             burst_seconds: 60,
             side_by_side_rounds: 1,
+            bulk_tunnels: None,
         }
     }
 
@@ -63,6 +75,7 @@ impl Budget {
             soak_seconds: 20,
             burst_seconds: 3,
             side_by_side_rounds: 1,
+            bulk_tunnels: None,
         }
     }
 }

@@ -120,6 +120,11 @@ pub struct Options {
     /// check (default 1).
     #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub rounds: Option<usize>,
+    /// Tunnel counts of the bulk rows of `throughput` and `side-by-side`, comma-separated,
+    /// instead of their own (1,4,16,64 and 1,16,64): `--tunnels 1` for the one-tunnel rows
+    /// issue 14's targets name, in a fraction of the time.
+    #[arg(long, value_name = "N,...", value_delimiter = ',', value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub tunnels: Vec<usize>,
     /// Stalled readers of `--only stalled-readers` (default 5,000; 300 with --quick).
     #[arg(long, value_name = "N")]
     pub stalled_readers: Option<usize>,
@@ -251,6 +256,9 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
     };
     if let Some(rounds) = options.rounds {
         budget.side_by_side_rounds = rounds;
+    }
+    if !options.tunnels.is_empty() {
+        budget.bulk_tunnels = Some(options.tunnels.clone());
     }
     // The soak and the burst take minutes: they run only when named.
     let selected = |m: Measurement| {

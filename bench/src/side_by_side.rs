@@ -183,7 +183,7 @@ pub async fn run(
         as_kib,
     );
 
-    for tunnels in TUNNELS {
+    for tunnels in budget.tunnel_counts(&TUNNELS) {
         for direction in [Direction::Upload, Direction::Download] {
             let row = format!("bulk, {tunnels} tunnel(s), {}", direction.label());
             let mut rates = Rounds::new(paths.len());

@@ -161,8 +161,8 @@ pub async fn transfer(
     })
 }
 
-/// The sweep over [`TUNNELS`], both directions, direct then Bridgehead (mTLS) each time,
-/// each Bridgehead figure against its floor at `crypto`'s rate.
+/// The sweep over [`TUNNELS`] (or `--tunnels`), both directions, direct then Bridgehead (mTLS)
+/// each time, each Bridgehead figure against its floor at `crypto`'s rate.
 pub async fn run(
     rig: &Rig,
     frontend: crate::Frontend,
@@ -193,7 +193,7 @@ pub async fn run(
         &[],
     )
     .await;
-    for tunnels in TUNNELS {
+    for tunnels in budget.tunnel_counts(&TUNNELS) {
         for direction in [Direction::Upload, Direction::Download] {
             let what = format!("throughput, {tunnels} tunnel(s), {}", direction.label());
             // The bench process is the client and the target: its CPU in a direct run is the
