@@ -39,8 +39,10 @@ struct Path<'a> {
 /// One row's figure on each path, in the order of the paths.
 type Figures = Vec<Option<f64>>;
 
-/// One row's figures on each path over the rounds of a run (`--rounds`).
-struct Rounds(Vec<Vec<f64>>);
+/// One row's figures on each path over the rounds of a run (`--rounds`), one entry per round
+/// (none where that round's run failed), so that a round of one path lines up with the same
+/// round of another: the two ran one after the other, under the same load.
+struct Rounds(Vec<Vec<Option<f64>>>);
 
 impl Rounds {
     fn new(paths: usize) -> Rounds {
@@ -49,17 +51,18 @@ impl Rounds {
 
     /// Adds a round's figure for the path at `index` (none when the run failed).
     fn push(&mut self, index: usize, value: Option<f64>) {
-        if let (Some(values), Some(value)) = (self.0.get_mut(index), value) {
+        if let Some(values) = self.0.get_mut(index) {
             values.push(value);
         }
     }
 
     /// Each path's median over its rounds (of an even count, the mean of the middle two);
     /// none for a path whose every round failed.
-    fn medians(self) -> Figures {
+    fn medians(&self) -> Figures {
         self.0
-            .into_iter()
-            .map(|mut values| {
+            .iter()
+            .map(|values| {
+                let mut values: Vec<f64> = values.iter().flatten().copied().collect();
                 values.sort_by(f64::total_cmp);
                 let middle = values.len() / 2;
                 match values.len() {
@@ -69,6 +72,20 @@ impl Rounds {
                 }
             })
             .collect()
+    }
+
+    /// The lowest and highest of `ours / theirs` over the rounds both paths have a figure
+    /// for: how far one round's verdict could fall from the medians'.
+    fn ratio_range(&self, ours: usize, theirs: usize) -> Option<(f64, f64)> {
+        let (ours, theirs) = (self.0.get(ours)?, self.0.get(theirs)?);
+        let ratios: Vec<f64> = ours
+            .iter()
+            .zip(theirs)
+            .filter_map(|(a, b)| Some(a.as_ref()? / b.as_ref()?.max(1e-12)))
+            .collect();
+        let low = ratios.iter().copied().reduce(f64::min)?;
+        let high = ratios.iter().copied().reduce(f64::max)?;
+        (ratios.len() > 1).then_some((low, high))
     }
 }
 
@@ -179,6 +196,7 @@ pub async fn run(
         "idle memory",
         &labels,
         &costs,
+        None,
         Lower,
         as_kib,
     );
@@ -216,11 +234,21 @@ pub async fn run(
                                 }),
                             );
                         }
-                        Err(error) => eprintln!("  {row}, {}: {error:#}", path.route.label()),
+                        Err(error) => {
+                            eprintln!("  {row}, {}: {error:#}", path.route.label());
+                            for figures in [&mut rates, &mut cpus, &mut wholes] {
+                                figures.push(index, None);
+                            }
+                        }
                     }
                 }
             }
-            let (rates, cpus, wholes) = (rates.medians(), cpus.medians(), wholes.medians());
+            let (rate_rounds, cpu_rounds) = (rates, cpus);
+            let (rates, cpus, wholes) = (
+                rate_rounds.medians(),
+                cpu_rounds.medians(),
+                wholes.medians(),
+            );
             for (((path, rate), cpu), whole) in paths.iter().zip(&rates).zip(&cpus).zip(&wholes) {
                 if rate.is_some() {
                     let _ = report.record(
@@ -287,6 +315,7 @@ pub async fn run(
                 "throughput",
                 &labels,
                 &rates,
+                Some(&rate_rounds),
                 Higher,
                 rate,
             );
@@ -298,6 +327,7 @@ pub async fn run(
                 "CPU per GiB",
                 &labels,
                 &cpus,
+                Some(&cpu_rounds),
                 Lower,
                 |v| format!("{v:.2} s/GiB"),
             );
@@ -333,6 +363,7 @@ pub async fn run(
             "setup rate",
             &labels,
             &rates,
+            None,
             Higher,
             |v| format!("{v:.0}/s"),
         );
@@ -368,7 +399,8 @@ pub async fn run(
             cpus.push(index, cpu);
         }
     }
-    let (p50s, cpus) = (p50s.medians(), cpus.medians());
+    let (p50_rounds, cpu_rounds) = (p50s, cpus);
+    let (p50s, cpus) = (p50_rounds.medians(), cpu_rounds.medians());
     for ((path, p50), cpu) in paths.iter().zip(&p50s).zip(&cpus) {
         let _ = report.record(
             "side_by_side",
@@ -399,6 +431,7 @@ pub async fn run(
         "CPU per round trip",
         &labels,
         &cpus,
+        Some(&cpu_rounds),
         Lower,
         cpu_micros,
     );
@@ -410,6 +443,7 @@ pub async fn run(
         "round trip",
         &labels,
         &p50s,
+        Some(&p50_rounds),
         Lower,
         as_micros,
     );
@@ -447,6 +481,7 @@ pub async fn run(
         "stalled neighbour",
         &labels,
         &costs,
+        None,
         Lower,
         as_share,
     );
@@ -499,6 +534,7 @@ fn compare(
     what: &str,
     labels: &[&str],
     figures: &Figures,
+    rounds: Option<&Rounds>,
     better: Better,
     show: impl Fn(f64) -> String,
 ) {
@@ -518,7 +554,13 @@ fn compare(
             what: format!("{what} vs {against}, {row}, {}", labels[pair.ours]),
             bridgehead: show(a),
             direct: format!("{} ({against})", show(b)),
-            ratio: format!("{:.2}", a / b.max(1e-12)),
+            // With rounds, the range of the rounds' own ratios beside the medians'.
+            ratio: match rounds.and_then(|r| r.ratio_range(pair.ours, pair.theirs)) {
+                Some((low, high)) => {
+                    format!("{:.2} (rounds {low:.2}-{high:.2})", a / b.max(1e-12))
+                }
+                None => format!("{:.2}", a / b.max(1e-12)),
+            },
             target: match better {
                 Higher => format!("≥ {against}"),
                 Lower => format!("≤ {against}"),
@@ -541,5 +583,27 @@ mod tests {
         rounds.push(2, None);
         rounds.push(7, Some(1.0));
         assert_eq!(rounds.medians(), vec![Some(2.0), Some(3.0), None]);
+    }
+
+    #[test]
+    fn ratio_ranges_pair_the_same_rounds() {
+        let mut rounds = Rounds::new(2);
+        // Round 1 of path 1 failed: only rounds 0 and 2 pair.
+        for (ours, theirs) in [
+            (Some(2.0), Some(4.0)),
+            (Some(9.0), None),
+            (Some(3.0), Some(2.0)),
+        ] {
+            rounds.push(0, ours);
+            rounds.push(1, theirs);
+        }
+        assert_eq!(rounds.ratio_range(0, 1), Some((0.5, 1.5)));
+        assert_eq!(rounds.medians(), vec![Some(3.0), Some(3.0)]);
+        // One pair is no range; an unknown path none either.
+        let mut single = Rounds::new(2);
+        single.push(0, Some(1.0));
+        single.push(1, Some(2.0));
+        assert_eq!(single.ratio_range(0, 1), None);
+        assert_eq!(rounds.ratio_range(0, 5), None);
     }
 }
