@@ -36,9 +36,7 @@ impl Budget {
             .clone()
             .unwrap_or_else(|| default.to_vec())
     }
-}
 
-impl Budget {
     /// The full run.
     pub fn full() -> Budget {
         Budget {

@@ -39,6 +39,16 @@ struct Path<'a> {
 /// One row's figure on each path, in the order of the paths.
 type Figures = Vec<Option<f64>>;
 
+/// One check of a row over its rounds: what is compared, the medians, the rounds, which way
+/// is better, and how a figure is shown.
+type Checked<'a> = (
+    &'a str,
+    &'a Figures,
+    &'a Rounds,
+    Better,
+    &'a dyn Fn(f64) -> String,
+);
+
 /// One row's figures on each path over the rounds of a run (`--rounds`), one entry per round
 /// (none where that round's run failed), so that a round of one path lines up with the same
 /// round of another: the two ran one after the other, under the same load.
@@ -307,30 +317,12 @@ pub async fn run(
                 |v| format!("{v:.2}"),
             );
             let targeted = tunnels == 1;
-            compare(
-                report,
-                &pairs,
-                targeted,
-                &row,
-                "throughput",
-                &labels,
-                &rates,
-                Some(&rate_rounds),
-                Higher,
-                rate,
-            );
-            compare(
-                report,
-                &pairs,
-                targeted,
-                &row,
-                "CPU per GiB",
-                &labels,
-                &cpus,
-                Some(&cpu_rounds),
-                Lower,
-                |v| format!("{v:.2} s/GiB"),
-            );
+            let per_gib = |v: f64| format!("{v:.2} s/GiB");
+            let checks: [Checked; 2] = [
+                ("throughput", &rates, &rate_rounds, Higher, &rate),
+                ("CPU per GiB", &cpus, &cpu_rounds, Lower, &per_gib),
+            ];
+            compare_over_rounds(report, &pairs, targeted, &row, &labels, checks);
         }
     }
     for concurrency in setup::CONCURRENCY {
@@ -423,30 +415,11 @@ pub async fn run(
         &cpus,
         cpu_micros,
     );
-    compare(
-        report,
-        &pairs,
-        true,
-        &row,
-        "CPU per round trip",
-        &labels,
-        &cpus,
-        Some(&cpu_rounds),
-        Lower,
-        cpu_micros,
-    );
-    compare(
-        report,
-        &pairs,
-        true,
-        &row,
-        "round trip",
-        &labels,
-        &p50s,
-        Some(&p50_rounds),
-        Lower,
-        as_micros,
-    );
+    let checks: [Checked; 2] = [
+        ("CPU per round trip", &cpus, &cpu_rounds, Lower, &cpu_micros),
+        ("round trip", &p50s, &p50_rounds, Lower, &as_micros),
+    ];
+    compare_over_rounds(report, &pairs, true, &row, &labels, checks);
 
     // Last: a proxy whose tunnels all block behind a stalled one stays blocked.
     let row = "stalled neighbour: cost to a bulk download (1 tunnel)".to_owned();
@@ -485,6 +458,31 @@ pub async fn run(
         Lower,
         as_share,
     );
+}
+
+/// [`compare`] for each of a row's `checks`, with the range of its rounds.
+fn compare_over_rounds<const N: usize>(
+    report: &mut Report,
+    pairs: &[Pair],
+    targeted: bool,
+    row: &str,
+    labels: &[&str],
+    checks: [Checked; N],
+) {
+    for (what, figures, rounds, better, show) in checks {
+        compare(
+            report,
+            pairs,
+            targeted,
+            row,
+            what,
+            labels,
+            figures,
+            Some(rounds),
+            better,
+            show,
+        );
+    }
 }
 
 /// Which way is better.

@@ -75,9 +75,10 @@ impl Bulk {
     /// their receipt processed, in the receiver's process when its reads open the window.
     /// When the watched process is this one (direct), its CPU is the whole path's.
     pub fn whole_cpu_per_gib(&self, watched_is_self: bool) -> Option<f64> {
-        let cpu = match watched_is_self {
-            true => self.cpu_seconds?,
-            false => self.cpu_seconds? + self.ends_cpu_seconds?,
+        let cpu = if watched_is_self {
+            self.cpu_seconds?
+        } else {
+            self.cpu_seconds? + self.ends_cpu_seconds?
         };
         Some(cpu / (self.bytes as f64 / GIB).max(1e-12))
     }
