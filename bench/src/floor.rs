@@ -8,7 +8,8 @@
 //!   in turn on one buffer; the best of a few runs, since a floor is a best case.
 //! - Sockets: a direct run's client+target CPU per GiB is one send and one receive of every
 //!   byte, so one socket operation costs half of it. The server and agent each receive every
-//!   byte once and send it once: four.
+//!   byte once and send it once: four. The callers pass the cheapest of several direct runs,
+//!   for the same reason as the best AES-GCM run: a single run's figure moves by up to half.
 //! - Passes, server and agent together: the mTLS path opens the client's records on the
 //!   server, seals them again for the agent link and opens them on the agent (three, either
 //!   way); the Unix-socket path has only the agent link (two). konnectivity's paths make the

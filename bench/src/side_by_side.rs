@@ -84,6 +84,16 @@ impl Rounds {
             .collect()
     }
 
+    /// The lowest figure of the path at `index` over its rounds.
+    fn lowest(&self, index: usize) -> Option<f64> {
+        self.0
+            .get(index)?
+            .iter()
+            .flatten()
+            .copied()
+            .min_by(f64::total_cmp)
+    }
+
     /// The lowest and highest of `ours / theirs` over the rounds both paths have a figure
     /// for: how far one round's verdict could fall from the medians'.
     fn ratio_range(&self, ours: usize, theirs: usize) -> Option<(f64, f64)> {
@@ -280,21 +290,23 @@ pub async fn run(
                 &cpus,
                 |v| format!("{v:.2}"),
             );
-            // Each path's floor (for the plot), from the direct run's CPU.
+            // Each path's floor (for the plot), from the cheapest direct round's CPU: a floor
+            // is a best case, and the direct run's CPU moves from round to round.
+            let direct_cpu = cpu_rounds.lowest(0);
             for path in &paths {
-                if let Some(floor) = cpus[0].and_then(|d| floor::floor(crypto, path.route, d)) {
+                if let Some(floor) = direct_cpu.and_then(|d| floor::floor(crypto, path.route, d)) {
                     let _ = report.record(
                         "side_by_side",
                         json!({ "row": row, "route": path.route.label(), "floor_s_per_gib": floor }),
                     );
                 }
             }
-            // Each proxy's CPU as a multiple of its path's floor, from the direct run's.
+            // Each proxy's CPU as a multiple of its path's floor.
             let times_floor: Figures = paths
                 .iter()
                 .zip(&cpus)
                 .map(|(path, cpu)| {
-                    let floor = floor::floor(crypto, path.route, cpus[0]?)?;
+                    let floor = floor::floor(crypto, path.route, direct_cpu?)?;
                     Some(cpu.as_ref()? / floor)
                 })
                 .collect();
@@ -603,5 +615,17 @@ mod tests {
         single.push(1, Some(2.0));
         assert_eq!(single.ratio_range(0, 1), None);
         assert_eq!(rounds.ratio_range(0, 5), None);
+    }
+
+    #[test]
+    fn lowest_skips_failed_rounds() {
+        let mut rounds = Rounds::new(2);
+        for (direct, other) in [(Some(0.6), None), (None, None), (Some(0.3), None)] {
+            rounds.push(0, direct);
+            rounds.push(1, other);
+        }
+        assert_eq!(rounds.lowest(0), Some(0.3));
+        assert_eq!(rounds.lowest(1), None);
+        assert_eq!(rounds.lowest(7), None);
     }
 }
