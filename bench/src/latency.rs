@@ -46,8 +46,19 @@ pub async fn round_trips(
     pids: &[u32],
 ) -> anyhow::Result<RoundTrips> {
     let mut conn = echo_tunnel(route, target, limit).await?;
+    timed_round_trips(&mut conn, count, limit, pids).await
+}
+
+/// Times up to `count` exchanges (at most `limit`) on an echo connection already warmed up
+/// ([`echo_tunnel`]), counting the CPU `pids` spend on them.
+pub async fn timed_round_trips(
+    conn: &mut Conn,
+    count: usize,
+    limit: Duration,
+    pids: &[u32],
+) -> anyhow::Result<RoundTrips> {
     let cpu_before = procfs::total_cpu(pids).ok();
-    let mut samples = exchanges(&mut conn, count, limit).await?;
+    let mut samples = exchanges(conn, count, limit).await?;
     let cpu_after = procfs::total_cpu(pids).ok();
     let cpu_per_exchange = cpu_before
         .zip(cpu_after)

@@ -6,7 +6,8 @@
 //! The paths take turns for every row, so load changes hit them alike; with `--rounds N`
 //! they take turns N times on the bulk and round-trip rows, and each path's median counts
 //! (each turn is a `side_by_side_round` JSON line, the medians `side_by_side` lines as
-//! before). Each Bridgehead path is checked against konnectivity's on the same frontend, ahead on every row; the
+//! before). The round-trip row takes [`RTT_SLICES`] turns per round, each on a slice of the
+//! exchanges, on tunnels that stay open for the round. Each Bridgehead path is checked against konnectivity's on the same frontend, ahead on every row; the
 //! Unix-socket path (plain CONNECT in, one TLS leg, as a peer's) against every peer on the
 //! rows issue 14 names: one tunnel's bulk rate and CPU per GiB both ways, setup rate, round
 //! trip, idle memory.
@@ -29,6 +30,9 @@ use bridgehead_e2e::target::bulk::Target;
 
 /// Tunnel counts of the bulk rows.
 const TUNNELS: [usize; 3] = [1, 16, 64];
+/// Turns the paths take in each round of the round-trip row, each on its share of the
+/// exchanges.
+const RTT_SLICES: usize = 10;
 
 /// A path under test: its route and whose CPU counts.
 struct Path<'a> {
@@ -373,34 +377,53 @@ pub async fn run(
         );
     }
     let row = "round trip p50".to_owned();
+    // Each path's figures are the median of its slices' (a slice: its share of the
+    // exchanges on a tunnel opened for the round), and the paths take turns slice by slice,
+    // so that what the machine does meanwhile falls on all of them alike.
     let mut p50s = Rounds::new(paths.len());
     let mut cpus = Rounds::new(paths.len());
+    let (slice_count, slice_time) = (
+        budget.rtt_count.div_ceil(RTT_SLICES),
+        budget.rtt_time / RTT_SLICES as u32,
+    );
     for round in 0..rounds {
-        for (index, path) in paths.iter().enumerate() {
-            let result = latency::round_trips(
-                path.route,
-                target,
-                budget.rtt_count,
-                budget.rtt_time,
-                &path.pids,
-            )
-            .await;
-            let (value, cpu) = match result {
-                Ok(trips) => (
-                    Some(trips.summary.p50.as_secs_f64()),
-                    trips.cpu_per_exchange,
-                ),
-                Err(_) => (None, None),
-            };
-            let _ = report.record(
-                "side_by_side_round",
-                json!({
-                    "row": row, "route": path.route.label(), "round": round, "p50_s": value,
-                    "cpu_s_per_round_trip": cpu,
-                }),
-            );
-            p50s.push(index, value);
-            cpus.push(index, cpu);
+        let mut conns = Vec::with_capacity(paths.len());
+        for path in &paths {
+            let conn = latency::echo_tunnel(path.route, target, budget.rtt_time).await;
+            if let Err(error) = &conn {
+                eprintln!("  {row}, {}: {error:#}", path.route.label());
+            }
+            conns.push(conn.ok());
+        }
+        for slice in 0..RTT_SLICES {
+            for (index, (path, conn)) in paths.iter().zip(&mut conns).enumerate() {
+                let trips = match conn {
+                    Some(conn) => {
+                        latency::timed_round_trips(conn, slice_count, slice_time, &path.pids).await
+                    }
+                    None => Err(anyhow::anyhow!("no tunnel")),
+                };
+                let (value, cpu) = match trips {
+                    Ok(trips) => (
+                        Some(trips.summary.p50.as_secs_f64()),
+                        trips.cpu_per_exchange,
+                    ),
+                    Err(_) => {
+                        // A tunnel that failed once is not timed again this round.
+                        *conn = None;
+                        (None, None)
+                    }
+                };
+                let _ = report.record(
+                    "side_by_side_round",
+                    json!({
+                        "row": row, "route": path.route.label(), "round": round,
+                        "slice": slice, "p50_s": value, "cpu_s_per_round_trip": cpu,
+                    }),
+                );
+                p50s.push(index, value);
+                cpus.push(index, cpu);
+            }
         }
     }
     let (p50_rounds, cpu_rounds) = (p50s, cpus);
@@ -564,10 +587,10 @@ fn compare(
             what: format!("{what} vs {against}, {row}, {}", labels[pair.ours]),
             bridgehead: show(a),
             direct: format!("{} ({against})", show(b)),
-            // With rounds, the range of the rounds' own ratios beside the medians'.
+            // With several turns, the range of the turns' own ratios beside the medians'.
             ratio: match rounds.and_then(|r| r.ratio_range(pair.ours, pair.theirs)) {
                 Some((low, high)) => {
-                    format!("{:.2} (rounds {low:.2}-{high:.2})", a / b.max(1e-12))
+                    format!("{:.2} (turns {low:.2}-{high:.2})", a / b.max(1e-12))
                 }
                 None => format!("{:.2}", a / b.max(1e-12)),
             },
