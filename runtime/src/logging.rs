@@ -191,12 +191,15 @@ pub fn init(format: LogFormat, settings: &LogSettings) {
                 .boxed()
         }
     };
-    let layers = layers.with_filter(tracing_subscriber::filter::filter_fn(|meta| {
-        !capped(meta.target(), meta.level())
-    }));
+    // A global filter beside the level's, not a per-layer one on the outputs: a per-layer
+    // filter looks every entered span up in the registry on each enter and exit, and a
+    // session's span is entered on every poll of its task (two per round trip).
+    let uncapped =
+        tracing_subscriber::filter::filter_fn(|meta| !capped(meta.target(), meta.level()));
     // A second init (tests calling run twice) keeps the first subscriber.
     if tracing_subscriber::registry()
         .with(filter)
+        .with(uncapped)
         .with(layers)
         .try_init()
         .is_ok()
