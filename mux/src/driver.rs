@@ -3,6 +3,7 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -136,8 +137,10 @@ impl Mux {
         let (read, write) = tokio::io::split(ws.io);
         let mut source = Reader::new(read, ws.role, &ws.early);
         let mut sink = Writer::new(write, ws.role);
-        // A ping's payload, for the writer to answer with a pong.
+        // A ping's payload, for the writer to answer with a pong; the flag saves the writer
+        // the lock on every turn without one.
         let pong: std::sync::Mutex<Option<Bytes>> = std::sync::Mutex::new(None);
+        let pinged = AtomicBool::new(false);
         let shared = &*self.shared;
         let mut last_heard = Instant::now();
         let mut ping = tokio::time::interval(keepalive.interval);
@@ -199,6 +202,7 @@ impl Mux {
                         *pong
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(payload);
+                        pinged.store(true, Ordering::Release);
                         shared.transmit.notify_one();
                     }
                     // Pongs only prove liveness.
@@ -223,10 +227,13 @@ impl Mux {
                 if let Err(error) = send_queued(&mut sink, shared, &mut buf).await {
                     return SessionEnd::Write(Arc::new(error));
                 }
-                let answer = pong
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .take();
+                let answer = if pinged.swap(false, Ordering::Acquire) {
+                    pong.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .take()
+                } else {
+                    None
+                };
                 if let Some(payload) = answer {
                     if let Err(error) = sink.pong(&payload).await {
                         return SessionEnd::Write(Arc::new(error));
@@ -339,8 +346,8 @@ where
     let mut sent = false;
     loop {
         message.clear(MESSAGE_BUFFER);
-        let frames = shared.with(|state| {
-            state
+        let (frames, more) = shared.with(|state| {
+            let frames = state
                 .session
                 .transmit_batch(BATCH_BYTES, |frame| match frame {
                     Frame::Data { ref payload, .. } if payload.len() >= SPLICE_MIN => {
@@ -350,13 +357,19 @@ where
                         }
                     }
                     frame => frame.encode(message.bytes()),
-                })
+                });
+            (frames, state.session.has_transmit())
         });
         if frames == 0 {
             break;
         }
         sink.send_binary(message).await?;
         sent = true;
+        // Frames queued while this message went out woke the writer (`transmit`): no second
+        // look under the lock that would find the queue empty.
+        if !more {
+            break;
+        }
     }
     if sent {
         sink.flush().await?;

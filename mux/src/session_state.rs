@@ -1,6 +1,7 @@
 //! The state one session's tasks share: the protocol state machine and per-stream wake-ups.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::task::{Context, Waker};
 use std::time::Duration;
@@ -91,6 +92,8 @@ pub(crate) struct SessionState {
     pub(crate) deadlines: Notify,
     /// Zero of the session's clock (tokio's, so tests can pause it).
     epoch: Instant,
+    /// Set once `closed` is: the writer looks at it on every turn without the lock.
+    ended: AtomicBool,
 }
 
 impl SessionState {
@@ -107,6 +110,7 @@ impl SessionState {
             lifecycle: Notify::new(),
             deadlines: Notify::new(),
             epoch: Instant::now(),
+            ended: AtomicBool::new(false),
         }
     }
 
@@ -218,6 +222,9 @@ impl SessionState {
     }
 
     pub(crate) fn closed_reason(&self) -> Option<SessionEnd> {
+        if !self.ended.load(Ordering::Acquire) {
+            return None;
+        }
         self.lock().closed.clone()
     }
 
@@ -252,6 +259,7 @@ impl SessionState {
             if state.closed.is_none() {
                 state.session.abort(&end.to_string());
                 state.closed = Some(end);
+                self.ended.store(true, Ordering::Release);
             }
         });
         // Dials that were never accepted fail with the session.
