@@ -176,6 +176,7 @@ fn tunnel(request: DialRequest, health: Health, policy: Arc<Policy>) -> impl Fut
         let result =
             splice::splice_metered(&mut socket, &stream, Bytes::new(), &mut moved, metrics)
                 .earning_within(earned, None, Some(health.earned()))
+                .reading_when_ready()
                 .await;
         match result {
             Ok(()) => debug!(

@@ -205,6 +205,7 @@ where
             sent: 0,
             done: false,
         },
+        read_ready: None,
     }
 }
 
@@ -225,6 +226,15 @@ pub trait TunnelSocket {
     /// what the peer has not read: a Unix socket's. A TCP socket does nothing: its unsent
     /// bytes are bounded by `TCP_NOTSENT_LOWAT`, and its buffer autotunes with the link.
     fn set_send_buffer(&self, bytes: u32) -> io::Result<()>;
+
+    /// Ready when a read may find bytes (or the end); `Pending`, with `cx` to be woken when
+    /// that changes, when a read would find nothing. A splice set to ask
+    /// ([`Splice::reading_when_ready`]) does so before it asks the session for credit, which
+    /// takes the session's lock: a wake-up for the other direction then costs the uplink no
+    /// lock. The default is `Ready` (a read is tried).
+    fn poll_read_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
 }
 
 impl TunnelSocket for TcpStream {
@@ -239,6 +249,10 @@ impl TunnelSocket for TcpStream {
     fn set_send_buffer(&self, _bytes: u32) -> io::Result<()> {
         Ok(())
     }
+
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        TcpStream::poll_read_ready(self, cx)
+    }
 }
 
 impl TunnelSocket for UnixStream {
@@ -250,6 +264,10 @@ impl TunnelSocket for UnixStream {
 
     fn set_send_buffer(&self, bytes: u32) -> io::Result<()> {
         socket2::SockRef::from(self).set_send_buffer_size(bytes as usize)
+    }
+
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        UnixStream::poll_read_ready(self, cx)
     }
 }
 
@@ -265,6 +283,10 @@ impl<T: TunnelSocket + ?Sized> TunnelSocket for Box<T> {
     fn set_send_buffer(&self, bytes: u32) -> io::Result<()> {
         (**self).set_send_buffer(bytes)
     }
+
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        (**self).poll_read_ready(cx)
+    }
 }
 
 impl<T: TunnelSocket + ?Sized> TunnelSocket for &mut T {
@@ -278,6 +300,10 @@ impl<T: TunnelSocket + ?Sized> TunnelSocket for &mut T {
 
     fn set_send_buffer(&self, bytes: u32) -> io::Result<()> {
         (**self).set_send_buffer(bytes)
+    }
+
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        (**self).poll_read_ready(cx)
     }
 }
 
@@ -294,6 +320,9 @@ pub struct Splice<'a, S> {
     send: Option<Earning<'a, S>>,
     up: Uplink,
     down: Downlink,
+    /// Asks the socket whether a read would find anything before asking the session for
+    /// credit ([`Splice::reading_when_ready`]).
+    read_ready: Option<fn(&mut S, &mut Context<'_>) -> Poll<io::Result<()>>>,
 }
 
 /// Where a splice's socket stands in earning one of its buffers.
@@ -449,6 +478,16 @@ impl<'a, S: TunnelSocket> Splice<'a, S> {
         }
         self
     }
+
+    /// The uplink waits for the socket to be readable ([`TunnelSocket::poll_read_ready`])
+    /// before it asks the session for credit. Without it every wake-up of the splice, most of
+    /// them for the downlink (a chunk arrived, the socket took bytes), takes the session's lock
+    /// for the uplink's credit and then finds the socket empty: two of the three such lookups a
+    /// round trip made in each process.
+    pub fn reading_when_ready(mut self) -> Self {
+        self.read_ready = Some(|socket: &mut S, cx| socket.poll_read_ready(cx));
+        self
+    }
 }
 
 impl<S> Future for Splice<'_, S>
@@ -491,6 +530,14 @@ where
                     return Ok(());
                 }
                 continue;
+            }
+            if let Some(ready) = self.read_ready {
+                if ready(&mut self.socket, cx)?.is_pending() {
+                    // Drained: wait without the read buffer, as a read that found nothing would.
+                    self.up.streaming = false;
+                    self.up.big = BytesMut::new();
+                    return Ok(());
+                }
             }
             let Poll::Ready(credit) = self.stream.poll_writable(cx)? else {
                 // Waiting for credit, perhaps for long (the peer's reader stalled): without

@@ -120,6 +120,39 @@ async fn a_quiet_uplink_holds_no_read_buffer() {
     .await
 }
 
+/// Over a real socket, with the uplink waiting for the socket's readiness before it asks the
+/// session for credit: bursts of every size still arrive whole, and each time the socket is
+/// drained the large read buffer goes.
+#[tokio::test]
+async fn an_uplink_waiting_for_readiness_moves_bursts_and_lets_its_buffer_go() {
+    bounded(async {
+        let (stream, peer, shutdown) = stream_pair().await;
+        let (mut client, mut socket) = tokio::net::UnixStream::pair().unwrap();
+        let mut moved = Moved::default();
+        let mut splice =
+            splice(&mut socket, &stream, Bytes::new(), &mut moved).reading_when_ready();
+        let mut total = 0;
+        for burst in [IDLE_READ, 200_000, 10] {
+            client.write_all(&vec![9; burst]).await.unwrap();
+            let mut got = 0;
+            while got < burst {
+                tokio::select! {
+                    chunk = peer.read() => got += chunk.unwrap().unwrap().len(),
+                    result = &mut splice => panic!("the splice ended: {result:?}"),
+                }
+            }
+            assert_eq!(got, burst);
+            total += burst;
+            poll_once(&mut splice).await;
+            assert!(!splice.up.streaming, "{:?}", splice.up);
+            assert_eq!(splice.up.big.capacity(), 0, "{:?}", splice.up);
+        }
+        assert_eq!(splice.moved.up, total as u64);
+        shutdown.cancel();
+    })
+    .await
+}
+
 /// A burst of chunks goes out in one write, and the list that carried it does not stay.
 #[tokio::test]
 async fn a_quiet_downlink_holds_no_chunks() {

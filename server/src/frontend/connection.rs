@@ -193,6 +193,7 @@ async fn tunnel<S: ClientSocket>(mut socket: Box<S>, opened: Opened, ctx: &Conte
                 ctx.socket_tuning.unix_send_buffer,
                 Some(&ctx.earned),
             )
+            .reading_when_ready()
             .await
     };
     ctx.metrics.tunnels_open.dec();

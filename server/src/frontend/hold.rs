@@ -73,6 +73,10 @@ impl<S: TunnelSocket> TunnelSocket for Held<'_, S> {
     fn set_send_buffer(&self, bytes: u32) -> io::Result<()> {
         self.socket.set_send_buffer(bytes)
     }
+
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.socket.poll_read_ready(cx)
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Held<'_, S> {

@@ -635,6 +635,24 @@ impl bridgehead_mux::splice::TunnelSocket for TlsStream {
     fn set_send_buffer(&self, bytes: u32) -> io::Result<()> {
         bridgehead_mux::splice::TunnelSocket::set_send_buffer(&self.io, bytes)
     }
+
+    /// Ready while anything received waits here (plaintext, ciphertext, the end); otherwise
+    /// the socket's readiness, letting go of the read buffer when the socket has nothing, as
+    /// a read would.
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.plaintext.len() > 0
+            || !self.incoming.unprocessed().is_empty()
+            || self.read_eof
+            || self.io_eof
+        {
+            return Poll::Ready(Ok(()));
+        }
+        let Poll::Ready(ready) = self.io.poll_read_ready(cx) else {
+            self.incoming.release_if_empty();
+            return Poll::Pending;
+        };
+        Poll::Ready(ready)
+    }
 }
 
 impl AsyncRead for TlsStream {
