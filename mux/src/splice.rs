@@ -322,8 +322,11 @@ pub struct Splice<'a, S> {
     down: Downlink,
     /// Asks the socket whether a read would find anything before asking the session for
     /// credit ([`Splice::reading_when_ready`]).
-    read_ready: Option<fn(&mut S, &mut Context<'_>) -> Poll<io::Result<()>>>,
+    read_ready: Option<ReadReady<S>>,
 }
+
+/// [`TunnelSocket::poll_read_ready`] of a splice's socket type.
+type ReadReady<S> = fn(&mut S, &mut Context<'_>) -> Poll<io::Result<()>>;
 
 /// Where a splice's socket stands in earning one of its buffers.
 struct Earning<'a, S> {
