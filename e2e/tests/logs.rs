@@ -104,6 +104,41 @@ fn info_shows_no_library_debug_lines() {
     }
 }
 
+/// A `RUST_LOG` directive that names a span still filters by it: debug lines inside the
+/// agent's session span show, and none outside it. (The level filter is told of span enters
+/// and exits only while a directive names a span; it skips them otherwise.)
+#[test]
+fn a_span_directive_shows_debug_lines_inside_that_span_only() {
+    let pki = Pki::new().unwrap();
+    let mut server = Server::start(&pki, ServerOptions::default()).unwrap();
+    let agent = Agent::start(
+        &pki,
+        &server,
+        AgentOptions {
+            env: vec![("RUST_LOG".to_owned(), "info,[session]=debug".to_owned())],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    server.wait_agents(1).unwrap();
+    // The server going away ends the agent's session, which the session's driver logs at
+    // debug inside the session span.
+    server.process.kill();
+    agent
+        .process
+        .wait_log("session ending", std::time::Duration::from_secs(30))
+        .unwrap();
+    let log = agent.process.stderr();
+    let debug: Vec<&str> = log.lines().filter(|line| line.contains("DEBUG")).collect();
+    assert!(!debug.is_empty(), "{log}");
+    for line in debug {
+        assert!(
+            line.contains("session{"),
+            "a debug line outside the span: {line}"
+        );
+    }
+}
+
 /// At trace level, neither binary logs the agent's bearer token or a byte of tunnel data (the
 /// WebSocket and TLS libraries' trace output is capped).
 #[test]

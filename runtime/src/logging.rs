@@ -6,11 +6,13 @@
 use std::fs::File;
 use std::io::{IsTerminal, Write};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use tracing::span;
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::fmt::MakeWriter;
-use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{reload, EnvFilter, Layer, Registry};
@@ -82,6 +84,90 @@ impl prometheus_client::collector::Collector for DroppedCollector {
 /// The installed filter, for [`set_verbosity`].
 static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 
+/// Whether the installed filter has directives that name spans (`target[span{field}]=level`),
+/// the only ones for which it must see spans entered and exited ([`Verbosity`]).
+static SPAN_DIRECTIVES: AtomicBool = AtomicBool::new(false);
+
+/// The level filter as the subscriber's global filter, reloadable for [`set_verbosity`].
+///
+/// `EnvFilter` takes a read lock on its span table on every span enter and exit, behind the
+/// read lock of the reload that wraps it: four shared locks each time a task that runs in a
+/// span (a session's) is polled, twice a round trip in each process. Its table only ever
+/// holds spans that a directive names, so without such directives enter and exit have
+/// nothing to do and are not passed on; everything else is.
+struct Verbosity(reload::Layer<EnvFilter, Registry>);
+
+impl Layer<Registry> for Verbosity {
+    fn on_register_dispatch(&self, subscriber: &tracing::Dispatch) {
+        self.0.on_register_dispatch(subscriber);
+    }
+
+    fn on_layer(&mut self, subscriber: &mut Registry) {
+        self.0.on_layer(subscriber);
+    }
+
+    fn register_callsite(
+        &self,
+        metadata: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        self.0.register_callsite(metadata)
+    }
+
+    fn enabled(&self, metadata: &tracing::Metadata<'_>, ctx: Context<'_, Registry>) -> bool {
+        self.0.enabled(metadata, ctx)
+    }
+
+    fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, Registry>) {
+        self.0.on_new_span(attrs, id, ctx);
+    }
+
+    fn on_record(&self, span: &span::Id, values: &span::Record<'_>, ctx: Context<'_, Registry>) {
+        self.0.on_record(span, values, ctx);
+    }
+
+    fn on_follows_from(&self, span: &span::Id, follows: &span::Id, ctx: Context<'_, Registry>) {
+        self.0.on_follows_from(span, follows, ctx);
+    }
+
+    fn event_enabled(&self, event: &tracing::Event<'_>, ctx: Context<'_, Registry>) -> bool {
+        self.0.event_enabled(event, ctx)
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: Context<'_, Registry>) {
+        self.0.on_event(event, ctx);
+    }
+
+    fn on_enter(&self, id: &span::Id, ctx: Context<'_, Registry>) {
+        if SPAN_DIRECTIVES.load(Ordering::Relaxed) {
+            self.0.on_enter(id, ctx);
+        }
+    }
+
+    fn on_exit(&self, id: &span::Id, ctx: Context<'_, Registry>) {
+        if SPAN_DIRECTIVES.load(Ordering::Relaxed) {
+            self.0.on_exit(id, ctx);
+        }
+    }
+
+    fn on_close(&self, id: span::Id, ctx: Context<'_, Registry>) {
+        self.0.on_close(id, ctx);
+    }
+
+    fn on_id_change(&self, old: &span::Id, new: &span::Id, ctx: Context<'_, Registry>) {
+        self.0.on_id_change(old, new, ctx);
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        self.0.max_level_hint()
+    }
+}
+
+/// Whether `directives` (an `EnvFilter` string) name spans: only then does the filter track
+/// entered spans.
+fn names_spans(directives: &str) -> bool {
+    directives.contains('[')
+}
+
 /// `--log-format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -136,11 +222,16 @@ fn capped(target: &str, level: &tracing::Level) -> bool {
 /// directive here: `rustls=debug` would switch rustls' debug lines on at the default `info`
 /// (every TLS handshake logged them until it was a filter of its own, [`capped`]).
 fn filter(level: &str, from_env: bool) -> EnvFilter {
-    if from_env {
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level))
-    } else {
-        EnvFilter::new(level)
-    }
+    let from_env = from_env
+        .then(|| std::env::var(EnvFilter::DEFAULT_ENV).ok())
+        .flatten()
+        .and_then(|directives| {
+            let filter = EnvFilter::try_new(&directives).ok()?;
+            Some((filter, names_spans(&directives)))
+        });
+    let (filter, spans) = from_env.unwrap_or_else(|| (EnvFilter::new(level), names_spans(level)));
+    SPAN_DIRECTIVES.store(spans, Ordering::Relaxed);
+    filter
 }
 
 /// One output: lines in `format` to `writer`.
@@ -164,6 +255,7 @@ where
 /// is reported on stderr, and stderr is used instead.
 pub fn init(format: LogFormat, settings: &LogSettings) {
     let (filter, handle) = reload::Layer::new(filter(settings.level, true));
+    let filter = Verbosity(filter);
     let ansi = colored(
         std::io::stderr().is_terminal(),
         std::env::var_os("NO_COLOR"),
@@ -347,6 +439,18 @@ mod tests {
             (&unbounded).write_all(b"0123456789\n").unwrap();
         }
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 7 + 110);
+    }
+
+    #[test]
+    fn only_directives_with_a_span_part_name_spans() {
+        for (directives, spans) in [
+            ("info", false),
+            ("bridgehead_mux=debug,warn", false),
+            ("info,[session]=debug", true),
+            ("[{stream=1}]=trace", true),
+        ] {
+            assert_eq!(names_spans(directives), spans, "{directives}");
+        }
     }
 
     #[test]
