@@ -221,17 +221,17 @@ fn capped(target: &str, level: &tracing::Level) -> bool {
 /// The filter for `level` (or `RUST_LOG`, when `from_env` and it is set). The cap is not a
 /// directive here: `rustls=debug` would switch rustls' debug lines on at the default `info`
 /// (every TLS handshake logged them until it was a filter of its own, [`capped`]).
-fn filter(level: &str, from_env: bool) -> EnvFilter {
-    let from_env = from_env
+/// Also whether its directives name spans ([`names_spans`]), for [`SPAN_DIRECTIVES`] once it
+/// is installed.
+fn filter(level: &str, from_env: bool) -> (EnvFilter, bool) {
+    from_env
         .then(|| std::env::var(EnvFilter::DEFAULT_ENV).ok())
         .flatten()
         .and_then(|directives| {
             let filter = EnvFilter::try_new(&directives).ok()?;
             Some((filter, names_spans(&directives)))
-        });
-    let (filter, spans) = from_env.unwrap_or_else(|| (EnvFilter::new(level), names_spans(level)));
-    SPAN_DIRECTIVES.store(spans, Ordering::Relaxed);
-    filter
+        })
+        .unwrap_or_else(|| (EnvFilter::new(level), names_spans(level)))
 }
 
 /// One output: lines in `format` to `writer`.
@@ -254,7 +254,8 @@ where
 /// that log collectors read, where escape codes are noise. A log file that cannot be opened
 /// is reported on stderr, and stderr is used instead.
 pub fn init(format: LogFormat, settings: &LogSettings) {
-    let (filter, handle) = reload::Layer::new(filter(settings.level, true));
+    let (filter, spans) = filter(settings.level, true);
+    let (filter, handle) = reload::Layer::new(filter);
     let filter = Verbosity(filter);
     let ansi = colored(
         std::io::stderr().is_terminal(),
@@ -296,6 +297,7 @@ pub fn init(format: LogFormat, settings: &LogSettings) {
         .try_init()
         .is_ok()
     {
+        SPAN_DIRECTIVES.store(spans, Ordering::Relaxed);
         let _ = FILTER.set(handle);
     }
     if let Some(problem) = problem {
@@ -307,9 +309,11 @@ pub fn init(format: LogFormat, settings: &LogSettings) {
 pub fn set_verbosity(verbosity: u8) -> Result<&'static str, String> {
     let level = level_for(verbosity);
     let handle = FILTER.get().ok_or("logging is not set up")?;
+    let (filter, spans) = filter(level, false);
     handle
-        .reload(filter(level, false))
+        .reload(filter)
         .map_err(|e| format!("changing the log level: {e}"))?;
+    SPAN_DIRECTIVES.store(spans, Ordering::Relaxed);
     tracing::info!(verbosity, level, "log level changed");
     Ok(level)
 }

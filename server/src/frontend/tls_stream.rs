@@ -384,6 +384,16 @@ impl TlsStream {
         Ok(step)
     }
 
+    /// The socket's read readiness; while it has nothing, the read buffer goes if it holds
+    /// nothing either.
+    fn poll_socket_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let ready = self.io.poll_read_ready(cx);
+        if ready.is_pending() {
+            self.incoming.release_if_empty();
+        }
+        ready
+    }
+
     /// Reads more ciphertext from the socket; `Ok(0)` is EOF.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.io_eof {
@@ -391,11 +401,7 @@ impl TlsStream {
         }
         // Readiness first, so that an idle connection takes no read buffer, and lets go of
         // the one it has when the socket has nothing more.
-        let Poll::Ready(ready) = self.io.poll_read_ready(cx) else {
-            self.incoming.release_if_empty();
-            return Poll::Pending;
-        };
-        ready?;
+        ready!(self.poll_socket_readable(cx))?;
         self.incoming.prepare_read();
         // Through `AsyncRead`, which takes a read that did not fill the buffer as the socket
         // drained and waits for readiness next time, where `try_read_buf` keeps the readiness
@@ -647,11 +653,7 @@ impl bridgehead_mux::splice::TunnelSocket for TlsStream {
         {
             return Poll::Ready(Ok(()));
         }
-        let Poll::Ready(ready) = self.io.poll_read_ready(cx) else {
-            self.incoming.release_if_empty();
-            return Poll::Pending;
-        };
-        Poll::Ready(ready)
+        self.poll_socket_readable(cx)
     }
 }
 
