@@ -75,6 +75,13 @@ impl Mux {
         Mux::new(SessionConfig::new(Role::Agent))
     }
 
+    /// Records the runtime this session's driver runs on (a shard of its own), so that
+    /// whoever splices one of its streams can do so on the same thread
+    /// ([`MuxStream::home`]). The first call counts.
+    pub fn set_home(&self, home: tokio::runtime::Handle) {
+        let _ = self.shared.home.set(home);
+    }
+
     /// Streams currently open or dialing: the load the router balances on.
     pub fn open_streams(&self) -> usize {
         self.shared.open_streams()

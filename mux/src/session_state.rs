@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Waker};
 use std::time::Duration;
 
@@ -10,6 +10,7 @@ use bridgehead_proto::session::{Event, Session, SessionConfig};
 use bridgehead_proto::text::Printable;
 use bridgehead_proto::{ErrorCode, StreamId};
 use foldhash::HashMap;
+use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -94,6 +95,9 @@ pub(crate) struct SessionState {
     epoch: Instant,
     /// Set once `closed` is: the writer looks at it on every turn without the lock.
     ended: AtomicBool,
+    /// The runtime the session's driver runs on, when it was placed on one of its own
+    /// ([`crate::Mux::set_home`]): where its tunnels are best spliced.
+    pub(crate) home: OnceLock<Handle>,
 }
 
 impl SessionState {
@@ -111,6 +115,7 @@ impl SessionState {
             deadlines: Notify::new(),
             epoch: Instant::now(),
             ended: AtomicBool::new(false),
+            home: OnceLock::new(),
         }
     }
 

@@ -48,6 +48,12 @@ impl MuxStream {
         self.id
     }
 
+    /// The runtime its session's driver runs on, if the session was given one
+    /// ([`crate::Mux::set_home`]).
+    pub fn home(&self) -> Option<&tokio::runtime::Handle> {
+        self.shared.home.get()
+    }
+
     /// The next chunk the peer sent, in order; `Ok(None)` once the peer finished its direction
     /// and every byte was read.
     pub async fn read(&self) -> Result<Option<Bytes>, StreamEnd> {
