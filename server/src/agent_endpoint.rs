@@ -18,6 +18,7 @@ use bridgehead_proto::servers::{
 };
 use bridgehead_proto::session::{Role, SessionConfig};
 use bridgehead_proto::SUBPROTOCOL;
+use bridgehead_runtime::threads::Home;
 use http::StatusCode;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
@@ -76,16 +77,37 @@ pub async fn serve(
             }
         }
         let span = tracing::info_span!("agent", peer = %peer, agent = tracing::field::Empty);
-        tracker.spawn(
-            session(
-                tcp,
-                peer,
-                TlsAcceptor::from(tls.current()),
-                ctx.clone(),
-                sessions.clone(),
-                handshaking,
-            )
-            .instrument(span),
+        let acceptor = TlsAcceptor::from(tls.current());
+        let (ctx, sessions) = (ctx.clone(), sessions.clone());
+        let Some(home) = ctx.shards.home() else {
+            tracker.spawn(
+                session(tcp, peer, acceptor, ctx, sessions, handshaking, None).instrument(span),
+            );
+            continue;
+        };
+        // The whole session runs on its shard: its socket leaves this runtime's reactor
+        // here and joins the shard's there.
+        let tcp = match tcp.into_std() {
+            Ok(tcp) => tcp,
+            Err(error) => {
+                debug!(%error, "taking an agent's connection to its session thread");
+                continue;
+            }
+        };
+        let handle = home.handle().clone();
+        handle.spawn(
+            tracker.track_future(
+                async move {
+                    match tokio::net::TcpStream::from_std(tcp) {
+                        Ok(tcp) => {
+                            session(tcp, peer, acceptor, ctx, sessions, handshaking, Some(home))
+                                .await
+                        }
+                        Err(error) => debug!(%error, "registering an agent's connection"),
+                    }
+                }
+                .instrument(span),
+            ),
         );
     }
 }
@@ -134,6 +156,7 @@ async fn session(
     ctx: Arc<Context>,
     sessions: CancellationToken,
     handshaking: Handshake,
+    home: Option<Home>,
 ) {
     let _ = tcp.set_nodelay(true);
     let handshake = async {
@@ -155,6 +178,9 @@ async fn session(
             max_window: ctx.max_window,
             ..SessionConfig::new(Role::Server)
         });
+        if let Some(home) = &home {
+            mux.set_home(home.handle().clone());
+        }
         let registration = Registration {
             name: name.clone(),
             identity: checked.identity.subject.clone(),

@@ -13,6 +13,7 @@ use bridgehead_runtime::compat::{AnpIgnoredArgs, KlogArgs, LogSettings, Notes};
 use bridgehead_runtime::duration;
 use bridgehead_runtime::logging::LogFormat;
 use bridgehead_runtime::memory::MemoryArgs;
+use bridgehead_runtime::threads::SessionThreads;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 
@@ -289,6 +290,13 @@ pub struct Cli {
     /// machines, one core for everything).
     #[arg(long, env = "BRIDGEHEAD_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
+    /// Threads of their own for agent sessions: each session, and every tunnel spliced over
+    /// it, runs on one of them (the least loaded when it connects), so a tunnel's chunks
+    /// never cross between cores on their way to and from its session. `auto` = one per
+    /// worker thread (none with a single worker); 0 = none (sessions and tunnels run on the
+    /// workers, as TLS handshakes and dials always do).
+    #[arg(long, env = "BRIDGEHEAD_SESSION_THREADS", default_value = "auto", value_parser = SessionThreads::parse)]
+    pub session_threads: SessionThreads,
     /// ANP compatibility: the frontend protocol. Only http-connect is served (kube-apiserver's
     /// proxyProtocol: HTTPConnect); grpc is refused at startup.
     #[arg(long, env = "BRIDGEHEAD_MODE", default_value = "http-connect")]
@@ -367,6 +375,8 @@ pub struct Config {
     pub target_bytes_hold: Duration,
     pub log_format: LogFormat,
     pub worker_threads: usize,
+    /// `--session-threads`, resolved: how many session threads to start.
+    pub session_threads: usize,
     /// `--server-count`: announced to agents in the upgrade answer.
     pub server_count: u32,
     /// How the server reaches kube-apiserver, when token authentication or Leases need it.
@@ -584,6 +594,7 @@ impl Cli {
             log,
             notes,
             worker_threads: self.worker_threads,
+            session_threads: self.session_threads.count(self.worker_threads),
         })
     }
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use bridgehead_runtime::accept::RateLimit;
 use bridgehead_runtime::memory::{EarnedTotal, SocketTuning};
+use bridgehead_runtime::threads::Shards;
 
 use bridgehead_mux::Keepalive;
 use bridgehead_proto::budget::Budget;
@@ -61,10 +62,12 @@ pub struct Context {
     pub earned: Arc<EarnedTotal>,
     /// `--tunnel-max-window`: the largest receive window a tunnel earns.
     pub max_window: u32,
+    /// `--session-threads`: where agent sessions and their tunnels run.
+    pub shards: Shards,
 }
 
 impl Context {
-    pub fn new(config: &Config, agent_auth: AgentAuth) -> Context {
+    pub fn new(config: &Config, agent_auth: AgentAuth, shards: Shards) -> Context {
         let budget = Budget::new(config.memory.tunnel_memory_budget);
         let earned = Arc::new(config.memory.earned_total());
         let metrics = Metrics::new(&budget, &earned);
@@ -99,6 +102,7 @@ impl Context {
             socket_tuning: config.memory.socket_tuning(),
             earned,
             max_window: config.memory.tunnel_max_window,
+            shards,
         }
     }
 }

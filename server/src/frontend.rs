@@ -31,9 +31,44 @@ mod tls_stream;
 
 pub use tls_stream::TlsStream;
 
-/// A client connection a tunnel can run over: TLS over TCP, or a Unix socket.
-pub trait ClientSocket: AsyncRead + AsyncWrite + TunnelSocket + Unpin + Send + 'static {}
-impl<T: AsyncRead + AsyncWrite + TunnelSocket + Unpin + Send + 'static> ClientSocket for T {}
+/// A client connection a tunnel can run over: TLS over TCP, or a Unix socket. Once dialed,
+/// it leaves the runtime it was accepted on for its agent session's thread
+/// ([`bridgehead_runtime::threads::Shards`]), detached from one reactor and attached to the
+/// other.
+pub trait ClientSocket: AsyncRead + AsyncWrite + TunnelSocket + Unpin + Send + 'static {
+    /// The connection while it belongs to no runtime.
+    type Detached: Send + 'static;
+    /// Takes the socket off the current runtime's reactor.
+    fn detach(self) -> std::io::Result<Self::Detached>;
+    /// Registers a detached connection with the current runtime's reactor.
+    fn attach(detached: Self::Detached) -> std::io::Result<Self>
+    where
+        Self: Sized;
+}
+
+impl ClientSocket for TlsStream {
+    type Detached = tls_stream::DetachedTls;
+
+    fn detach(self) -> std::io::Result<Self::Detached> {
+        TlsStream::detach(self)
+    }
+
+    fn attach(detached: Self::Detached) -> std::io::Result<Self> {
+        TlsStream::attach(detached)
+    }
+}
+
+impl ClientSocket for tokio::net::UnixStream {
+    type Detached = std::os::unix::net::UnixStream;
+
+    fn detach(self) -> std::io::Result<Self::Detached> {
+        self.into_std()
+    }
+
+    fn attach(detached: Self::Detached) -> std::io::Result<Self> {
+        tokio::net::UnixStream::from_std(detached)
+    }
+}
 
 /// What [`read_head`] made of a client's first bytes.
 #[doc(hidden)]

@@ -131,7 +131,15 @@ pub async fn run(
         None
     };
     let agent_auth = agent_auth(&config.agent_auth, kube.clone())?;
-    let ctx = Arc::new(Context::new(&config, agent_auth));
+    let shards = bridgehead_runtime::threads::Shards::start("session", config.session_threads)
+        .context("starting the session threads")?;
+    if config.session_threads > 0 {
+        info!(
+            threads = config.session_threads,
+            "agent sessions run on threads of their own"
+        );
+    }
+    let ctx = Arc::new(Context::new(&config, agent_auth, shards));
     ctx.metrics
         .set_ready_backends(&ctx.registry.ready_backends());
     let connections = TaskTracker::new();

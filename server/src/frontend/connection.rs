@@ -10,7 +10,8 @@ use bridgehead_proto::ErrorCode;
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
-use tracing::{debug, info};
+use tokio_util::task::task_tracker::TaskTrackerToken;
+use tracing::{debug, info, Instrument};
 
 use super::head::{self, Head};
 use super::hold::Held;
@@ -76,7 +77,7 @@ pub(super) async fn serve<S: ClientSocket>(
     client: ClientKey,
     ctx: Arc<Context>,
 ) {
-    let _connection = ctx.metrics.http_connection();
+    let connection = ctx.metrics.http_connection();
     let opened = match open(&mut *socket, client, &ctx).await {
         Ok(opened) => opened,
         Err(Failure::Gone(why)) => return debug!("{why}"),
@@ -90,7 +91,36 @@ pub(super) async fn serve<S: ClientSocket>(
             .reset(ErrorCode::ConnectionReset, "client left before the 200");
         return debug!(%error, "client left before the 200");
     }
-    tunnel(socket, opened, &ctx).await;
+    // Counted from here, so that shutdown waits for it wherever it runs.
+    let token = ctx.tunnels.token();
+    let Some(home) = opened.stream.home().cloned() else {
+        return tunnel(socket, opened, &ctx, token).await;
+    };
+    // The splice runs beside its session, on the session's thread.
+    let detached = match socket.detach() {
+        Ok(detached) => Box::new(detached),
+        Err(error) => {
+            opened.stream.reset(
+                ErrorCode::ConnectionReset,
+                "the server could not move the tunnel",
+            );
+            return debug!(%error, "taking a tunnel to its session's thread");
+        }
+    };
+    let moved = async move {
+        let _connection = connection;
+        match S::attach(*detached) {
+            Ok(socket) => tunnel(Box::new(socket), opened, &ctx, token).await,
+            Err(error) => {
+                opened.stream.reset(
+                    ErrorCode::ConnectionReset,
+                    "the server could not move the tunnel",
+                );
+                debug!(%error, "registering a tunnel on its session's thread");
+            }
+        }
+    };
+    home.spawn(moved.instrument(tracing::Span::current()));
 }
 
 /// Head, admission, route, dial: a stream to the target, or why not.
@@ -170,14 +200,18 @@ pub(super) async fn refuse<S: ClientSocket>(socket: &mut S, ctx: &Context, refus
 /// Splices the answered tunnel until both directions end; a failed tunnel ends the client's
 /// connection with a reset. Bytes are counted as they flow; the end is one line (target, agent,
 /// bytes each way, duration, how it ended) at info, unless `--log-tunnels=false`.
-async fn tunnel<S: ClientSocket>(mut socket: Box<S>, opened: Opened, ctx: &Context) {
+async fn tunnel<S: ClientSocket>(
+    mut socket: Box<S>,
+    opened: Opened,
+    ctx: &Context,
+    _tunnel: TaskTrackerToken,
+) {
     let Opened {
         stream,
         early,
         target,
         agent,
     } = opened;
-    let _tunnel = ctx.tunnels.token();
     ctx.metrics.tunnels_open.inc();
     let started = Instant::now();
     let mut moved = Moved::default();

@@ -18,6 +18,7 @@ use bridgehead_mux::{DialRequest, Keepalive, Mux, MuxStream};
 use bridgehead_proto::ident::AgentIdentifiers;
 use bridgehead_proto::ErrorCode;
 use bridgehead_runtime::accept::RateLimit;
+use bridgehead_runtime::threads::Shards;
 use bridgehead_runtime::tls::{load_certs, load_key, load_roots, provider};
 use bytes::Bytes;
 use rustls::pki_types::ServerName;
@@ -119,6 +120,19 @@ impl TunnelSocket for ServerEnd {
     }
 }
 
+/// An in-memory pipe belongs to no runtime: it moves as it is.
+impl ClientSocket for ServerEnd {
+    type Detached = ServerEnd;
+
+    fn detach(self) -> io::Result<ServerEnd> {
+        Ok(self)
+    }
+
+    fn attach(detached: ServerEnd) -> io::Result<ServerEnd> {
+        Ok(detached)
+    }
+}
+
 /// The server's shared state with `registry` behind it, nothing held back.
 fn context(registry: Registry) -> Arc<Context> {
     context_with_dial_timeout(registry, TEST_TIMEOUT)
@@ -151,6 +165,7 @@ fn context_with_dial_timeout(registry: Registry, dial_timeout: Duration) -> Arc<
         socket_tuning: Default::default(),
         earned,
         max_window: bridgehead_proto::session::DEFAULT_MAX_WINDOW,
+        shards: Shards::none(),
     })
 }
 
@@ -500,6 +515,84 @@ async fn the_unix_socket_serves_connect_with_mode_0660() {
         serving.await.unwrap();
         connections.close();
         connections.wait().await;
+    })
+    .await
+}
+
+/// With the agent's session on a thread of its own, a tunnel leaves the connection's task
+/// once it is answered and is spliced on the session's thread: the frontend's connection
+/// task ends while the tunnel still carries bytes both ways, and shutdown's count of open
+/// tunnels still holds it until both sides finish.
+#[tokio::test]
+async fn a_tunnel_is_spliced_on_its_sessions_thread() {
+    bounded(async {
+        let shards = Shards::start("test-session", 1).unwrap();
+        let home = shards.home().unwrap();
+        let shutdown = CancellationToken::new();
+        let (a, b) = tokio::io::duplex(256 * 1024);
+        let (server, agent) = (Mux::server(), Mux::agent());
+        server.set_home(home.handle().clone());
+        let server_ws =
+            bridgehead_mux::WebSocket::new(a, bridgehead_mux::WsRole::Server, Bytes::new());
+        let agent_ws =
+            bridgehead_mux::WebSocket::new(b, bridgehead_mux::WsRole::Client, Bytes::new());
+        let token = shutdown.clone();
+        let driver = server.clone();
+        home.handle().spawn(async move {
+            let on = std::thread::current().name().map(str::to_owned);
+            assert_eq!(on.as_deref(), Some("test-session-0"));
+            driver.run(server_ws, Keepalive::default(), token).await
+        });
+        let (driver, token) = (agent.clone(), shutdown.clone());
+        tokio::spawn(async move { driver.run(agent_ws, Keepalive::default(), token).await });
+        let registry = Registry::new(vec![Strategy::Default], 100);
+        registry
+            .register(Registration {
+                name: "agent-1".to_owned(),
+                identity: "certificate CN=agent-1".to_owned(),
+                identifiers: AgentIdentifiers::default(),
+                peer: SocketAddr::from(([127, 0, 0, 1], 1)),
+                mux: server,
+            })
+            .unwrap();
+        let ctx = context(registry);
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bridgehead.sock");
+        let listener = bind_unix(&path).unwrap();
+        let connections = TaskTracker::new();
+        let serving = tokio::spawn(serve_unix(
+            listener,
+            ctx.clone(),
+            shutdown.clone(),
+            connections.clone(),
+        ));
+        let mut client = UnixStream::connect(&path).await.unwrap();
+        client.write_all(HEAD).await.unwrap();
+        let target = next_dial(&agent).await.accept().unwrap();
+        let mut answer = vec![0; head::ESTABLISHED.len()];
+        client.read_exact(&mut answer).await.unwrap();
+        assert_eq!(answer, head::ESTABLISHED);
+        // The connection's task is done (this waits for it); the tunnel is not.
+        connections.close();
+        connections.wait().await;
+        assert_eq!(ctx.tunnels.len(), 1);
+        client.write_all(b"up").await.unwrap();
+        client.shutdown().await.unwrap();
+        assert_eq!(read_stream(&target).await, b"up");
+        let send = async {
+            target.write(pattern(300_000).into()).await.unwrap();
+            target.finish().unwrap();
+        };
+        let mut down = Vec::new();
+        let ((), read) = tokio::join!(send, client.read_to_end(&mut down));
+        read.unwrap();
+        assert_eq!(down, pattern(300_000));
+        ctx.tunnels.close();
+        ctx.tunnels.wait().await;
+        assert_eq!(metric(&ctx, "bridgehead_server_tunnels_open"), 0.0);
+        shutdown.cancel();
+        serving.await.unwrap();
     })
     .await
 }

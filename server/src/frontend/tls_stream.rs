@@ -78,8 +78,7 @@ impl TlsStream {
             read_eof: false,
             io_eof: false,
             write_closed: false,
-            budget: None,
-            counted: 0,
+            counted: Counted::default(),
         };
         match stream.handshake().await {
             Ok(()) => Ok(stream),
@@ -91,9 +90,10 @@ impl TlsStream {
     }
 }
 
-/// A server-side TLS connection over TCP whose buffers are released while empty.
-pub struct TlsStream {
-    io: TcpStream,
+/// A server-side TLS connection over TCP whose buffers are released while empty. Its socket
+/// is a tokio one but while it moves between runtimes ([`TlsStream::detach`]).
+pub struct TlsStream<IO = TcpStream> {
+    io: IO,
     conn: UnbufferedServerConnection,
     incoming: Incoming,
     plaintext: Pending,
@@ -105,16 +105,65 @@ pub struct TlsStream {
     /// Our `close_notify` is queued: no more writes.
     write_closed: bool,
     /// Where the records in `outgoing` count as tunnel data held ([`TlsStream::count_against`]).
-    budget: Option<Budget>,
-    /// The bytes of `outgoing`'s buffer counted in `budget` now.
-    counted: usize,
+    counted: Counted,
 }
 
-impl Drop for TlsStream {
+/// The bytes of a stream's `outgoing` buffer counted in a budget now; given back when the
+/// stream goes.
+#[derive(Default)]
+struct Counted {
+    budget: Option<Budget>,
+    bytes: usize,
+}
+
+impl Drop for Counted {
     fn drop(&mut self) {
         if let Some(budget) = &self.budget {
-            budget.release(self.counted as u64);
+            budget.release(self.bytes as u64);
         }
+    }
+}
+
+/// A [`TlsStream`] taken off its runtime's reactor, to be registered with another's.
+pub(super) type DetachedTls = TlsStream<std::net::TcpStream>;
+
+impl<IO> TlsStream<IO> {
+    fn map_io<T>(self, f: impl FnOnce(IO) -> io::Result<T>) -> io::Result<TlsStream<T>> {
+        let TlsStream {
+            io,
+            conn,
+            incoming,
+            plaintext,
+            outgoing,
+            read_eof,
+            io_eof,
+            write_closed,
+            counted,
+        } = self;
+        Ok(TlsStream {
+            io: f(io)?,
+            conn,
+            incoming,
+            plaintext,
+            outgoing,
+            read_eof,
+            io_eof,
+            write_closed,
+            counted,
+        })
+    }
+}
+
+impl TlsStream {
+    /// The stream with its socket taken off this runtime's reactor (the TLS state, buffers
+    /// and budget count go along), for [`TlsStream::attach`] on another runtime.
+    pub fn detach(self) -> io::Result<DetachedTls> {
+        self.map_io(TcpStream::into_std)
+    }
+
+    /// A detached stream, its socket registered with the current runtime's reactor.
+    pub fn attach(detached: DetachedTls) -> io::Result<TlsStream> {
+        detached.map_io(TcpStream::from_std)
     }
 }
 
@@ -591,22 +640,23 @@ impl TlsStream {
     /// (up to one write's worth, [`WRITE_SIZE`]) as tunnel data held in `budget`, beside what
     /// the sessions hold: a tunnel whose client stopped reading holds both.
     pub fn count_against(&mut self, budget: Budget) {
-        self.budget = Some(budget);
+        self.counted.budget = Some(budget);
         self.recount();
     }
 
     /// Brings the budget's count of `outgoing` up to date: the memory its buffer takes.
     fn recount(&mut self) {
-        let Some(budget) = &self.budget else {
+        let counted = &mut self.counted;
+        let Some(budget) = &counted.budget else {
             return;
         };
         let now = self.outgoing.buf.capacity();
-        if now > self.counted {
-            budget.hold((now - self.counted) as u64);
+        if now > counted.bytes {
+            budget.hold((now - counted.bytes) as u64);
         } else {
-            budget.release((self.counted - now) as u64);
+            budget.release((counted.bytes - now) as u64);
         }
-        self.counted = now;
+        counted.bytes = now;
     }
 
     /// The TCP socket, for socket options.
