@@ -14,6 +14,7 @@ use bridgehead_runtime::compat::{AnpIgnoredArgs, KlogArgs, LogSettings, Notes};
 use bridgehead_runtime::duration;
 use bridgehead_runtime::logging::LogFormat;
 use bridgehead_runtime::memory::MemoryArgs;
+use bridgehead_runtime::threads::SessionThreads;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 use rustls_pki_types::ServerName;
@@ -195,6 +196,13 @@ pub struct Cli {
     #[arg(long, env = "BRIDGEHEAD_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
 
+    /// Threads of their own for the sessions with servers: each session, and every tunnel
+    /// it carries, runs on one of them (the least loaded when it connects), so a tunnel's
+    /// chunks never cross between cores on their way to and from its session. `auto` = one
+    /// per worker thread (none with a single worker); 0 = none (everything on the workers).
+    #[arg(long, env = "BRIDGEHEAD_SESSION_THREADS", default_value = "auto", value_parser = SessionThreads::parse)]
+    pub session_threads: SessionThreads,
+
     /// Destinations the agent may dial: comma-separated `CIDR`, `CIDR:PORT`, `CIDR:LOW-HIGH`
     /// (`[IPv6/len]:PORT`); empty: any not denied. Checked on the resolved addresses. An exact
     /// address listed here lifts a default denial (a link-local service on purpose).
@@ -342,6 +350,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// `--worker-threads`.
     pub worker_threads: usize,
+    /// `--session-threads`, resolved: how many session threads to start.
+    pub session_threads: usize,
     /// `--allowed-destinations`.
     pub allowed_destinations: Vec<Rule>,
     /// `--denied-destinations`.
@@ -518,6 +528,7 @@ impl Cli {
             memory: self.memory,
             max_tunnels: self.max_tunnels,
             worker_threads: self.worker_threads,
+            session_threads: self.session_threads.count(self.worker_threads),
             allowed_destinations: parse_rules(&self.allowed_destinations)
                 .context("--allowed-destinations")?,
             denied_destinations: parse_rules(&self.denied_destinations)

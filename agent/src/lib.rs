@@ -144,7 +144,23 @@ pub async fn run(
         }
         None => ServerCount::new(),
     };
-    servers::run(Arc::new(config), health.clone(), policy, count, shutdown).await;
+    let shards = bridgehead_runtime::threads::Shards::start("session", config.session_threads)
+        .context("starting the session threads")?;
+    if config.session_threads > 0 {
+        info!(
+            threads = config.session_threads,
+            "sessions run on threads of their own"
+        );
+    }
+    servers::run(
+        Arc::new(config),
+        health.clone(),
+        policy,
+        count,
+        shards,
+        shutdown,
+    )
+    .await;
 
     health_stop.cancel();
     let _ = health_server.await;

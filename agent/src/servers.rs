@@ -15,11 +15,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bridgehead_mux::Branches;
+use bridgehead_runtime::threads::{Home, Shards};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
 use crate::config::Config;
@@ -60,6 +61,7 @@ pub(crate) async fn run(
     health: Health,
     policy: Arc<Policy>,
     mut count: ServerCount,
+    shards: Shards,
     shutdown: CancellationToken,
 ) {
     let sessions = TaskTracker::new();
@@ -122,9 +124,28 @@ pub(crate) async fn run(
             health.metrics().reconnecting();
         }
         attempts += 1;
-        let attempt = tokio::select! {
-            attempt = server_connection::connect_to_server(&config, &live) => attempt,
-            () = shutdown.cancelled() => break,
+        // A session's connection is made on the thread the session will run on, so that its
+        // socket is that thread's runtime's.
+        let home = shards.home();
+        let connect = {
+            let (config, live) = (config.clone(), live.clone());
+            async move { server_connection::connect_to_server(&config, &live).await }
+        };
+        let attempt = match &home {
+            Some(home) => {
+                let connecting = AbortOnDropHandle::new(home.handle().spawn(connect));
+                tokio::select! {
+                    joined = connecting => match joined {
+                        Ok(attempt) => attempt,
+                        Err(failed) => std::panic::resume_unwind(failed.into_panic()),
+                    },
+                    () = shutdown.cancelled() => break,
+                }
+            }
+            None => tokio::select! {
+                attempt = connect => attempt,
+                () = shutdown.cancelled() => break,
+            },
         };
         let delay = match attempt {
             Ok(connected) if live.contains(&connected.server_id) => {
@@ -158,7 +179,8 @@ pub(crate) async fn run(
                 );
                 health.set_known(count.count());
                 spawn_session(
-                    &sessions, key, connected, &config, &health, &policy, &shutdown, &events_tx,
+                    &sessions, key, connected, home, &config, &health, &policy, &shutdown,
+                    &events_tx,
                 );
                 schedule.after_success(&mut rng)
             }
@@ -205,6 +227,7 @@ fn spawn_session(
     sessions: &TaskTracker,
     key: u64,
     connected: Connected,
+    home: Option<Home>,
     config: &Arc<Config>,
     health: &Health,
     policy: &Arc<Policy>,
@@ -226,46 +249,52 @@ fn spawn_session(
         events.clone(),
     );
     let span = info_span!("session", server = %peer, server_id = %server_id);
-    sessions.spawn(
-        async move {
-            let drained = CancellationToken::new();
-            let mut session = std::pin::pin!(crate::session::run(
-                ws,
-                &config,
-                &health,
-                &policy,
-                &shutdown,
-                || drained.cancel(),
-            ));
-            // The session polled only when its own waker fired, not on every frame with
-            // the drain's future (`Branches`).
-            let first = {
-                let mut drained = std::pin::pin!(drained.cancelled());
-                let branches = Branches::<2>::new();
-                std::future::poll_fn(|cx| {
-                    branches.poll(cx, |branch, cx| match branch {
-                        0 => session.as_mut().poll(cx).map(Some),
-                        _ => drained.as_mut().poll(cx).map(|()| None),
-                    })
+    let handle = home.as_ref().map(|home| home.handle().clone());
+    let session = async move {
+        // Counted on its thread while it runs.
+        let _home = home;
+        let drained = CancellationToken::new();
+        let mut session = std::pin::pin!(crate::session::run(
+            ws,
+            &config,
+            &health,
+            &policy,
+            &shutdown,
+            || drained.cancel(),
+        ));
+        // The session polled only when its own waker fired, not on every frame with
+        // the drain's future (`Branches`).
+        let first = {
+            let mut drained = std::pin::pin!(drained.cancelled());
+            let branches = Branches::<2>::new();
+            std::future::poll_fn(|cx| {
+                branches.poll(cx, |branch, cx| match branch {
+                    0 => session.as_mut().poll(cx).map(Some),
+                    _ => drained.as_mut().poll(cx).map(|()| None),
                 })
-                .await
-            };
-            let reason = match first {
-                Some(reason) => reason,
-                None => {
-                    let _ = events.send(Event::Draining(key)).await;
-                    session.await
-                }
-            };
-            health.metrics().session_ended(&reason);
-            health.session_closed(key, reason.to_string());
-            if shutdown.is_cancelled() {
-                info!(%reason, "session closed");
-            } else {
-                warn!(%reason, "session with server ended");
+            })
+            .await
+        };
+        let reason = match first {
+            Some(reason) => reason,
+            None => {
+                let _ = events.send(Event::Draining(key)).await;
+                session.await
             }
-            let _ = events.send(Event::Ended(key)).await;
+        };
+        health.metrics().session_ended(&reason);
+        health.session_closed(key, reason.to_string());
+        if shutdown.is_cancelled() {
+            info!(%reason, "session closed");
+        } else {
+            warn!(%reason, "session with server ended");
         }
-        .instrument(span),
-    );
+        let _ = events.send(Event::Ended(key)).await;
+    }
+    .instrument(span);
+    // Its tunnels' tasks are spawned from it, onto the same thread.
+    match handle {
+        Some(handle) => drop(handle.spawn(sessions.track_future(session))),
+        None => drop(sessions.spawn(session)),
+    }
 }
