@@ -431,7 +431,7 @@ fn a_connect_burst_against_a_frozen_agent_stays_bounded_and_leaves_nothing_behin
     assert_eq!(reply.status, 200, "{}", reply.head);
 }
 
-/// `--tunnel-max-window`: a tunnel that keeps reading earns a window past the default 256 KiB,
+/// `--tunnel-max-window`: a tunnel that keeps reading earns a window of more than 1 MiB,
 /// up to the flag's (what one tunnel needs to fill a link with latency), and one that then
 /// stops reading holds about that much against the budget, never more.
 #[test]

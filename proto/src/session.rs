@@ -29,8 +29,13 @@ use stream::{Phase, Stream};
 /// Default receive window a stream starts with, per direction (before the budget's pressure
 /// shrinks it; see [`crate::budget`]).
 pub const DEFAULT_INITIAL_WINDOW: u32 = 64 * 1024;
-/// Default largest receive window a reading stream earns.
-pub const DEFAULT_MAX_WINDOW: u32 = 1024 * 1024;
+/// Default largest receive window a reading stream earns: the credit limit, 16 MiB (the
+/// ceiling gRPC's BDP estimator gives konnectivity's streams too). On loopback the grants'
+/// round trip through both processes and the scheduler outlasts a smaller window at a
+/// gigabyte a second (docs/benchmarks.md, optimisation log); over a link with latency one
+/// stream moves about half a window per round trip. Only a stream that keeps reading earns
+/// it (an eighth of what it read), and the memory budget bounds all streams together.
+pub const DEFAULT_MAX_WINDOW: u32 = MAX_CREDIT as u32;
 /// Largest credit a peer may hold out on one stream at any time (16 MiB): a DIAL or DIAL_OK
 /// window, or a WINDOW that would take the credit above it, resets the stream
 /// (`flow_control`). A peer granting more would only make this end read its client faster

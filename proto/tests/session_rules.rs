@@ -7,7 +7,7 @@
 use bridgehead_proto::budget::{Budget, EARN_DIVISOR, MIN_WINDOW};
 use bridgehead_proto::frame::{Frame, HEADER_LEN};
 use bridgehead_proto::session::{
-    Event, OpenError, ReadOutcome, Role, Session, SessionConfig, StreamError,
+    Event, OpenError, ReadOutcome, Role, Session, SessionConfig, StreamError, DEFAULT_MAX_WINDOW,
 };
 use bridgehead_proto::{ErrorCode, StreamId};
 use bytes::{Bytes, BytesMut};
@@ -649,11 +649,15 @@ fn a_reset_frees_the_room_its_queued_data_took() {
 
 /// A server session with the default windows, under `budget`.
 fn budgeted(budget: &Budget) -> Session {
-    Session::new(SessionConfig {
+    Session::new(budgeted_config(budget))
+}
+
+fn budgeted_config(budget: &Budget) -> SessionConfig {
+    SessionConfig {
         budget: budget.clone(),
         max_queued: 2 * LIMIT as usize,
         ..SessionConfig::new(Role::Server)
-    })
+    }
 }
 
 /// Delivers `len` bytes to `id` in frames of at most 16 KiB (as much as its window allows).
@@ -727,15 +731,18 @@ fn a_reading_stream_earns_its_window_up_to_the_maximum() {
     let mut server = budgeted(&budget);
     let (id, window) = dial_window(&mut server);
     assert_eq!(window, 64 * 1024);
-    // The window grows with what was read (an eighth of it) to 1 MiB and no further.
-    let after_grants = keep_reading(&mut server, id, window, 16 << 20);
+    // The window grows with what was read (an eighth of it) to the maximum, the credit
+    // limit, and no further.
+    let max = u64::from(DEFAULT_MAX_WINDOW);
+    assert_eq!(max, u64::from(LIMIT));
+    let after_grants = keep_reading(&mut server, id, window, 2 * EARN_DIVISOR * max);
     assert!(
         after_grants
             .iter()
-            .all(|&(read, credit)| credit <= (read / EARN_DIVISOR).clamp(64 << 10, 1 << 20)),
+            .all(|&(read, credit)| credit <= (read / EARN_DIVISOR).clamp(64 << 10, max)),
         "a window grew before it was earned: {after_grants:?}"
     );
-    assert_eq!(after_grants.iter().map(|&(_, c)| c).max(), Some(1 << 20));
+    assert_eq!(after_grants.iter().map(|&(_, c)| c).max(), Some(max));
     assert_eq!(budget.buffered(), 0);
 }
 
@@ -801,7 +808,10 @@ fn stalled_streams_make_new_streams_start_small_and_the_spent_budget_refuses_dia
 #[test]
 fn pressure_caps_what_a_reading_stream_is_granted() {
     let budget = Budget::new(4 * 1024 * 1024);
-    let mut server = budgeted(&budget);
+    let mut server = Session::new(SessionConfig {
+        max_window: 1 << 20,
+        ..budgeted_config(&budget)
+    });
     // Stalled neighbours fill seven eighths of the budget...
     while budget.buffered() < 7 * budget.limit() / 8 {
         let (id, window) = dial_window(&mut server);

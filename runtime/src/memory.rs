@@ -50,12 +50,13 @@ pub struct MemoryArgs {
     /// Largest receive window one tunnel earns by reading (each direction's receiver grants
     /// it: the server for downloads, the agent for uploads). One tunnel moves at most about
     /// half of it per round trip of the agent link, and even on loopback the round trip
-    /// through both processes is what limits one tunnel: the default 1Mi carries about
-    /// 50 MiB/s at 10 ms, 4Mi about 200 MiB/s. Only tunnels
-    /// that keep reading earn it (an eighth of what they read so far), and the memory budget
-    /// still bounds what all tunnels hold together. 64Ki (the window a tunnel starts with)
-    /// to 16Mi (the most credit the protocol lets a peer hold); a size.
-    #[arg(long, env = "BRIDGEHEAD_TUNNEL_MAX_WINDOW", default_value = "1Mi", value_parser = parse_window, value_name = "SIZE")]
+    /// through both processes is what limits one tunnel: 1Mi carries about 50 MiB/s at
+    /// 10 ms, the default 16Mi about 800 MiB/s. Only tunnels that keep reading earn it (an
+    /// eighth of what they read so far: 16Mi after 128 MiB), and the memory budget still
+    /// bounds what all tunnels hold together; a tunnel that earned it and then stalls holds
+    /// up to that much. 64Ki (the window a tunnel starts with) to 16Mi (the most credit the
+    /// protocol lets a peer hold); a size.
+    #[arg(long, env = "BRIDGEHEAD_TUNNEL_MAX_WINDOW", default_value = "16Mi", value_parser = parse_window, value_name = "SIZE")]
     pub tunnel_max_window: u32,
 }
 
@@ -380,6 +381,27 @@ mod tests {
         ] {
             assert!(page.lines().any(|l| l == line), "{line:?} not in:\n{page}");
         }
+    }
+
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        memory: MemoryArgs,
+    }
+
+    /// The flag's default is the protocol crate's, which the sessions of tests and tools
+    /// that take no flags get.
+    #[test]
+    fn the_window_flag_defaults_to_the_protocols_default() {
+        let flags = <Flags as clap::Parser>::try_parse_from(["bridgehead"]).unwrap();
+        assert_eq!(
+            flags.memory.tunnel_max_window,
+            bridgehead_proto::session::DEFAULT_MAX_WINDOW
+        );
+        assert_eq!(
+            u64::from(flags.memory.tunnel_max_window),
+            bridgehead_proto::session::MAX_CREDIT
+        );
     }
 
     /// The socket flags at their defaults.
