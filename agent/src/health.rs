@@ -91,6 +91,8 @@ pub(crate) struct Metrics {
     bytes_from_target: Counter,
     bytes_to_target: Counter,
     reconnects: Counter,
+    /// `tunnel_send_waits{reason}`: downloads waiting for the server's window or the queue.
+    send_waits: bridgehead_runtime::memory::SendWaits,
     anp_dial_duration: Histogram,
     anp_dial_failures: Family<Label, Counter>,
     anp_server_failures: LegacyCounter,
@@ -118,6 +120,7 @@ impl Health {
             bytes_from_target: Counter::default(),
             bytes_to_target: Counter::default(),
             reconnects: Counter::default(),
+            send_waits: Default::default(),
             anp_dial_duration: Histogram::new(ANP_LATENCY_BUCKETS),
             anp_dial_failures: Family::default(),
             anp_server_failures: LegacyCounter::with_label("direction"),
@@ -191,6 +194,7 @@ impl Health {
             "Attempts to reach a server after the first",
             metrics.reconnects.clone(),
         );
+        metrics.send_waits.register(registry);
         // konnectivity's names, for dashboards built on them.
         let anp = root.sub_registry_with_prefix("konnectivity_network_proxy_agent");
         anp.register(
@@ -470,6 +474,10 @@ impl Meter for Metrics {
         if down > 0 {
             self.bytes_to_target.inc_by(down);
         }
+    }
+
+    fn waited(&self, why: bridgehead_runtime::memory::SendWait) {
+        self.send_waits.waited(why);
     }
 }
 

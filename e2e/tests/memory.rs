@@ -460,6 +460,40 @@ fn a_reading_tunnel_earns_the_window_the_flag_allows() {
     );
 }
 
+/// `tunnel_send_waits_total{reason="window"}`: a download held to a small window by the
+/// server (`--tunnel-max-window` at the 64 KiB it starts with) keeps the agent waiting for
+/// grants, and the agent counts the waits; the server, whose client sends nothing, counts
+/// none. What an operator reads to see that tunnels want a larger window.
+#[test]
+fn a_download_held_to_a_small_window_counts_the_agents_waits() {
+    const BYTES: u64 = 16 << 20;
+    let pki = Pki::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bridgehead.sock");
+    let (server, agent) = pair(&pki, &path, &["--tunnel-max-window", "64Ki"], &[]);
+    let source = target::source("127.0.0.1:0", BYTES as usize).unwrap();
+    let (mut conn, reply) = connect(&path, source);
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    let mut read = reply.extra.len() as u64;
+    read_up_to(&mut conn, &mut read, BYTES);
+    let waits = |metric: anyhow::Result<f64>| metric.unwrap() as u64;
+    let agent_waits =
+        waits(agent.metric("bridgehead_agent_tunnel_send_waits_total{reason=\"window\"}"));
+    assert!(
+        agent_waits >= 1,
+        "the agent never waited for the 64 KiB window"
+    );
+    // Every wait ends with a grant, and a grant covers at least half the window.
+    assert!(
+        agent_waits <= BYTES / (32 << 10) + 1,
+        "{agent_waits} waits: more than one per grant"
+    );
+    for reason in ["window", "queue"] {
+        let series = format!("bridgehead_server_tunnel_send_waits_total{{reason=\"{reason}\"}}");
+        assert_eq!(waits(server.metric(&series)), 0, "{series}");
+    }
+}
+
 /// `--tunnel-receive-buffer-max`: a download whose client keeps reading earns its target
 /// socket a larger receive buffer than `--tunnel-receive-buffer`, doubling at every eight
 /// times the buffer it moved, out of a quarter of the agent's budget for all tunnels together;

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{ready, Context, Poll};
 
 use bridgehead_proto::frame::MAX_DATA_PAYLOAD;
+pub use bridgehead_proto::session::SendWait;
 use bridgehead_proto::ErrorCode;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -43,6 +44,10 @@ pub struct Moved {
 pub trait Meter: Sync {
     /// `up` more bytes went from the socket into the stream, `down` more the other way.
     fn moved(&self, up: u64, down: u64);
+
+    /// The socket had bytes for the stream and the stream could take none: told once when
+    /// such a wait begins, with what it waits for.
+    fn waited(&self, _why: SendWait) {}
 }
 
 /// How a tunnel's socket earns one of its kernel buffers: the one that holds the tunnel's
@@ -195,6 +200,7 @@ where
             big: BytesMut::new(),
             streaming: false,
             done: false,
+            waiting: false,
         },
         down: Downlink {
             head: Bytes::new(),
@@ -416,6 +422,9 @@ struct Uplink {
     streaming: bool,
     /// The socket reached EOF and the stream was finished.
     done: bool,
+    /// The stream has taken none of the socket's bytes since the last poll that found it
+    /// without credit ([`Meter::waited`] was told).
+    waiting: bool,
 }
 
 /// Stream to socket; the peer's FIN shuts the socket's write side. Chunks that are already
@@ -528,8 +537,13 @@ where
     fn poll_up(&mut self, cx: &mut Context<'_>) -> Result<(), SpliceError> {
         while !self.up.done {
             if !self.up.pending.is_empty() {
+                let before = self.up.pending.len();
                 self.stream.send(&mut self.up.pending)?;
+                if self.up.pending.len() < before {
+                    self.up.waiting = false;
+                }
                 if !self.up.pending.is_empty() && self.stream.poll_writable(cx)?.is_pending() {
+                    self.wait_begins();
                     return Ok(());
                 }
                 continue;
@@ -546,8 +560,10 @@ where
                 // Waiting for credit, perhaps for long (the peer's reader stalled): without
                 // the read buffer.
                 self.up.big = BytesMut::new();
+                self.wait_begins();
                 return Ok(());
             };
+            self.up.waiting = false;
             let Poll::Ready(chunk) = self.up.poll_read(&mut self.socket, cx, credit)? else {
                 return Ok(());
             };
@@ -566,6 +582,20 @@ where
             }
         }
         Ok(())
+    }
+
+    /// The uplink found no credit: the meter learns what it waits for, once per wait (a task
+    /// woken for the downlink polls the uplink too).
+    fn wait_begins(&mut self) {
+        let Some(meter) = self.meter else {
+            return;
+        };
+        if std::mem::replace(&mut self.up.waiting, true) {
+            return;
+        }
+        if let Some(why) = self.stream.send_wait() {
+            meter.waited(why);
+        }
     }
 
     /// Moves stream chunks into the socket until the stream or the socket has nothing more for

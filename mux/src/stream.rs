@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bridgehead_proto::session::{OpenError, ReadOutcome, StreamError};
+use bridgehead_proto::session::{OpenError, ReadOutcome, SendWait, StreamError};
 use bridgehead_proto::{ErrorCode, StreamId};
 use bytes::{Buf, Bytes};
 
@@ -142,6 +142,11 @@ impl MuxStream {
             }
             credit => Poll::Ready(credit),
         })
+    }
+
+    /// What holds the stream back while [`MuxStream::poll_writable`] waits.
+    pub(crate) fn send_wait(&self) -> Option<SendWait> {
+        self.shared.with(|state| state.session.send_wait(self.id))
     }
 
     /// Sends all of `data`, waiting for credit as needed.

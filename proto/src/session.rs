@@ -90,6 +90,18 @@ impl SessionConfig {
     }
 }
 
+/// Why a stream with bytes to send can send none now ([`Session::send_wait`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendWait {
+    /// The peer's window is used up: it has not read enough to be granted more yet, or its
+    /// grant is still on its way (a window smaller than what the link holds in one round
+    /// trip: `--tunnel-max-window`).
+    Window,
+    /// The session's transmit queue is full: the WebSocket takes bytes slower than the streams
+    /// bring them.
+    Queue,
+}
+
 /// Something the I/O layer must react to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
@@ -289,6 +301,19 @@ impl Session {
             self.queue_waiters.insert(stream);
         }
         Ok(credit.min(room))
+    }
+
+    /// What holds `stream` back when [`Session::send_credit`] is 0: the peer's window, or the
+    /// session's full transmit queue. `None` when it may send (or is gone).
+    pub fn send_wait(&self, stream: StreamId) -> Option<SendWait> {
+        let state = self.streams.get(&stream)?;
+        if state.send_credit == 0 {
+            Some(SendWait::Window)
+        } else if self.queued >= self.config.max_queued {
+            Some(SendWait::Queue)
+        } else {
+            None
+        }
     }
 
     /// Queues as much of `data` as the stream's credit allows, split into DATA frames, and

@@ -7,7 +7,8 @@
 use bridgehead_proto::budget::{Budget, EARN_DIVISOR, MIN_WINDOW};
 use bridgehead_proto::frame::{Frame, HEADER_LEN};
 use bridgehead_proto::session::{
-    Event, OpenError, ReadOutcome, Role, Session, SessionConfig, StreamError, DEFAULT_MAX_WINDOW,
+    Event, OpenError, ReadOutcome, Role, SendWait, Session, SessionConfig, StreamError,
+    DEFAULT_MAX_WINDOW,
 };
 use bridgehead_proto::{ErrorCode, StreamId};
 use bytes::{Bytes, BytesMut};
@@ -633,6 +634,36 @@ fn a_full_transmit_queue_holds_senders_until_data_leaves_it() {
     assert!(matches!(server.poll_transmit(), Some(Frame::Data { stream, .. }) if stream == a));
     assert_eq!(events(&mut server), [Event::Writable { stream: b }]);
     assert_eq!(server.send_credit(b), Ok(60));
+}
+
+/// What holds a stream back is told apart: the peer's window (no credit), or the session's
+/// full queue (credit, but no room); nothing once a WINDOW or the writer brings either back.
+#[test]
+fn a_waiting_sender_is_told_whether_it_waits_for_the_window_or_the_queue() {
+    let (mut server, ids) = queue_bound(100, &[1000, 50]);
+    let (roomy, small) = (ids[0], ids[1]);
+    assert_eq!(server.send_wait(roomy), None);
+    assert_eq!(server.send(small, Bytes::from(vec![b's'; 50])), Ok(50));
+    assert_eq!(server.send_wait(small), Some(SendWait::Window));
+    assert_eq!(server.send(roomy, Bytes::from(vec![b'r'; 50])), Ok(50));
+    assert_eq!(server.send_wait(roomy), Some(SendWait::Queue));
+    // No credit outranks no room: a WINDOW is what the stream needs first.
+    assert_eq!(server.send_wait(small), Some(SendWait::Window));
+    server
+        .handle_frame(Frame::Window {
+            stream: small,
+            increment: 10,
+        })
+        .unwrap();
+    assert_eq!(server.send_wait(small), Some(SendWait::Queue));
+    while server.poll_transmit().is_some() {}
+    assert_eq!(server.send_wait(roomy), None);
+    assert_eq!(server.send_wait(small), None);
+    assert_eq!(
+        server.send_wait(StreamId::MAX),
+        None,
+        "a stream that is gone"
+    );
 }
 
 /// A reset stream's queued DATA leaves the queue with it, and frees its room at once.

@@ -7,7 +7,11 @@
 
 use std::os::fd::AsFd;
 
-pub use bridgehead_mux::splice::{EarnedBuffer, EarnedTotal};
+pub use bridgehead_mux::splice::{EarnedBuffer, EarnedTotal, SendWait};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 
 /// `--tunnel-memory-budget`, `--tunnel-receive-buffer`, `--tunnel-unsent-limit` and
 /// `--tunnel-max-window`.
@@ -294,6 +298,55 @@ impl prometheus_client::collector::Collector for EarnedCollector {
             gauge.metric_type(),
         )?;
         gauge.encode(metric)
+    }
+}
+
+/// `tunnel_send_waits_total{reason}` (under the registry's prefix): how often a tunnel had
+/// bytes to send and its stream took none, by what it waited for ([`SendWait`]):
+/// `reason="window"`, the peer's window (a tunnel that keeps hitting it over a link with
+/// latency wants a larger `--tunnel-max-window`), or `reason="queue"`, room in the session's
+/// queue to the agent link (the link, not the tunnel, is what is full).
+#[derive(Debug, Clone)]
+pub struct SendWaits {
+    family: Family<ReasonLabel, Counter>,
+    window: Counter,
+    queue: Counter,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+impl Default for SendWaits {
+    fn default() -> SendWaits {
+        let family = Family::<ReasonLabel, Counter>::default();
+        let counter = |reason| family.get_or_create(&ReasonLabel { reason }).clone();
+        let (window, queue) = (counter("window"), counter("queue"));
+        SendWaits {
+            family,
+            window,
+            queue,
+        }
+    }
+}
+
+impl SendWaits {
+    /// Registers the counters in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "tunnel_send_waits",
+            "Times a tunnel had bytes to send and waited: for the peer's window (reason=window: over a link with latency, a larger --tunnel-max-window) or for room in its session's queue to the agent link (reason=queue)",
+            self.family.clone(),
+        );
+    }
+
+    /// One more wait for `why`.
+    pub fn waited(&self, why: SendWait) {
+        match why {
+            SendWait::Window => self.window.inc(),
+            SendWait::Queue => self.queue.inc(),
+        };
     }
 }
 

@@ -115,6 +115,8 @@ pub struct Metrics {
     handshakes_refused: Family<ListenerLabel, Counter>,
     lease_renewals: Family<ResultLabel, Counter>,
     leases_removed: Counter,
+    /// `tunnel_send_waits{reason}`: uploads waiting for the agent's window or the queue.
+    pub send_waits: bridgehead_runtime::memory::SendWaits,
     anp: Anp,
 }
 
@@ -168,6 +170,8 @@ impl Metrics {
         let handshakes_refused = Family::<ListenerLabel, Counter>::default();
         let lease_renewals = Family::<ResultLabel, Counter>::default();
         let leases_removed = Counter::default();
+        let send_waits = bridgehead_runtime::memory::SendWaits::default();
+        send_waits.register(registry);
         registry.register(
             "lease_renewals",
             "This server's Lease created or renewed (result: ok, error), with --enable-lease-controller",
@@ -289,6 +293,7 @@ impl Metrics {
             handshakes_refused,
             lease_renewals,
             leases_removed,
+            send_waits,
         }
     }
 

@@ -379,6 +379,68 @@ async fn a_burst_goes_out_in_writes_of_at_most_16_chunks_or_256_kib() {
     .await
 }
 
+/// Counts what a splice tells its meter.
+#[derive(Default)]
+struct Waits {
+    window: std::sync::atomic::AtomicU64,
+    queue: std::sync::atomic::AtomicU64,
+}
+
+impl super::Meter for Waits {
+    fn moved(&self, _up: u64, _down: u64) {}
+
+    fn waited(&self, why: super::SendWait) {
+        let counter = match why {
+            super::SendWait::Window => &self.window,
+            super::SendWait::Queue => &self.queue,
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Waits {
+    fn window(&self) -> u64 {
+        self.window.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// An uplink whose socket has more than the peer's window tells its meter it waits for the
+/// window, once per wait however often the task is polled meanwhile; once the peer reads and
+/// grants, the bytes move on, and the next time the window runs out is the next wait.
+#[tokio::test]
+async fn an_uplink_out_of_window_tells_its_meter_once_per_wait() {
+    bounded(async {
+        const WINDOW: usize = 64 * 1024;
+        let (server, agent, shutdown) = streams(WINDOW as u32, 1).await;
+        let (mut client, mut socket) = tokio::io::duplex(4 * WINDOW);
+        let (mut moved, waits) = (Moved::default(), Waits::default());
+        let mut splice =
+            super::splice_metered(&mut socket, &server[0], Bytes::new(), &mut moved, &waits);
+        client.write_all(&vec![5; 3 * WINDOW]).await.unwrap();
+        for _ in 0..3 {
+            poll_once(&mut splice).await;
+        }
+        assert_eq!(splice.moved.up, WINDOW as u64);
+        let queue = waits.queue.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!((waits.window(), queue), (1, 0));
+        // The peer reads the window: its grants let the rest move, one window at a time.
+        let reading = async {
+            let mut got = 0;
+            while got < 3 * WINDOW {
+                got += agent[0].read().await.unwrap().unwrap().len();
+            }
+        };
+        tokio::select! {
+            () = reading => {}
+            result = &mut splice => panic!("the splice ended: {result:?}"),
+        }
+        assert_eq!(splice.moved.up, 3 * WINDOW as u64);
+        assert!(waits.window() >= 2, "{} waits", waits.window());
+        shutdown.cancel();
+    })
+    .await
+}
+
 /// A socket that takes less than a chunk per write gets the chunk in pieces, in order, and
 /// then the next chunk.
 #[tokio::test]

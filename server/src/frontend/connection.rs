@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use bridgehead_mux::splice::{self, Meter, Moved, TunnelSocket};
+use bridgehead_mux::splice::{self, Meter, Moved, SendWait, TunnelSocket};
 use bridgehead_mux::MuxStream;
 use bridgehead_proto::ErrorCode;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -64,6 +64,10 @@ impl Meter for BytesMeter<'_> {
         if down > 0 {
             self.0.bytes(Direction::FromTarget, down);
         }
+    }
+
+    fn waited(&self, why: SendWait) {
+        self.0.send_waits.waited(why);
     }
 }
 
