@@ -448,9 +448,9 @@ fn a_reading_tunnel_earns_the_window_the_flag_allows() {
     // A tunnel earns an eighth of what it read: after 48 MiB, the flag's 4 MiB.
     let mut read = reply.extra.len() as u64;
     read_up_to(&mut conn, &mut read, 12 * WINDOW);
-    // The client stops reading: the server takes what the agent may still send, which is
-    // more than the default window would have let it send.
-    wait_until("more than 256 KiB held for the stalled download", || {
+    // The client stops reading: the server takes what the agent may still send, more than
+    // a window of 1 MiB (the old default) would have let it send.
+    wait_until("more than 1 MiB held for the stalled download", || {
         buffered() > 1 << 20
     });
     let held = buffered();
