@@ -19,7 +19,7 @@ use super::ClientSocket;
 use crate::admission::ClientKey;
 use crate::context::Context;
 use crate::dial;
-use crate::metrics::{DialResult, Direction, Metrics};
+use crate::metrics::{DialResult, Direction, GaugeGuard, Metrics};
 use crate::refusal::Refusal;
 
 /// Most bytes a client may send behind its head before it has a tunnel (kept for it while
@@ -98,7 +98,7 @@ pub(super) async fn serve<S: ClientSocket>(
     // Counted from here, so that shutdown waits for it wherever it runs.
     let token = ctx.tunnels.token();
     let Some(home) = opened.stream.home().cloned() else {
-        return tunnel(socket, opened, &ctx, token).await;
+        return tunnel(Placed::Here(socket), opened, ctx, token, connection).await;
     };
     // The splice runs beside its session, on the session's thread.
     let detached = match socket.detach() {
@@ -111,20 +111,21 @@ pub(super) async fn serve<S: ClientSocket>(
             return debug!(%error, "taking a tunnel to its session's thread");
         }
     };
-    let moved = async move {
-        let _connection = connection;
-        match S::attach(*detached) {
-            Ok(socket) => tunnel(Box::new(socket), opened, &ctx, token).await,
-            Err(error) => {
-                opened.stream.reset(
-                    ErrorCode::ConnectionReset,
-                    "the server could not move the tunnel",
-                );
-                debug!(%error, "registering a tunnel on its session's thread");
-            }
-        }
-    };
+    let moved = tunnel(
+        Placed::<S>::Detached(detached),
+        opened,
+        ctx,
+        token,
+        connection,
+    );
     home.spawn(moved.instrument(tracing::Span::current()));
+}
+
+/// A tunnel's client socket: on the runtime that runs the tunnel, or taken off the one it was
+/// accepted on, to be registered with the tunnel's (its session's thread).
+enum Placed<S: ClientSocket> {
+    Here(Box<S>),
+    Detached(Box<S::Detached>),
 }
 
 /// Head, admission, route, dial: a stream to the target, or why not.
@@ -204,11 +205,16 @@ pub(super) async fn refuse<S: ClientSocket>(socket: &mut S, ctx: &Context, refus
 /// Splices the answered tunnel until both directions end; a failed tunnel ends the client's
 /// connection with a reset. Bytes are counted as they flow; the end is one line (target, agent,
 /// bytes each way, duration, how it ended) at info, unless `--log-tunnels=false`.
+///
+/// The task that runs it is the tunnel's only one, and holds its arguments for the tunnel's
+/// life: the socket comes in as it is ([`Placed`]) and is registered here, so no wrapping
+/// future holds a second copy of them.
 async fn tunnel<S: ClientSocket>(
-    mut socket: Box<S>,
+    socket: Placed<S>,
     opened: Opened,
-    ctx: &Context,
+    ctx: Arc<Context>,
     _tunnel: TaskTrackerToken,
+    _connection: GaugeGuard,
 ) {
     let Opened {
         stream,
@@ -216,6 +222,21 @@ async fn tunnel<S: ClientSocket>(
         target,
         agent,
     } = opened;
+    let mut socket = match socket {
+        Placed::Here(socket) => socket,
+        // The box goes at the end of this arm, not at the tunnel's end as one captured by
+        // a wrapping future did (a TLS client's 1.2 KiB beside the socket's new box).
+        Placed::Detached(detached) => match S::attach(*detached) {
+            Ok(socket) => Box::new(socket),
+            Err(error) => {
+                stream.reset(
+                    ErrorCode::ConnectionReset,
+                    "the server could not move the tunnel",
+                );
+                return debug!(%error, "registering a tunnel on its session's thread");
+            }
+        },
+    };
     ctx.metrics.tunnels_open.inc();
     let started = Instant::now();
     let mut moved = Moved::default();
