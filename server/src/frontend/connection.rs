@@ -206,9 +206,9 @@ pub(super) async fn refuse<S: ClientSocket>(socket: &mut S, ctx: &Context, refus
 /// connection with a reset. Bytes are counted as they flow; the end is one line (target, agent,
 /// bytes each way, duration, how it ended) at info, unless `--log-tunnels=false`.
 ///
-/// The task that runs it is the tunnel's only one, and holds its arguments for the tunnel's
-/// life: the socket comes in as it is ([`Placed`]) and is registered here, so no wrapping
-/// future holds a second copy of them.
+/// On a session's thread this future is the whole task, and it holds its arguments for the
+/// tunnel's life: the socket comes in as it is ([`Placed`]) and is registered here, so no
+/// wrapping future holds a second copy of them.
 async fn tunnel<S: ClientSocket>(
     socket: Placed<S>,
     opened: Opened,
