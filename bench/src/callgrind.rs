@@ -473,11 +473,11 @@ fn check_setups(run: &setup::SetupRun, want: usize) -> anyhow::Result<()> {
 fn settle(processes: &[Measured]) -> anyhow::Result<()> {
     let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
     let deadline = Instant::now() + SETTLE_LIMIT;
-    let mut before = procfs::total_cpu(&pids)?;
+    let mut before = procfs::cpu_sample(&pids)?;
     loop {
         std::thread::sleep(IDLE_WINDOW);
-        let now = procfs::total_cpu(&pids)?;
-        if now - before <= IDLE_CPU {
+        let now = procfs::cpu_sample(&pids)?;
+        if now.seconds_since(&before) <= IDLE_CPU {
             return Ok(());
         }
         if Instant::now() > deadline {

@@ -57,13 +57,13 @@ pub async fn timed_round_trips(
     limit: Duration,
     pids: &[u32],
 ) -> anyhow::Result<RoundTrips> {
-    let cpu_before = procfs::total_cpu(pids).ok();
+    let cpu_before = procfs::cpu_sample(pids).ok();
     let mut samples = exchanges(conn, count, limit).await?;
-    let cpu_after = procfs::total_cpu(pids).ok();
+    let cpu_after = procfs::cpu_sample(pids).ok();
     let cpu_per_exchange = cpu_before
         .zip(cpu_after)
         .filter(|_| !pids.is_empty() && !samples.is_empty())
-        .map(|(before, after)| (after - before) / samples.len() as f64);
+        .map(|(before, after)| after.seconds_since(&before) / samples.len() as f64);
     Ok(RoundTrips {
         summary: Summary::of(&mut samples),
         cpu_per_exchange,

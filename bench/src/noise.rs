@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 
-use bridgehead_e2e::procfs::total_cpu;
+use bridgehead_e2e::procfs::{cpu_sample, CpuSample};
 
 /// CPU seconds the whole machine spent busy (user, nice, system, irq, softirq) and stolen by
 /// the hypervisor, from the `cpu` line of `/proc/stat`.
@@ -28,7 +28,7 @@ pub struct Noise {
     pids: Vec<u32>,
     started: std::time::Instant,
     machine: (f64, f64),
-    own: f64,
+    own: Option<CpuSample>,
 }
 
 impl Noise {
@@ -37,7 +37,7 @@ impl Noise {
         let mut pids = pids.to_vec();
         pids.push(std::process::id());
         Noise {
-            own: total_cpu(&pids).unwrap_or(0.0),
+            own: cpu_sample(&pids).ok(),
             machine: machine_cpu().unwrap_or((0.0, 0.0)),
             started: std::time::Instant::now(),
             pids,
@@ -47,7 +47,10 @@ impl Noise {
     /// `(wall seconds, foreign CPU seconds, stolen CPU seconds)` since [`Noise::start`].
     pub fn finish(&self) -> (f64, f64, f64) {
         let wall = self.started.elapsed().as_secs_f64();
-        let own = total_cpu(&self.pids).unwrap_or(self.own) - self.own;
+        let own = match (&self.own, cpu_sample(&self.pids)) {
+            (Some(then), Ok(now)) => now.seconds_since(then),
+            _ => 0.0,
+        };
         let (busy, steal) = machine_cpu().unwrap_or(self.machine);
         let foreign = (busy - self.machine.0 - own).max(0.0);
         (wall, foreign, steal - self.machine.1)

@@ -160,7 +160,7 @@ pub async fn run(
                 }
                 _ => None,
             };
-            let cpu_before = procfs::total_cpu(&pids).ok();
+            let cpu_before = procfs::cpu_sample(&pids).ok();
             let mut run = setup(
                 &route,
                 target,
@@ -170,8 +170,8 @@ pub async fn run(
             )
             .await;
             if matches!(route, Route::Bridgehead(Frontend::Mtls { .. })) {
-                let cpu_after = procfs::total_cpu(&pids).ok();
-                run.cpu_seconds = cpu_before.zip(cpu_after).map(|(b, a)| a - b);
+                let cpu_after = procfs::cpu_sample(&pids).ok();
+                run.cpu_seconds = cpu_before.zip(cpu_after).map(|(b, a)| a.seconds_since(&b));
             }
             let counts = recording.and_then(|recording| {
                 tokio::task::block_in_place(|| recording.stop())

@@ -128,10 +128,10 @@ pub async fn transfer(
 ) -> anyhow::Result<Bulk> {
     let each = (total / conns.len().max(1) as u64).max(1);
     let cpu_before = (!pids.is_empty())
-        .then(|| procfs::total_cpu(pids))
+        .then(|| procfs::cpu_sample(pids))
         .transpose()?;
     let own = [std::process::id()];
-    let ends_before = procfs::total_cpu(&own).ok();
+    let ends_before = procfs::cpu_sample(&own).ok();
     let started = Instant::now();
     let deadline = started + limit;
     let mut transfers = JoinSet::new();
@@ -155,14 +155,16 @@ pub async fn transfer(
         .context("bulk transfer hung")??;
     let seconds = started.elapsed().as_secs_f64();
     let cpu_after = (!pids.is_empty())
-        .then(|| procfs::total_cpu(pids))
+        .then(|| procfs::cpu_sample(pids))
         .transpose()?;
-    let ends_after = procfs::total_cpu(&own).ok();
+    let ends_after = procfs::cpu_sample(&own).ok();
     Ok(Bulk {
         bytes,
         seconds,
-        cpu_seconds: cpu_before.zip(cpu_after).map(|(b, a)| a - b),
-        ends_cpu_seconds: ends_before.zip(ends_after).map(|(b, a)| a - b),
+        cpu_seconds: cpu_before.zip(cpu_after).map(|(b, a)| a.seconds_since(&b)),
+        ends_cpu_seconds: ends_before
+            .zip(ends_after)
+            .map(|(b, a)| a.seconds_since(&b)),
     })
 }
 

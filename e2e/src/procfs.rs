@@ -41,9 +41,86 @@ pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     Ok(total as f64 / rustix::param::clock_ticks_per_second() as f64)
 }
 
-/// Sum of [`cpu_seconds`] over `pids`.
-pub fn total_cpu(pids: &[u32]) -> anyhow::Result<f64> {
-    pids.iter().map(|&pid| cpu_seconds(pid)).sum()
+/// The CPU time a set of processes used so far, to take twice and subtract
+/// ([`CpuSample::seconds_since`]). `/proc/PID/stat` counts in clock ticks (10 ms): a slice of
+/// 2,000 round trips used about 15 of them, so the figure per round trip moved by a tenth
+/// with where the ticks fell. Each thread's scheduler statistics
+/// (`/proc/PID/task/TID/schedstat`) count the same time in nanoseconds.
+#[derive(Debug, Clone)]
+pub struct CpuSample {
+    processes: Vec<ProcessCpu>,
+}
+
+#[derive(Debug, Clone)]
+struct ProcessCpu {
+    pid: u32,
+    /// [`cpu_seconds`]: counts the threads that already ended too.
+    seconds: f64,
+    /// Nanoseconds on a CPU of each live thread, by thread id.
+    threads: std::collections::BTreeMap<u32, u64>,
+}
+
+/// The CPU time `pids` used so far.
+pub fn cpu_sample(pids: &[u32]) -> anyhow::Result<CpuSample> {
+    let processes = pids
+        .iter()
+        .map(|&pid| {
+            let seconds = cpu_seconds(pid)?;
+            Ok(ProcessCpu {
+                pid,
+                seconds,
+                threads: thread_nanos(pid),
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok(CpuSample { processes })
+}
+
+impl CpuSample {
+    /// CPU seconds used between `earlier` (a sample of the same processes) and this sample.
+    /// A process's threads count to the nanosecond, threads that started meanwhile whole; a
+    /// process that lost a thread meanwhile took that thread's nanoseconds with it, and counts
+    /// in clock ticks.
+    pub fn seconds_since(&self, earlier: &CpuSample) -> f64 {
+        self.processes
+            .iter()
+            .map(|now| {
+                let Some(then) = earlier.processes.iter().find(|then| then.pid == now.pid) else {
+                    return now.seconds;
+                };
+                if then.threads.is_empty()
+                    || !then.threads.keys().all(|tid| now.threads.contains_key(tid))
+                {
+                    return now.seconds - then.seconds;
+                }
+                let nanos: u64 = now
+                    .threads
+                    .iter()
+                    .map(|(tid, &ns)| {
+                        ns.saturating_sub(then.threads.get(tid).copied().unwrap_or(0))
+                    })
+                    .sum();
+                nanos as f64 / 1e9
+            })
+            .sum()
+    }
+}
+
+/// Nanoseconds on a CPU of each live thread of `pid` (empty when `/proc` does not say).
+fn thread_nanos(pid: u32) -> std::collections::BTreeMap<u32, u64> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Default::default();
+    };
+    tasks
+        .filter_map(|task| {
+            let task = task.ok()?;
+            let tid: u32 = task.file_name().to_str()?.parse().ok()?;
+            // Gone since the listing: it ended, which the next sample notices.
+            let stat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+            let ns = stat.split_whitespace().next()?.parse().ok()?;
+            Some((tid, ns))
+        })
+        .collect()
 }
 
 /// The soft and hard `RLIMIT_NOFILE` of `pid`, from `/proc/PID/limits`.
@@ -98,6 +175,55 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let found = super::listening_v4(std::process::id());
         assert!(found.contains(&addr), "{addr} not in {found:?}");
+    }
+
+    /// Busy on a CPU until `wall` passed.
+    fn spin(wall: std::time::Duration) {
+        let started = std::time::Instant::now();
+        while started.elapsed() < wall {
+            std::hint::black_box(started);
+        }
+    }
+
+    #[test]
+    fn a_sample_counts_less_than_a_clock_tick() {
+        let pid = [std::process::id()];
+        // The harness's threads for other tests end when they do, and a sample across an
+        // ended thread counts in ticks: a span none ended in is what this test is about.
+        for _ in 0..100 {
+            let before = super::cpu_sample(&pid).unwrap();
+            // A quarter of a 10 ms tick: in ticks, most such spans read as nothing.
+            spin(std::time::Duration::from_micros(2_500));
+            let after = super::cpu_sample(&pid).unwrap();
+            let threads = |sample: &super::CpuSample| sample.processes[0].threads.clone();
+            if threads(&before)
+                .keys()
+                .all(|tid| threads(&after).contains_key(tid))
+            {
+                let used = after.seconds_since(&before);
+                assert!(used > 0.0 && used < 1.0, "{used} s");
+                return;
+            }
+        }
+        panic!("threads kept ending around every sample");
+    }
+
+    #[test]
+    fn a_thread_that_ended_between_samples_falls_back_to_ticks() {
+        let pid = [std::process::id()];
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            wait.recv().unwrap();
+            spin(std::time::Duration::from_millis(30));
+        });
+        let before = super::cpu_sample(&pid).unwrap();
+        go.send(()).unwrap();
+        thread.join().unwrap();
+        let after = super::cpu_sample(&pid).unwrap();
+        let used = after.seconds_since(&before);
+        let ticks = after.processes[0].seconds - before.processes[0].seconds;
+        assert_eq!(used, ticks);
+        assert!(used >= 0.0, "{used} s");
     }
 }
 
