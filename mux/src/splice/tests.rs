@@ -10,9 +10,10 @@ use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio_util::sync::CancellationToken;
 
+use bridgehead_proto::frame::MAX_DATA_PAYLOAD;
 use bridgehead_proto::session::{Role as SessionRole, SessionConfig, DEFAULT_MAX_WINDOW};
 
-use super::{splice, EarnedBuffer, EarnedTotal, Moved, Splice, IDLE_READ};
+use super::{splice, EarnedBuffer, EarnedTotal, Moved, Splice, IDLE_READ, STREAMING_READ};
 use crate::{Keepalive, Mux, MuxStream};
 
 /// Every async test fails after this long instead of hanging the suite.
@@ -265,6 +266,98 @@ async fn a_burst_of_records_streams_whole_records() {
             sizes[1..sizes.len() - 1].iter().all(|&n| n == 16 * 1024),
             "chunk sizes {sizes:?}"
         );
+        shutdown.cancel();
+    })
+    .await
+}
+
+/// A socket that notes how many bytes each read asked for.
+#[derive(Debug)]
+struct ReadSizes(DuplexStream, Vec<usize>);
+
+impl tokio::io::AsyncRead for ReadSizes {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let asked = buf.remaining();
+        self.1.push(asked);
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for ReadSizes {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// A bulk burst is read in reads that double while they fill their buffer, from a frame's
+/// worth up to [`STREAMING_READ`], and arrives whole in frame-sized chunks; once the burst is
+/// drained, the next one starts at a frame's worth again, and a trickle never reads more.
+#[tokio::test]
+async fn a_bulk_burst_is_read_in_growing_reads() {
+    bounded(async {
+        let (stream, peer, shutdown) = stream_pair().await;
+        let (mut client, socket) = tokio::io::duplex(8 * 1024 * 1024);
+        let mut socket = ReadSizes(socket, Vec::new());
+        let mut moved = Moved::default();
+        let mut splice = splice(&mut socket, &stream, Bytes::new(), &mut moved);
+        let total = IDLE_READ + 4 * STREAMING_READ;
+        let mut got = 0;
+        for burst in [total, 3 * MAX_DATA_PAYLOAD / 2, 1000] {
+            splice.socket.1.clear();
+            client.write_all(&vec![5; burst]).await.unwrap();
+            let expected = got + burst;
+            let read = async {
+                while got < expected {
+                    let chunk = peer.read().await.unwrap().unwrap();
+                    assert!(chunk.len() <= MAX_DATA_PAYLOAD, "{}", chunk.len());
+                    got += chunk.len();
+                }
+            };
+            tokio::select! {
+                () = read => {}
+                result = &mut splice => panic!("the splice ended: {result:?}"),
+            }
+            // Reads that found nothing asked again: what counts is what the reads that
+            // moved the burst asked for, the small read that tells a burst from a trickle
+            // first.
+            let asked: Vec<usize> = splice.socket.1.clone();
+            assert_eq!(asked[0], IDLE_READ, "{asked:?}");
+            let doubling: Vec<usize> = (0..4).map(|i| MAX_DATA_PAYLOAD << i).collect();
+            assert!(asked.iter().all(|&n| n <= STREAMING_READ), "{asked:?}");
+            if burst == total {
+                // A read may also be held to the stream's credit (the session's queue).
+                assert_eq!(asked[1..5], doubling[..4], "{asked:?}");
+                let largest = asked.iter().filter(|&&n| n == STREAMING_READ).count();
+                assert!(largest >= 3, "{asked:?}");
+            } else if burst == 1000 {
+                assert!(asked.iter().all(|&n| n <= MAX_DATA_PAYLOAD), "{asked:?}");
+            } else {
+                assert_eq!(asked[1..3], doubling[..2], "{asked:?}");
+            }
+        }
+        assert_eq!(got, total + 3 * MAX_DATA_PAYLOAD / 2 + 1000);
         shutdown.cancel();
     })
     .await
