@@ -136,6 +136,9 @@ pub(crate) async fn connect_to_server(
 
     let request = upgrade_request(config, &server, held)?;
     let mut tls = tls;
+    tls.get_mut()
+        .1
+        .set_buffer_limit(Some(bridgehead_mux::SESSION_TLS_BUFFER));
     let answer = tokio::time::timeout(HANDSHAKE_TIMEOUT, upgrade(&mut tls, &request))
         .await
         .map_err(|_| ConnectError::TimedOut {

@@ -28,7 +28,7 @@ use bridgehead_proto::session::{OpenError, Role, SessionConfig};
 use bridgehead_proto::ErrorCode;
 
 pub use branches::Branches;
-pub use driver::{Keepalive, SessionEnd, Violation, MAX_MESSAGE};
+pub use driver::{Keepalive, SessionEnd, Violation, MAX_MESSAGE, SESSION_TLS_BUFFER};
 pub use stream::{DialRequest, MuxStream, StreamEnd};
 pub use websocket::{Role as WsRole, WebSocket, WsError};
 

@@ -300,6 +300,9 @@ async fn handshake(
     // Before authentication, the shorter bound: TLS and the upgrade request.
     let pre_auth = async {
         let mut tls = acceptor.accept(tcp).await.map_err(Refused::Tls)?;
+        tls.get_mut()
+            .1
+            .set_buffer_limit(Some(bridgehead_mux::SESSION_TLS_BUFFER));
         let head = http_head::read(&mut tls).await;
         Ok::<_, Refused>((tls, head))
     };
