@@ -2,9 +2,11 @@
 //! timer for dial deadlines.
 
 use std::future::{poll_fn, Future};
+use std::io;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{ready, Context, Poll, Waker};
 use std::time::Duration;
 
 use bridgehead_proto::session::SessionError;
@@ -17,7 +19,9 @@ use tracing::debug;
 
 use crate::branches::Branches;
 use crate::session_state::SessionState;
-use crate::websocket::{close_code, Incoming, Message, Reader, WebSocket, Writer, WsError};
+use crate::websocket::{
+    close_code, Incoming, Message, Reader, WebSocket, Writer, WsError, PING, PONG,
+};
 use crate::Mux;
 
 /// Largest WebSocket message either end accepts; the writer batches frames up to a quarter
@@ -139,11 +143,11 @@ impl Mux {
         shutdown: CancellationToken,
     ) -> Result<(), SessionEnd>
     where
-        S: AsyncRead + AsyncWrite + Unpin,
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let (read, write) = tokio::io::split(ws.io);
         let mut source = Reader::new(read, ws.role, &ws.early);
-        let mut sink = Writer::new(write, ws.role);
+        *shared_outbox(&self.shared) = Some(Box::new(Outbox::new(Writer::new(write, ws.role))));
         // A ping's payload, for the writer to answer with a pong; the flag saves the writer
         // the lock on every turn without one.
         let pong: std::sync::Mutex<Option<Bytes>> = std::sync::Mutex::new(None);
@@ -210,7 +214,7 @@ impl Mux {
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(payload);
                         pinged.store(true, Ordering::Release);
-                        shared.transmit.notify_one();
+                        shared.writer.wake();
                     }
                     // Pongs only prove liveness.
                     Ok(Incoming::Pong) => {}
@@ -219,50 +223,45 @@ impl Mux {
         };
 
         let writer = async {
-            let mut buf = Message::default();
             // One wait for the whole session: made afresh in every turn of the loop, it
             // registered and unregistered with the token's list on every message.
             let mut shutdown = pin!(shutdown.cancelled());
-            loop {
-                let notified = shared.transmit.notified();
+            let end = poll_fn(|cx| {
+                shared.writer.register(cx.waker());
                 if let Some(end) = shared.closed_reason() {
-                    // A last DATA and FIN queued before the close still go out, briefly.
-                    let flush = send_queued(&mut sink, shared, &mut buf);
-                    let _ = tokio::time::timeout(CLOSE_FLUSH, flush).await;
-                    return end;
+                    return Poll::Ready(end);
                 }
-                if let Err(error) = send_queued(&mut sink, shared, &mut buf).await {
-                    return SessionEnd::Write(Arc::new(error));
+                if shutdown.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(SessionEnd::Shutdown);
                 }
-                let answer = if pinged.swap(false, Ordering::Acquire) {
-                    pong.lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .take()
-                } else {
-                    None
+                let mut outbox = shared_outbox(shared);
+                let Some(outbox) = outbox.as_mut() else {
+                    return Poll::Ready(SessionEnd::Shutdown);
                 };
-                if let Some(payload) = answer {
-                    if let Err(error) = sink.pong(&payload).await {
-                        return SessionEnd::Write(Arc::new(error));
+                outbox.register(cx.waker());
+                if pinged.swap(false, Ordering::Acquire) {
+                    let answer = pong
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .take();
+                    if let Some(payload) = answer {
+                        outbox.control(PONG, &payload);
                     }
                 }
-                tokio::select! {
-                    // Queued frames go out before a ping or a shutdown.
-                    biased;
-                    () = notified => {}
-                    _ = ping.tick() => {
-                        if let Err(error) = sink.ping().await {
-                            return SessionEnd::Write(Arc::new(error));
-                        }
-                    }
-                    () = &mut shutdown => {
-                        // Frames queued before the shutdown (a last DATA and FIN) still go out.
-                        let flush = send_queued(&mut sink, shared, &mut buf);
-                        let _ = tokio::time::timeout(CLOSE_FLUSH, flush).await;
-                        return SessionEnd::Shutdown;
-                    }
+                while ping.poll_tick(cx).is_ready() {
+                    outbox.control(PING, &[]);
                 }
+                match outbox.poll_transmit(shared, cx, true) {
+                    Poll::Ready(Err(error)) => Poll::Ready(SessionEnd::Write(error)),
+                    _ => Poll::Pending,
+                }
+            })
+            .await;
+            if !matches!(end, SessionEnd::Write(_)) {
+                // Frames queued before the end (a last DATA and FIN) still go out, briefly.
+                let _ = tokio::time::timeout(CLOSE_FLUSH, flush(shared)).await;
             }
+            end
         };
 
         // Each polled only when its own waker fired (`branches`), not all three on every
@@ -285,8 +284,13 @@ impl Mux {
         shared.close(end.clone());
         if let Some(code) = end.close_code() {
             let reason: String = end.to_string().chars().take(MAX_CLOSE_REASON).collect();
-            let _ = tokio::time::timeout(CLOSE_FLUSH, sink.close(code, &reason)).await;
+            if let Some(outbox) = shared_outbox(shared).as_mut() {
+                outbox.close(code, &reason);
+            }
+            let _ = tokio::time::timeout(CLOSE_FLUSH, flush(shared)).await;
         }
+        // The writing half goes with the session, whoever still holds the session's state.
+        drop(shared_outbox(shared).take());
         if end.is_orderly() {
             Ok(())
         } else {
@@ -298,7 +302,7 @@ impl Mux {
 /// DATA payloads smaller than this are copied out of the message they came in: the reader
 /// reads small messages several to a buffer, and a small chunk held for long (its client
 /// stopped reading) would keep the buffer and its neighbours' bytes. Larger messages get a
-/// buffer of their own, holding one stream's DATA ([`send_queued`]), and their payloads are
+/// buffer of their own, holding one stream's DATA ([`Outbox::poll_send`]), and their payloads are
 /// handed on as they are.
 const COPY_BELOW: usize = crate::websocket::READ_BUFFER;
 
@@ -335,51 +339,199 @@ async fn deadlines(shared: &SessionState) -> std::convert::Infallible {
     }
 }
 
-/// Encodes every queued frame into messages of up to [`BATCH_BYTES`], writes and flushes them.
-/// DATA payloads of [`SPLICE_MIN`] bytes or more are not copied into the message: they go out
-/// from the buffer the splice read them into. A message carries DATA of one stream
-/// ([`bridgehead_proto::session::Session::transmit_batch`]), for the receiving end's memory:
-/// there a message's payloads are handed on as slices of the buffer it was read into, and one
-/// chunk held for a client that stopped reading keeps the whole buffer, which then holds only
-/// that tunnel's bytes (small payloads are copied out, [`own_small_payload`]).
-async fn send_queued<W>(
-    sink: &mut Writer<W>,
-    shared: &SessionState,
-    message: &mut Message,
-) -> Result<(), WsError>
-where
-    W: AsyncWrite + Unpin,
-{
-    let mut sent = false;
-    loop {
-        message.clear(MESSAGE_BUFFER);
-        let (frames, more) = shared.with(|state| {
-            let frames = state
-                .session
-                .transmit_batch(BATCH_BYTES, |frame| match frame {
-                    Frame::Data { ref payload, .. } if payload.len() >= SPLICE_MIN => {
-                        frame.encode_header(message.bytes());
-                        if let Frame::Data { payload, .. } = frame {
-                            message.splice(payload);
+/// The session's sending side, kept in [`SessionState::outbox`] while the driver runs so that
+/// the task that queued frames can send them itself when no other task is sending
+/// ([`SessionState::transmit_now`]); otherwise the writer's task does.
+pub(crate) trait Transmit: Send {
+    /// Sends the control frames and the message in flight, then, with `look` (or while the
+    /// last batch left frames behind), every frame queued, and flushes; ready once all of it
+    /// is written. The transport wakes `cx` when it takes more. An error stays: every later
+    /// call returns it.
+    fn poll_transmit(
+        &mut self,
+        shared: &SessionState,
+        cx: &mut Context<'_>,
+        look: bool,
+    ) -> Poll<Result<(), Arc<WsError>>>;
+
+    /// The writer task's waker (`waker`), for sends from other tasks.
+    fn register(&mut self, waker: &Waker);
+
+    /// What [`Transmit::register`] left.
+    fn writer_waker(&self) -> Option<Waker>;
+
+    /// A control frame (ping, pong) goes out next, between messages.
+    fn control(&mut self, opcode: u8, payload: &[u8]);
+
+    /// A close frame goes out next.
+    fn close(&mut self, code: u16, reason: &str);
+}
+
+impl std::fmt::Debug for dyn Transmit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Transmit")
+    }
+}
+
+/// [`Transmit`] over the WebSocket's writing half.
+struct Outbox<W> {
+    sink: Writer<W>,
+    /// The message being sent or assembled ([`MESSAGE_BUFFER`]).
+    message: Message,
+    /// Bytes of `message` written, while it is in flight.
+    in_flight: Option<usize>,
+    /// The last batch left frames queued: take the next once the message is out.
+    more: bool,
+    /// Control frames waiting, and how much of them is written.
+    control: Vec<u8>,
+    control_written: usize,
+    /// Bytes were written since the last flush.
+    unflushed: bool,
+    /// A close frame is queued: no message follows it.
+    closing: bool,
+    failed: Option<Arc<WsError>>,
+    writer: Option<Waker>,
+}
+
+impl<W> Outbox<W> {
+    fn new(sink: Writer<W>) -> Outbox<W> {
+        Outbox {
+            sink,
+            message: Message::default(),
+            in_flight: None,
+            more: false,
+            control: Vec::new(),
+            control_written: 0,
+            unflushed: false,
+            closing: false,
+            failed: None,
+            writer: None,
+        }
+    }
+}
+
+impl<W: AsyncWrite + Unpin + Send> Outbox<W> {
+    /// Encodes queued frames into messages of up to [`BATCH_BYTES`] and writes them. DATA
+    /// payloads of [`SPLICE_MIN`] bytes or more are not copied into the message: they go out
+    /// from the buffer the splice read them into. A message carries DATA of one stream
+    /// ([`bridgehead_proto::session::Session::transmit_batch`]), for the receiving end's
+    /// memory: there a message's payloads are handed on as slices of the buffer it was read
+    /// into, and one chunk held for a client that stopped reading keeps the whole buffer,
+    /// which then holds only that tunnel's bytes (small payloads are copied out,
+    /// [`own_small_payload`]).
+    fn poll_send(&mut self, shared: &SessionState, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            if let Some(written) = &mut self.in_flight {
+                ready!(self.sink.poll_write_message(cx, &self.message, written))?;
+                self.in_flight = None;
+                self.unflushed = true;
+                continue;
+            }
+            // Control frames go between messages, never into one.
+            if self.control_written < self.control.len() {
+                ready!(self
+                    .sink
+                    .poll_write_bytes(cx, &self.control, &mut self.control_written))?;
+                self.control.clear();
+                self.control_written = 0;
+                self.unflushed = true;
+                continue;
+            }
+            if !self.more || self.closing {
+                break;
+            }
+            let message = &mut self.message;
+            message.clear(MESSAGE_BUFFER);
+            let (frames, more) = shared.with(|state| {
+                let frames = state
+                    .session
+                    .transmit_batch(BATCH_BYTES, |frame| match frame {
+                        Frame::Data { ref payload, .. } if payload.len() >= SPLICE_MIN => {
+                            frame.encode_header(message.bytes());
+                            if let Frame::Data { payload, .. } = frame {
+                                message.splice(payload);
+                            }
                         }
-                    }
-                    frame => frame.encode(message.bytes()),
-                });
-            (frames, state.session.has_transmit())
-        });
-        if frames == 0 {
-            break;
+                        frame => frame.encode(message.bytes()),
+                    });
+                (frames, state.session.has_transmit())
+            });
+            // Frames queued while this message goes out wake the writer, or are sent by
+            // whoever queued them: no second look under the lock that would find the queue
+            // empty.
+            self.more = more;
+            if frames == 0 {
+                break;
+            }
+            self.sink.seal(&mut self.message);
+            self.in_flight = Some(0);
         }
-        sink.send_binary(message).await?;
-        sent = true;
-        // Frames queued while this message went out woke the writer (`transmit`): no second
-        // look under the lock that would find the queue empty.
-        if !more {
-            break;
+        if self.unflushed {
+            ready!(self.sink.poll_flush(cx))?;
+            self.unflushed = false;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<W: AsyncWrite + Unpin + Send> Transmit for Outbox<W> {
+    fn poll_transmit(
+        &mut self,
+        shared: &SessionState,
+        cx: &mut Context<'_>,
+        look: bool,
+    ) -> Poll<Result<(), Arc<WsError>>> {
+        if let Some(error) = &self.failed {
+            return Poll::Ready(Err(error.clone()));
+        }
+        self.more |= look;
+        match ready!(self.poll_send(shared, cx)) {
+            Ok(()) => Poll::Ready(Ok(())),
+            Err(error) => {
+                let error = Arc::new(WsError::from(error));
+                self.failed = Some(error.clone());
+                Poll::Ready(Err(error))
+            }
         }
     }
-    if sent {
-        sink.flush().await?;
+
+    fn register(&mut self, waker: &Waker) {
+        if !self.writer.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            self.writer = Some(waker.clone());
+        }
     }
-    Ok(())
+
+    fn writer_waker(&self) -> Option<Waker> {
+        self.writer.clone()
+    }
+
+    fn control(&mut self, opcode: u8, payload: &[u8]) {
+        self.sink.control(&mut self.control, opcode, payload);
+    }
+
+    fn close(&mut self, code: u16, reason: &str) {
+        self.sink.close(&mut self.control, code, reason);
+        self.closing = true;
+    }
+}
+
+/// The session's [`SessionState::outbox`], locked.
+fn shared_outbox(shared: &SessionState) -> std::sync::MutexGuard<'_, Option<Box<dyn Transmit>>> {
+    shared
+        .outbox
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Sends everything queued and flushes, from the writer's task.
+async fn flush(shared: &SessionState) {
+    poll_fn(|cx| {
+        let mut outbox = shared_outbox(shared);
+        let Some(outbox) = outbox.as_mut() else {
+            return Poll::Ready(());
+        };
+        outbox.register(cx.waker());
+        outbox.poll_transmit(shared, cx, true).map(drop)
+    })
+    .await;
 }

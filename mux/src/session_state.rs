@@ -3,17 +3,19 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
-use std::task::{Context, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bridgehead_proto::session::{Event, Session, SessionConfig};
 use bridgehead_proto::text::Printable;
 use bridgehead_proto::{ErrorCode, StreamId};
 use foldhash::HashMap;
+use futures_util::task::AtomicWaker;
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::driver::Transmit;
 use crate::SessionEnd;
 
 /// How a stream ended, as its tasks learn it.
@@ -83,8 +85,12 @@ pub(crate) struct Locked {
 #[derive(Debug)]
 pub(crate) struct SessionState {
     state: Mutex<Locked>,
-    /// Wakes the writer: frames are queued, or the session closed.
-    pub(crate) transmit: Notify,
+    /// The writer's task: woken when frames are queued or the session closed, and the waker
+    /// whoever sends for the writer leaves with the transport ([`SessionState::transmit_now`]).
+    pub(crate) writer: AtomicWaker,
+    /// The session's sending side while the driver runs: the WebSocket's writing half and the
+    /// message in flight. Whoever takes it carries on where the last one left off.
+    pub(crate) outbox: Mutex<Option<Box<dyn Transmit>>>,
     /// Wakes the agent's accept loop.
     pub(crate) dials: Notify,
     /// Wakes whoever waits for the end of the session or for the peer's DRAIN.
@@ -109,7 +115,8 @@ impl SessionState {
                 dials: VecDeque::new(),
                 closed: None,
             }),
-            transmit: Notify::new(),
+            writer: AtomicWaker::new(),
+            outbox: Mutex::new(None),
             dials: Notify::new(),
             lifecycle: Notify::new(),
             deadlines: Notify::new(),
@@ -135,8 +142,49 @@ impl SessionState {
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Locked) -> R) -> R {
         let mut state = self.lock();
         let result = f(&mut state);
-        self.dispatch(&mut state);
+        if self.dispatch(&mut state) {
+            self.writer.wake();
+        }
         result
+    }
+
+    /// [`SessionState::with`] for a stream that queues frames (DATA, FIN): what `f` queued is
+    /// sent from the calling task when the session's sending side is free
+    /// ([`SessionState::transmit_now`]), without waking the writer's task for it. On a round
+    /// trip that is a task's turn less in each process.
+    pub(crate) fn with_sending<R>(&self, f: impl FnOnce(&mut Locked) -> R) -> R {
+        let mut state = self.lock();
+        let result = f(&mut state);
+        let queued = self.dispatch(&mut state);
+        drop(state);
+        if queued && !self.transmit_now() {
+            self.writer.wake();
+        }
+        result
+    }
+
+    /// Sends what is queued from the calling task, if the session's sending side is free (no
+    /// other task sending, the driver running and not closing). A socket that takes only part
+    /// of it keeps the writer's waker: the writer carries on once the socket takes more.
+    /// `false`: the writer must be woken to send it.
+    fn transmit_now(&self) -> bool {
+        if self.ended.load(Ordering::Acquire) {
+            return false;
+        }
+        let Ok(mut outbox) = self.outbox.try_lock() else {
+            return false;
+        };
+        let Some(outbox) = outbox.as_mut() else {
+            return false;
+        };
+        let Some(waker) = outbox.writer_waker() else {
+            return false;
+        };
+        let mut cx = Context::from_waker(&waker);
+        !matches!(
+            outbox.poll_transmit(self, &mut cx, true),
+            Poll::Ready(Err(_))
+        )
     }
 
     fn lock(&self) -> MutexGuard<'_, Locked> {
@@ -147,7 +195,8 @@ impl SessionState {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn dispatch(&self, state: &mut Locked) {
+    /// Delivers the events the state machine raised; whether frames wait to be sent.
+    fn dispatch(&self, state: &mut Locked) -> bool {
         let mut lifecycle = false;
         while let Some(event) = state.session.poll_event() {
             match event {
@@ -205,12 +254,10 @@ impl SessionState {
                 Event::PeerDraining => lifecycle = true,
             }
         }
-        if state.session.has_transmit() {
-            self.transmit.notify_one();
-        }
         if lifecycle {
             self.lifecycle.notify_waiters();
         }
+        state.session.has_transmit()
     }
 
     pub(crate) fn open_streams(&self) -> usize {
@@ -268,7 +315,7 @@ impl SessionState {
             }
         });
         // Dials that were never accepted fail with the session.
-        self.transmit.notify_one();
+        self.writer.wake();
         self.dials.notify_waiters();
         self.lifecycle.notify_waiters();
     }

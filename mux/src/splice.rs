@@ -548,7 +548,9 @@ where
         while !self.up.done {
             if !self.up.pending.is_empty() {
                 let before = self.up.pending.len();
-                self.stream.send(&mut self.up.pending)?;
+                // A streaming socket has more to read: its frames wait for the writer, which
+                // batches them; a short read (an interactive exchange) goes out at once.
+                self.stream.send(&mut self.up.pending, !self.up.streaming)?;
                 if self.up.pending.len() < before {
                     self.up.waiting = false;
                 }

@@ -153,21 +153,32 @@ impl MuxStream {
     pub async fn write(&self, mut data: Bytes) -> Result<(), StreamEnd> {
         while !data.is_empty() {
             self.writable().await?;
-            self.send(&mut data)?;
+            self.send(&mut data, true)?;
         }
         Ok(())
     }
 
     /// Queues as much of `data` as the credit allows right now, and advances `data` past it.
     /// Once all of it is taken, `data` no longer refers to the buffer it was cut from.
-    pub(crate) fn send(&self, data: &mut Bytes) -> Result<(), StreamEnd> {
-        let taken = self.shared.with(|state| {
+    ///
+    /// `now`: nothing more is coming soon (the socket had no more), so the frames go out from
+    /// this task if the session's sending side is free
+    /// ([`SessionState::with_sending`](crate::session_state::SessionState::with_sending));
+    /// otherwise the writer's task sends them once this task yields, with whatever else was
+    /// queued by then, in as few messages as it can.
+    pub(crate) fn send(&self, data: &mut Bytes, now: bool) -> Result<(), StreamEnd> {
+        let queue = |state: &mut Locked| {
             self.credit(state)?;
             state
                 .session
                 .send(self.id, data.clone())
                 .map_err(|error| self.local_end(error))
-        })?;
+        };
+        let taken = if now {
+            self.shared.with_sending(queue)
+        } else {
+            self.shared.with(queue)
+        }?;
         if taken == data.len() {
             *data = Bytes::new();
         } else {
@@ -189,7 +200,7 @@ impl MuxStream {
 
     /// Ends this direction (FIN); the peer's direction stays open.
     pub fn finish(&self) -> Result<(), StreamEnd> {
-        self.shared.with(|state| {
+        self.shared.with_sending(|state| {
             if let Some(end) = self.reset_of(state) {
                 return Err(end);
             }

@@ -23,9 +23,11 @@
 //! the RFC says; text messages are passed up for the session to refuse.
 
 use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 
 use crate::driver::MAX_MESSAGE;
 
@@ -73,8 +75,8 @@ const CONTINUATION: u8 = 0x0;
 const TEXT: u8 = 0x1;
 const BINARY: u8 = 0x2;
 const CLOSE: u8 = 0x8;
-const PING: u8 = 0x9;
-const PONG: u8 = 0xA;
+pub(crate) const PING: u8 = 0x9;
+pub(crate) const PONG: u8 = 0xA;
 /// The FIN bit of the first header byte; the mask bit of the second.
 const FIN: u8 = 0x80;
 const MASKED: u8 = 0x80;
@@ -299,6 +301,8 @@ pub(crate) struct Message {
     bytes: BytesMut,
     spliced: Vec<(usize, Bytes)>,
     spliced_len: usize,
+    /// Where the frame begins in `bytes` once its header is written ([`Writer::seal`]).
+    start: usize,
 }
 
 impl Message {
@@ -309,6 +313,7 @@ impl Message {
         self.bytes.put_bytes(0, MAX_HEADER);
         self.spliced.clear();
         self.spliced_len = 0;
+        self.start = MAX_HEADER;
     }
 
     /// Where encoded bytes go.
@@ -326,9 +331,40 @@ impl Message {
     pub(crate) fn len(&self) -> usize {
         self.bytes.len() - MAX_HEADER + self.spliced_len
     }
+
+    /// The sealed frame's slices from byte `skip` of it on, in order.
+    fn slices(&self, mut skip: usize) -> Vec<IoSlice<'_>> {
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * self.spliced.len() + 1);
+        let mut from = self.start;
+        for (at, payload) in &self.spliced {
+            parts.push(&self.bytes[from..*at]);
+            parts.push(payload);
+            from = *at;
+        }
+        parts.push(&self.bytes[from..]);
+        parts
+            .into_iter()
+            .filter_map(|part| {
+                if skip >= part.len() {
+                    skip -= part.len();
+                    return None;
+                }
+                let rest = &part[skip..];
+                skip = 0;
+                Some(IoSlice::new(rest))
+            })
+            .collect()
+    }
+
+    /// Length of the sealed frame, header included.
+    fn frame_len(&self) -> usize {
+        self.bytes.len() - self.start + self.spliced_len
+    }
 }
 
-/// The writing half.
+/// The writing half. Its writes are polls that take how far the frame got, so whichever task
+/// finds the session's sending side free can carry a frame on where another left it
+/// (`crate::driver`).
 #[derive(Debug)]
 pub(crate) struct Writer<W> {
     io: W,
@@ -340,68 +376,116 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
         Writer { io, role }
     }
 
-    /// Sends `message` as one binary message. Not flushed.
-    pub(crate) async fn send_binary(&mut self, message: &mut Message) -> Result<(), WsError> {
+    /// Writes the WebSocket header of `message` (one binary message) in front of it.
+    pub(crate) fn seal(&self, message: &mut Message) {
         let (header, end) = self.header(BINARY, message.len());
         let start = MAX_HEADER - end;
         message.bytes[start..MAX_HEADER].copy_from_slice(&header[..end]);
-        let bytes = &message.bytes;
-        if message.spliced.is_empty() {
-            // Small frames only (a round trip, window grants): one plain write.
-            self.io.write_all(&bytes[start..]).await?;
-            return Ok(());
-        }
-        let mut slices = Vec::with_capacity(2 * message.spliced.len() + 1);
-        let mut from = start;
-        for (at, payload) in &message.spliced {
-            slices.push(IoSlice::new(&bytes[from..*at]));
-            slices.push(IoSlice::new(payload));
-            from = *at;
-        }
-        slices.push(IoSlice::new(&bytes[from..]));
-        slices.retain(|slice| !slice.is_empty());
-        let mut rest = &mut slices[..];
-        while !rest.is_empty() {
-            let written = self.io.write_vectored(rest).await?;
-            if written == 0 {
-                return Err(io::Error::from(io::ErrorKind::WriteZero).into());
-            }
-            IoSlice::advance_slices(&mut rest, written);
-        }
-        Ok(())
+        message.start = start;
     }
 
-    /// Sends a control frame (ping, pong, close) and flushes.
-    pub(crate) async fn send_control(&mut self, opcode: u8, payload: &[u8]) -> Result<(), WsError> {
+    /// Writes the sealed `message` from its byte `*written` on, advancing `*written`; ready
+    /// once all of it is written. Not flushed.
+    pub(crate) fn poll_write_message(
+        &mut self,
+        cx: &mut Context<'_>,
+        message: &Message,
+        written: &mut usize,
+    ) -> Poll<io::Result<()>> {
+        let total = message.frame_len();
+        while *written < total {
+            let n = if message.spliced.is_empty() {
+                // Small frames only (a round trip, window grants): one plain write.
+                let bytes = &message.bytes[message.start + *written..];
+                ready!(Pin::new(&mut self.io).poll_write(cx, bytes))?
+            } else {
+                let slices = message.slices(*written);
+                ready!(Pin::new(&mut self.io).poll_write_vectored(cx, &slices))?
+            };
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            *written += n;
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Appends a control frame (ping, pong, close) to `out`, its payload cut to what a control
+    /// frame may carry.
+    pub(crate) fn control(&self, out: &mut Vec<u8>, opcode: u8, payload: &[u8]) {
         let payload = &payload[..payload.len().min(MAX_CONTROL)];
         let (header, end) = self.header(opcode, payload.len());
-        let mut frame = header[..end].to_vec();
-        frame.extend_from_slice(payload);
-        self.io.write_all(&frame).await?;
-        self.flush().await
+        out.extend_from_slice(&header[..end]);
+        out.extend_from_slice(payload);
     }
 
-    pub(crate) async fn ping(&mut self) -> Result<(), WsError> {
-        self.send_control(PING, &[]).await
-    }
-
-    pub(crate) async fn pong(&mut self, payload: &[u8]) -> Result<(), WsError> {
-        self.send_control(PONG, payload).await
-    }
-
-    /// A close frame with `code` and `reason` (cut to fit a control frame).
-    pub(crate) async fn close(&mut self, code: u16, reason: &str) -> Result<(), WsError> {
+    /// Appends a close frame with `code` and `reason` (cut to fit a control frame) to `out`.
+    pub(crate) fn close(&self, out: &mut Vec<u8>, code: u16, reason: &str) {
         let mut payload = code.to_be_bytes().to_vec();
         let mut cut = reason.len().min(MAX_CONTROL - 2);
         while !reason.is_char_boundary(cut) {
             cut -= 1;
         }
         payload.extend_from_slice(&reason.as_bytes()[..cut]);
-        self.send_control(CLOSE, &payload).await
+        self.control(out, CLOSE, &payload);
     }
 
+    /// Writes `bytes` from `*written` on, advancing `*written`. Not flushed.
+    pub(crate) fn poll_write_bytes(
+        &mut self,
+        cx: &mut Context<'_>,
+        bytes: &[u8],
+        written: &mut usize,
+    ) -> Poll<io::Result<()>> {
+        while *written < bytes.len() {
+            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &bytes[*written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            *written += n;
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    pub(crate) fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    /// Sends `message` as one binary message. Not flushed.
+    #[cfg(test)]
+    pub(crate) async fn send_binary(&mut self, message: &mut Message) -> Result<(), WsError> {
+        self.seal(message);
+        let mut written = 0;
+        std::future::poll_fn(|cx| self.poll_write_message(cx, message, &mut written)).await?;
+        Ok(())
+    }
+
+    /// Sends a ping and flushes.
+    #[cfg(test)]
+    pub(crate) async fn ping(&mut self) -> Result<(), WsError> {
+        let mut frame = Vec::new();
+        self.control(&mut frame, PING, &[]);
+        self.send_flushed(&frame).await
+    }
+
+    /// Sends a close frame and flushes.
+    #[cfg(test)]
+    pub(crate) async fn send_close(&mut self, code: u16, reason: &str) -> Result<(), WsError> {
+        let mut frame = Vec::new();
+        self.close(&mut frame, code, reason);
+        self.send_flushed(&frame).await
+    }
+
+    #[cfg(test)]
+    async fn send_flushed(&mut self, bytes: &[u8]) -> Result<(), WsError> {
+        let mut written = 0;
+        std::future::poll_fn(|cx| self.poll_write_bytes(cx, bytes, &mut written)).await?;
+        self.flush().await
+    }
+
+    #[cfg(test)]
     pub(crate) async fn flush(&mut self) -> Result<(), WsError> {
-        self.io.flush().await?;
+        std::future::poll_fn(|cx| self.poll_flush(cx)).await?;
         Ok(())
     }
 

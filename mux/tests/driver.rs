@@ -384,3 +384,54 @@ async fn the_writer_batches_queued_frames_into_messages_of_256_kib() {
     })
     .await
 }
+
+/// A stream's DATA goes out from the task that sent it while the session's sending side is
+/// free: the session's own task takes no turn for it (on a round trip, a task's turn less in
+/// each process). Its frames still arrive whole and in order.
+#[tokio::test]
+async fn a_stream_sends_its_data_without_a_turn_of_the_sessions_task() {
+    bounded(async {
+        let mux = Mux::agent();
+        let shutdown = CancellationToken::new();
+        let (a, b) = tokio::io::duplex(4 * MAX_MESSAGE);
+        let ws = WebSocket::new(a, bridgehead_mux::WsRole::Client, Bytes::new());
+        let mut peer = WebSocketStream::from_raw_socket(b, Role::Server, None).await;
+        let polls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let _run = tokio::spawn({
+            let (mux, shutdown, polls) = (mux.clone(), shutdown.clone(), polls.clone());
+            async move {
+                let mut run = std::pin::pin!(mux.run(ws, QUIET, shutdown));
+                std::future::poll_fn(|cx| {
+                    polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    std::future::Future::poll(run.as_mut(), cx)
+                })
+                .await
+            }
+        });
+        peer.send(message(&[dial(1)])).await.unwrap();
+        let stream = mux.accept().await.unwrap().accept().unwrap();
+        let answer = next_frames(&mut peer).await;
+        assert!(
+            matches!(&answer[..], [Frame::DialOk { stream: 1, .. }]),
+            "{answer:?}"
+        );
+        for round in 0..3u8 {
+            // Whatever woke the session's task (the DIAL, the answer) has had its turn.
+            tokio::task::yield_now().await;
+            tokio::task::yield_now().await;
+            let before = polls.load(std::sync::atomic::Ordering::SeqCst);
+            stream.write(Bytes::from(vec![round; 64])).await.unwrap();
+            let frames = next_frames(&mut peer).await;
+            assert_eq!(
+                frames,
+                [Frame::Data {
+                    stream: 1,
+                    payload: Bytes::from(vec![round; 64])
+                }]
+            );
+            assert_eq!(polls.load(std::sync::atomic::Ordering::SeqCst), before);
+        }
+        shutdown.cancel();
+    })
+    .await
+}

@@ -774,7 +774,7 @@ async fn a_unix_socket_earns_its_send_buffer_by_writing() {
                     }
                     if let Poll::Ready(credit) = agent[i].poll_writable(cx) {
                         credit.unwrap();
-                        agent[i].send(&mut pending).unwrap();
+                        agent[i].send(&mut pending, true).unwrap();
                         continue;
                     }
                 }

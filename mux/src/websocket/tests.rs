@@ -49,7 +49,7 @@ async fn tungstenite_reads_what_the_writer_sends_in_either_role() {
             peer.next().await.unwrap().unwrap(),
             Message::Ping(_)
         ));
-        writer.close(close_code::AWAY, "bye").await.unwrap();
+        writer.send_close(close_code::AWAY, "bye").await.unwrap();
         match peer.next().await.unwrap().unwrap() {
             Message::Close(Some(frame)) => {
                 assert_eq!(u16::from(frame.code), 1001);
