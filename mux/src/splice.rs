@@ -32,7 +32,7 @@ const IDLE_READ: usize = 512;
 /// Most bytes a read of a streaming tunnel takes: its first read takes [`MAX_DATA_PAYLOAD`],
 /// and each read that fills its buffer doubles the next, up to this. A bulk download reads
 /// its target in a sixteenth of the calls a frame-sized read took, and the kernel sends the
-/// target's window updates as seldom: on loopback that took 7 % off the server's and agent's
+/// target's window updates as seldom: on loopback that took 7-11 % off the server's and agent's
 /// CPU per GiB (docs/benchmarks.md). A tunnel whose reads come back short keeps reading a
 /// frame's worth at most, so a trickle pins no large buffer.
 const STREAMING_READ: usize = 1024 * 1024;
