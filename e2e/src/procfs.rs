@@ -65,6 +65,9 @@ pub fn cpu_sample(pids: &[u32]) -> anyhow::Result<CpuSample> {
     let processes = pids
         .iter()
         .map(|&pid| {
+            // `stat` first: summing a process's time brings the count of each of its threads
+            // that is on a CPU right now up to date, where that thread's `schedstat` alone
+            // lags by up to a scheduler tick (4 ms here).
             let seconds = cpu_seconds(pid)?;
             Ok(ProcessCpu {
                 pid,
@@ -192,7 +195,8 @@ mod tests {
         // ended thread counts in ticks: a span none ended in is what this test is about.
         for _ in 0..100 {
             let before = super::cpu_sample(&pid).unwrap();
-            // A quarter of a 10 ms tick: in ticks, most such spans read as nothing.
+            // A quarter of a 10 ms tick: in ticks, most such spans read as nothing, and so
+            // does this running thread's own `schedstat` unless `stat` was read first.
             spin(std::time::Duration::from_micros(2_500));
             let after = super::cpu_sample(&pid).unwrap();
             let threads = |sample: &super::CpuSample| sample.processes[0].threads.clone();
