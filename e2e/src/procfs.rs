@@ -195,8 +195,7 @@ mod tests {
         // ended thread counts in ticks: a span none ended in is what this test is about.
         for _ in 0..100 {
             let before = super::cpu_sample(&pid).unwrap();
-            // A quarter of a 10 ms tick: in ticks, most such spans read as nothing, and so
-            // does this running thread's own `schedstat` unless `stat` was read first.
+            // A quarter of a 10 ms tick: in ticks, most such spans read as nothing.
             spin(std::time::Duration::from_micros(2_500));
             let after = super::cpu_sample(&pid).unwrap();
             let threads = |sample: &super::CpuSample| sample.processes[0].threads.clone();
