@@ -203,44 +203,76 @@ async fn the_downlink_flushes_before_it_waits() {
     .await
 }
 
-/// Reads at most one TLS record's worth at a time, as a TLS stream does.
-struct Records(DuplexStream);
+/// A test socket over a duplex stream that notes how many bytes each read asked for and,
+/// like a TLS stream, may return at most one record's worth per read.
+#[derive(Debug)]
+struct TestSocket {
+    io: DuplexStream,
+    /// Most bytes one read returns.
+    record: Option<usize>,
+    asked: Vec<usize>,
+}
 
-impl tokio::io::AsyncRead for Records {
+impl TestSocket {
+    /// Reads at most one TLS record's worth at a time, as a TLS stream does.
+    fn records(io: DuplexStream) -> TestSocket {
+        TestSocket {
+            io,
+            record: Some(16 * 1024),
+            asked: Vec::new(),
+        }
+    }
+
+    /// Reads what it is asked for, noting how much that was.
+    fn noting(io: DuplexStream) -> TestSocket {
+        TestSocket {
+            io,
+            record: None,
+            asked: Vec::new(),
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for TestSocket {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        let mut record = vec![0; buf.remaining().min(16 * 1024)];
-        let mut read = tokio::io::ReadBuf::new(&mut record);
-        let poll = Pin::new(&mut self.0).poll_read(cx, &mut read);
+        let asked = buf.remaining();
+        self.asked.push(asked);
+        let Some(record) = self.record else {
+            return Pin::new(&mut self.io).poll_read(cx, buf);
+        };
+        let mut bytes = vec![0; asked.min(record)];
+        let mut read = tokio::io::ReadBuf::new(&mut bytes);
+        let poll = Pin::new(&mut self.io).poll_read(cx, &mut read);
         buf.put_slice(read.filled());
         poll
     }
 }
 
-impl tokio::io::AsyncWrite for Records {
+impl tokio::io::AsyncWrite for TestSocket {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
     fn poll_flush(
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
@@ -251,7 +283,7 @@ async fn a_burst_of_records_streams_whole_records() {
     bounded(async {
         let (stream, peer, shutdown) = stream_pair().await;
         let (mut client, socket) = tokio::io::duplex(1024 * 1024);
-        let mut socket = Records(socket);
+        let mut socket = TestSocket::records(socket);
         let mut moved = Moved::default();
         let mut splice = splice(&mut socket, &stream, Bytes::new(), &mut moved);
         let total = IDLE_READ + 6 * 16 * 1024 + 3000;
@@ -271,46 +303,6 @@ async fn a_burst_of_records_streams_whole_records() {
     .await
 }
 
-/// A socket that notes how many bytes each read asked for.
-#[derive(Debug)]
-struct ReadSizes(DuplexStream, Vec<usize>);
-
-impl tokio::io::AsyncRead for ReadSizes {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let asked = buf.remaining();
-        self.1.push(asked);
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for ReadSizes {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-
-    fn poll_flush(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
 /// A bulk burst is read in reads that double while they fill their buffer, from a frame's
 /// worth up to [`STREAMING_READ`], and arrives whole in frame-sized chunks; once the burst is
 /// drained, the next one starts at a frame's worth again, and a trickle never reads more.
@@ -319,13 +311,13 @@ async fn a_bulk_burst_is_read_in_growing_reads() {
     bounded(async {
         let (stream, peer, shutdown) = stream_pair().await;
         let (mut client, socket) = tokio::io::duplex(8 * 1024 * 1024);
-        let mut socket = ReadSizes(socket, Vec::new());
+        let mut socket = TestSocket::noting(socket);
         let mut moved = Moved::default();
         let mut splice = splice(&mut socket, &stream, Bytes::new(), &mut moved);
         let total = IDLE_READ + 4 * STREAMING_READ;
         let mut got = 0;
         for burst in [total, 3 * MAX_DATA_PAYLOAD / 2, 1000] {
-            splice.socket.1.clear();
+            splice.socket.asked.clear();
             client.write_all(&vec![5; burst]).await.unwrap();
             let expected = got + burst;
             let read = async {
@@ -342,7 +334,7 @@ async fn a_bulk_burst_is_read_in_growing_reads() {
             // Reads that found nothing asked again: what counts is what the reads that
             // moved the burst asked for, the small read that tells a burst from a trickle
             // first.
-            let asked: Vec<usize> = splice.socket.1.clone();
+            let asked: Vec<usize> = splice.socket.asked.clone();
             assert_eq!(asked[0], IDLE_READ, "{asked:?}");
             let doubling: Vec<usize> = (0..4).map(|i| MAX_DATA_PAYLOAD << i).collect();
             assert!(asked.iter().all(|&n| n <= STREAMING_READ), "{asked:?}");
