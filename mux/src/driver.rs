@@ -235,6 +235,7 @@ impl Mux {
                     return Poll::Ready(SessionEnd::Shutdown);
                 }
                 let mut outbox = shared_outbox(shared);
+                // Taken only once `run` ends, after this future: never seen here.
                 let Some(outbox) = outbox.as_mut() else {
                     return Poll::Ready(SessionEnd::Shutdown);
                 };

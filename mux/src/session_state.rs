@@ -85,8 +85,9 @@ pub(crate) struct Locked {
 #[derive(Debug)]
 pub(crate) struct SessionState {
     state: Mutex<Locked>,
-    /// The writer's task: woken when frames are queued or the session closed, and the waker
-    /// whoever sends for the writer leaves with the transport ([`SessionState::transmit_now`]).
+    /// The writer's task: woken when frames are queued or the session closed. (The waker a
+    /// task sending in its place leaves with the transport is the outbox's,
+    /// [`Transmit::writer_waker`].)
     pub(crate) writer: AtomicWaker,
     /// The session's sending side while the driver runs: the WebSocket's writing half and the
     /// message in flight. Whoever takes it carries on where the last one left off.
