@@ -598,3 +598,92 @@ async fn a_tarpit_agent_or_a_greedy_client_cannot_take_every_dial() {
     })
     .await
 }
+
+/// A reconnect storm far larger than the agent endpoint's handshake places: every agent gets
+/// its session and no handshake is cut, since none of them stalls (the places only decide
+/// who waits in the listen backlog).
+#[tokio::test]
+async fn a_reconnect_storm_past_the_handshake_places_loses_no_handshake() {
+    const AGENTS: usize = 100;
+    bounded(async {
+        let pki = Pki::new().unwrap();
+        let server = server_with(&pki, &["--max-agent-handshakes", "4"]);
+        let storm = (0..AGENTS).map(|i| {
+            let (pki, server) = (&pki, &server);
+            async move {
+                let query = format!("id=storm-{i}&host=node-{i}");
+                let agent = ("agent.crt", "agent.key");
+                agent_upgrade(
+                    pki,
+                    server,
+                    agent,
+                    &query,
+                    Some(bridgehead_proto::SUBPROTOCOL),
+                )
+                .await
+                .map_err(|error| format!("agent {i}: {error}"))
+            }
+        });
+        let sessions: Vec<_> = futures_util::future::join_all(storm)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(sessions.len(), AGENTS);
+        let connected = server
+            .metric("konnectivity_network_proxy_server_ready_backend_connections")
+            .unwrap();
+        let cut = server
+            .metric("bridgehead_server_handshakes_refused_total{listener=\"agent\"}")
+            .unwrap();
+        assert_eq!(connected, AGENTS as f64);
+        assert_eq!(cut, 0.0, "handshakes that were moving were cut");
+    })
+    .await;
+}
+
+/// Connections that never speak hold every handshake place, and the handshake timeout is far
+/// away: an honest agent still gets in, because a place whose peer stalls is taken back when
+/// a newcomer needs it.
+#[tokio::test]
+async fn connections_that_never_speak_cannot_keep_an_agent_out() {
+    bounded(async {
+        let pki = Pki::new().unwrap();
+        let server = server_with(
+            &pki,
+            &[
+                "--max-agent-handshakes",
+                "8",
+                "--agent-handshake-stall",
+                "300ms",
+                "--agent-handshake-timeout",
+                "10m",
+            ],
+        );
+        let mut silent = Vec::new();
+        for _ in 0..16 {
+            silent.push(
+                tokio::net::TcpStream::connect(server.agent_addr)
+                    .await
+                    .unwrap(),
+            );
+        }
+        let agent = ("agent.crt", "agent.key");
+        let query = "id=honest&host=node-1";
+        let ws = agent_upgrade(
+            &pki,
+            &server,
+            agent,
+            query,
+            Some(bridgehead_proto::SUBPROTOCOL),
+        )
+        .await
+        .unwrap();
+        let cut = server
+            .metric("bridgehead_server_handshakes_refused_total{listener=\"agent\"}")
+            .unwrap();
+        assert!(cut >= 1.0, "no stalled handshake was cut ({cut})");
+        drop((ws, silent));
+    })
+    .await;
+}

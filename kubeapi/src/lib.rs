@@ -91,6 +91,14 @@ impl KubeApi {
         self.client.clone()
     }
 
+    /// How long a request made now would wait for the rate limit.
+    pub fn queue_wait(&self) -> Duration {
+        self.bucket
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .wait(Instant::now())
+    }
+
     /// Paces, bounds and maps one request.
     pub async fn call<T>(
         &self,
@@ -133,6 +141,13 @@ impl Bucket {
         }
     }
 
+    /// How long a token taken at `now` would wait, without taking it.
+    fn wait(&self, now: Instant) -> Duration {
+        let refill = now.saturating_duration_since(self.updated).as_secs_f64() * self.qps;
+        let tokens = (self.tokens + refill).min(self.burst) - 1.0;
+        Duration::from_secs_f64((-tokens).max(0.0) / self.qps)
+    }
+
     /// Takes a token at `now`; how long the request must wait for it.
     fn take(&mut self, now: Instant) -> Duration {
         let refill = now.saturating_duration_since(self.updated).as_secs_f64() * self.qps;
@@ -155,8 +170,11 @@ mod tests {
         let start = Instant::now();
         let mut bucket = Bucket::new(5.0, 2);
         assert_eq!(bucket.take(start), Duration::ZERO);
+        assert_eq!(bucket.wait(start), Duration::ZERO);
         assert_eq!(bucket.take(start), Duration::ZERO);
+        assert_eq!(bucket.wait(start), Duration::from_millis(200));
         assert_eq!(bucket.take(start), Duration::from_millis(200));
+        assert_eq!(bucket.wait(start), Duration::from_millis(400));
         assert_eq!(bucket.take(start), Duration::from_millis(400));
         // After a quiet second the burst is back, not more.
         let later = start + Duration::from_secs(10);

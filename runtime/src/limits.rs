@@ -60,3 +60,19 @@ pub fn tcp_keepalive(
     sockopt::set_tcp_keepcnt(socket, 9)?;
     Ok(())
 }
+
+/// Binds a TCP listener on `addr` whose accept queue holds up to `backlog` connections (the
+/// kernel caps it at `net.core.somaxconn`): a listener that stops accepting while it is busy
+/// leaves the rest of a burst waiting there, in order, instead of refusing it.
+pub fn listen_with_backlog(
+    addr: std::net::SocketAddr,
+    backlog: u32,
+) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = match addr {
+        std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
+}

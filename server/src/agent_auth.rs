@@ -7,6 +7,15 @@
 //! are configured. Recent answers are cached for a short time (`--token-review-cache-ttl`),
 //! keyed by the token's SHA-256, never the token itself.
 //!
+//! Reviews are paced by the client's rate limit, so under a reconnect storm they queue. A
+//! review is its own task, one per token however many connections present it: an agent that
+//! stops waiting does not throw the review away, and its answer waits in the cache (for
+//! [`UNCLAIMED_TTL`] until first used) for the agent's next attempt. A connection waits at most
+//! [`REVIEW_PATIENCE`] for it, then is answered `503` with a `Retry-After` that says when the
+//! answer is due; past [`MAX_REVIEWS_IN_FLIGHT`] queued reviews new tokens get that answer at
+//! once. With `--bind-agent-identifiers`, the node's addresses are read by the same task and
+//! cached with the review.
+//!
 //! With `--bind-agent-identifiers`, an agent may announce only the `host`/`ipv4`/`ipv6` values
 //! that belong to it: its certificate's DNS and IP SANs, and for a token bound to a pod, the
 //! name and addresses of that pod's node (TokenReview's `authentication.kubernetes.io/node-name`
@@ -15,21 +24,33 @@
 //! who it is.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bridgehead_proto::ident::AgentIdentifiers;
 use bridgehead_proto::text::Printable;
 use http::StatusCode;
 use rustls::pki_types::CertificateDer;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::certificate::certificate_names;
 use crate::kubernetes::{ApiError, KubeApi, Review, ServerQuestions};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, TokenReviews};
 use crate::router::HostKey;
 
 /// Most token reviews remembered.
 const CACHE_ENTRIES: usize = 4096;
+/// Most reviews queued or running at once; tokens past it are told to come back later.
+pub const MAX_REVIEWS_IN_FLIGHT: usize = 4096;
+/// How long a connection waits for its token's review before it is told to come back: below
+/// the agent's own patience for the upgrade answer, so the agent hears when.
+pub const REVIEW_PATIENCE: Duration = Duration::from_secs(8);
+/// How long an answer nobody has used yet is kept: its agent gave up waiting and comes back
+/// after its backoff or the `Retry-After` it was given.
+pub const UNCLAIMED_TTL: Duration = Duration::from_secs(120);
+/// Longest `Retry-After` given.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
 /// What a connecting agent showed.
 #[derive(Debug, Clone, Copy, Default)]
@@ -62,6 +83,9 @@ pub enum AuthRefusal {
     WrongAudience(String),
     #[error("cannot review the token: {0}")]
     Unavailable(ApiError),
+    /// The review is queued behind others; its answer is due after `retry_after`.
+    #[error("token review queued behind others: retry after {}s", retry_after.as_secs())]
+    Queued { retry_after: Duration },
     #[error("identifier {key}={value} does not belong to {owner}")]
     NotYours {
         key: &'static str,
@@ -71,11 +95,21 @@ pub enum AuthRefusal {
 }
 
 impl AuthRefusal {
+    /// When the agent should come back, for the answer's `Retry-After`.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            AuthRefusal::Queued { retry_after } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
     /// 401 for a missing credential, 503 when kube-apiserver could not be asked, 403 else.
     pub fn status(&self) -> StatusCode {
         match self {
             AuthRefusal::NoToken | AuthRefusal::NoCertificate => StatusCode::UNAUTHORIZED,
-            AuthRefusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            AuthRefusal::Unavailable(_) | AuthRefusal::Queued { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             AuthRefusal::Rejected(_)
             | AuthRefusal::WrongAccount { .. }
             | AuthRefusal::WrongAudience(_)
@@ -105,9 +139,29 @@ pub struct AgentAuth {
 
 #[derive(Debug)]
 struct Tokens {
-    policy: TokenPolicy,
+    policy: Arc<TokenPolicy>,
     username: String,
-    cache: std::sync::Mutex<ReviewCache>,
+    /// Whether a review also reads the token's node's addresses.
+    bind_identifiers: bool,
+    reviews: Arc<Mutex<Reviews>>,
+}
+
+/// Answers kept, and reviews under way.
+#[derive(Debug)]
+struct Reviews {
+    cache: ReviewCache,
+    /// By token digest: when the answer is due, and where it will be sent.
+    in_flight: HashMap<[u8; 32], (Instant, AnswerWatch)>,
+}
+
+/// Where a review under way sends its answer.
+type AnswerWatch = watch::Receiver<Option<Result<Answer, ApiError>>>;
+
+/// What one review found: the TokenReview, and with binding the node's addresses.
+#[derive(Debug, Clone, PartialEq)]
+struct Answer {
+    review: Review,
+    node_addresses: Option<Vec<String>>,
 }
 
 impl AgentAuth {
@@ -124,8 +178,12 @@ impl AgentAuth {
                     "system:serviceaccount:{}:{}",
                     policy.namespace, policy.service_account
                 ),
-                cache: std::sync::Mutex::new(ReviewCache::new(policy.cache_ttl)),
-                policy,
+                bind_identifiers,
+                reviews: Arc::new(Mutex::new(Reviews {
+                    cache: ReviewCache::new(policy.cache_ttl),
+                    in_flight: HashMap::new(),
+                })),
+                policy: Arc::new(policy),
             }),
             bind_identifiers,
         }
@@ -149,20 +207,20 @@ impl AgentAuth {
         }
         if let Some(tokens) = &self.tokens {
             let token = presented.bearer.ok_or(AuthRefusal::NoToken)?;
-            let review = tokens.review(token, metrics).await?;
+            let Answer {
+                review,
+                node_addresses,
+            } = tokens.review(token, metrics).await?;
             match &review.node {
                 Some(node) => subject.push(format!("{} on node {node}", review.username)),
                 None => subject.push(review.username.clone()),
             }
             if self.bind_identifiers {
                 if let Some(node) = &review.node {
-                    let addresses = tokens
-                        .policy
-                        .api
-                        .node_addresses(node)
-                        .await
-                        .map_err(AuthRefusal::Unavailable)?;
-                    owned.add(&addresses, format!("node {node}"));
+                    owned.add(
+                        node_addresses.as_deref().unwrap_or_default(),
+                        format!("node {node}"),
+                    );
                 } else {
                     owned
                         .owners
@@ -180,34 +238,75 @@ impl AgentAuth {
 }
 
 impl Tokens {
-    /// The review of `token`, from the cache or from kube-apiserver; an error unless it is
-    /// valid for the audience and names the expected account.
-    async fn review(&self, token: &str, metrics: &Metrics) -> Result<Review, AuthRefusal> {
-        let key = digest(token);
-        let cached = self.lock().get(&key, Instant::now());
-        let review = match cached {
-            Some(review) => {
-                metrics.token_review("cached");
-                review
-            }
-            None => {
-                let answer = self.policy.api.review(token, &self.policy.audience).await;
-                let review = match answer {
-                    Ok(review) => review,
-                    Err(error) => {
-                        metrics.token_review("error");
+    /// The review of `token`, from the cache, from a review under way or from a new one;
+    /// an error unless it is valid for the audience and names the expected account.
+    async fn review(&self, token: &str, metrics: &Metrics) -> Result<Answer, AuthRefusal> {
+        let answer = match self.lookup(token, metrics)? {
+            Lookup::Ready(answer) => answer,
+            Lookup::Pending { due, mut answer } => {
+                match tokio::time::timeout(REVIEW_PATIENCE, answer.wait_for(Option::is_some)).await
+                {
+                    Ok(Ok(answer)) => match answer.as_ref() {
+                        Some(Ok(answer)) => answer.clone(),
+                        Some(Err(error)) => return Err(AuthRefusal::Unavailable(error.clone())),
+                        None => unreachable!("waited for an answer"),
+                    },
+                    Ok(Err(_)) => {
+                        let error = ApiError::Request("the token review was abandoned".into());
                         return Err(AuthRefusal::Unavailable(error));
                     }
-                };
-                metrics.token_review(if review.authenticated {
-                    "authenticated"
-                } else {
-                    "rejected"
-                });
-                self.lock().insert(key, review.clone(), Instant::now());
-                review
+                    Err(_) => {
+                        return Err(AuthRefusal::Queued {
+                            retry_after: retry_after(due, Instant::now()),
+                        })
+                    }
+                }
             }
         };
+        self.check(answer)
+    }
+
+    /// The cached answer for `token`, or the review that will give it (started here if none
+    /// is under way).
+    fn lookup(&self, token: &str, metrics: &Metrics) -> Result<Lookup, AuthRefusal> {
+        let key = digest(token);
+        let now = Instant::now();
+        let mut reviews = lock(&self.reviews);
+        if let Some(answer) = reviews.cache.get(&key, now) {
+            metrics.token_review("cached");
+            return Ok(Lookup::Ready(answer));
+        }
+        if let Some((due, answer)) = reviews.in_flight.get(&key) {
+            return Ok(Lookup::Pending {
+                due: *due,
+                answer: answer.clone(),
+            });
+        }
+        // Due once the client's rate limit lets it go and kube-apiserver answered.
+        let due = now + self.policy.api.queue_wait() + ANSWER_TIME;
+        if reviews.in_flight.len() >= MAX_REVIEWS_IN_FLIGHT {
+            return Err(AuthRefusal::Queued {
+                retry_after: retry_after(due, now),
+            });
+        }
+        let (send, answer) = watch::channel(None);
+        reviews.in_flight.insert(key, (due, answer.clone()));
+        drop(reviews);
+        let task = ReviewTask {
+            policy: self.policy.clone(),
+            reviews: self.reviews.clone(),
+            key,
+            token: token.to_owned(),
+            bind_identifiers: self.bind_identifiers,
+            counter: metrics.token_reviews(),
+        };
+        tokio::spawn(task.run(send));
+        Ok(Lookup::Pending { due, answer })
+    }
+
+    /// An error unless `answer` says the token is valid for the audience and the account.
+    fn check(&self, answer: Answer) -> Result<Answer, AuthRefusal> {
+        let review = &answer.review;
         if !review.authenticated {
             let reason = review.error.as_deref().unwrap_or("not authenticated");
             return Err(AuthRefusal::Rejected(Printable::new(reason).to_string()));
@@ -221,14 +320,79 @@ impl Tokens {
                 want: self.username.clone(),
             });
         }
-        Ok(review)
+        Ok(answer)
+    }
+}
+
+/// Where a token's answer comes from.
+enum Lookup {
+    Ready(Answer),
+    /// A review under way, its answer due at `due`.
+    Pending {
+        due: Instant,
+        answer: AnswerWatch,
+    },
+}
+
+/// Allowed for kube-apiserver's answer once a review has left the rate limit.
+const ANSWER_TIME: Duration = Duration::from_secs(1);
+
+/// Whole seconds until `due`, at least one, at most [`MAX_RETRY_AFTER`].
+fn retry_after(due: Instant, now: Instant) -> Duration {
+    let wait = due.saturating_duration_since(now).as_secs() + 1;
+    Duration::from_secs(wait).min(MAX_RETRY_AFTER)
+}
+
+/// One token's review, run as its own task so that its answer outlives the connection that
+/// asked.
+struct ReviewTask {
+    policy: Arc<TokenPolicy>,
+    reviews: Arc<Mutex<Reviews>>,
+    key: [u8; 32],
+    token: String,
+    bind_identifiers: bool,
+    counter: TokenReviews,
+}
+
+impl ReviewTask {
+    async fn run(self, send: watch::Sender<Option<Result<Answer, ApiError>>>) {
+        let answer = self.ask().await;
+        self.counter.count(match &answer {
+            Ok(answer) if answer.review.authenticated => "authenticated",
+            Ok(_) => "rejected",
+            Err(_) => "error",
+        });
+        let mut reviews = lock(&self.reviews);
+        reviews.in_flight.remove(&self.key);
+        if let Ok(answer) = &answer {
+            reviews
+                .cache
+                .insert(self.key, answer.clone(), Instant::now());
+        }
+        drop(reviews);
+        let _ = send.send(Some(answer));
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, ReviewCache> {
-        self.cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    async fn ask(&self) -> Result<Answer, ApiError> {
+        let api = &self.policy.api;
+        let review = api.review(&self.token, &self.policy.audience).await?;
+        let node_addresses = match &review.node {
+            Some(node) if self.bind_identifiers && review.authenticated => {
+                Some(api.node_addresses(node).await?)
+            }
+            _ => None,
+        };
+        Ok(Answer {
+            review,
+            node_addresses,
+        })
     }
+}
+
+fn lock(reviews: &Mutex<Reviews>) -> std::sync::MutexGuard<'_, Reviews> {
+    reviews
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn digest(token: &str) -> [u8; 32] {
@@ -238,11 +402,31 @@ fn digest(token: &str) -> [u8; 32] {
     key
 }
 
-/// Recent reviews by token digest, each for `ttl`, at most [`CACHE_ENTRIES`].
+/// Recent answers by token digest, each for `ttl` from its first use (an answer nobody has
+/// used yet for [`UNCLAIMED_TTL`]), at most [`CACHE_ENTRIES`].
 #[derive(Debug)]
 struct ReviewCache {
     ttl: Duration,
-    entries: HashMap<[u8; 32], (Instant, Review)>,
+    entries: HashMap<[u8; 32], Cached>,
+}
+
+#[derive(Debug)]
+struct Cached {
+    /// When it was stored, or first used.
+    at: Instant,
+    claimed: bool,
+    answer: Answer,
+}
+
+impl Cached {
+    fn fresh(&self, ttl: Duration, now: Instant) -> bool {
+        let ttl = if self.claimed {
+            ttl
+        } else {
+            ttl.max(UNCLAIMED_TTL)
+        };
+        now.saturating_duration_since(self.at) < ttl
+    }
 }
 
 impl ReviewCache {
@@ -253,31 +437,44 @@ impl ReviewCache {
         }
     }
 
-    fn get(&self, key: &[u8; 32], now: Instant) -> Option<Review> {
-        let (at, review) = self.entries.get(key)?;
-        (now.saturating_duration_since(*at) < self.ttl).then(|| review.clone())
+    fn get(&mut self, key: &[u8; 32], now: Instant) -> Option<Answer> {
+        let cached = self.entries.get_mut(key)?;
+        if !cached.fresh(self.ttl, now) {
+            return None;
+        }
+        if !cached.claimed {
+            cached.claimed = true;
+            cached.at = now;
+        }
+        Some(cached.answer.clone())
     }
 
-    fn insert(&mut self, key: [u8; 32], review: Review, now: Instant) {
+    /// Keeps `answer`. With a TTL of 0 answers are still handed to the agent that waited
+    /// for them, but used once: never again.
+    fn insert(&mut self, key: [u8; 32], answer: Answer, now: Instant) {
         if self.ttl.is_zero() {
             return;
         }
         if self.entries.len() >= CACHE_ENTRIES {
             let ttl = self.ttl;
-            self.entries
-                .retain(|_, (at, _)| now.saturating_duration_since(*at) < ttl);
+            self.entries.retain(|_, cached| cached.fresh(ttl, now));
         }
         if self.entries.len() >= CACHE_ENTRIES {
             let oldest = self
                 .entries
                 .iter()
-                .min_by_key(|(_, (at, _))| *at)
+                .min_by_key(|(_, cached)| cached.at)
                 .map(|(key, _)| *key);
             if let Some(oldest) = oldest {
                 self.entries.remove(&oldest);
             }
         }
-        self.entries.insert(key, (now, review));
+        let cached = Cached {
+            at: now,
+            claimed: false,
+            answer,
+        };
+        self.entries.insert(key, cached);
     }
 }
 
@@ -330,29 +527,37 @@ impl Owned {
 mod tests {
     use super::*;
 
-    fn review(user: &str) -> Review {
-        Review {
-            authenticated: true,
-            username: user.to_owned(),
-            audiences: vec!["a".into()],
-            node: None,
-            error: None,
+    fn review(user: &str) -> Answer {
+        Answer {
+            review: Review {
+                authenticated: true,
+                username: user.to_owned(),
+                audiences: vec!["a".into()],
+                node: None,
+                error: None,
+            },
+            node_addresses: None,
         }
     }
 
     #[test]
-    fn the_cache_forgets_after_its_ttl_and_stays_bounded() {
+    fn the_cache_keeps_an_answer_for_its_ttl_from_first_use_and_stays_bounded() {
         let start = Instant::now();
-        let mut cache = ReviewCache::new(Duration::from_secs(10));
+        let ttl = Duration::from_secs(10);
+        let mut cache = ReviewCache::new(ttl);
         cache.insert(digest("t1"), review("u1"), start);
+        // Nobody used it for longer than the TTL: its agent gave up waiting, and finds it
+        // when it comes back.
+        let back = start + UNCLAIMED_TTL - Duration::from_secs(1);
+        assert_eq!(cache.get(&digest("t1"), back), Some(review("u1")));
         assert_eq!(
-            cache.get(&digest("t1"), start + Duration::from_secs(9)),
+            cache.get(&digest("t1"), back + ttl - Duration::from_millis(1)),
             Some(review("u1"))
         );
-        assert_eq!(
-            cache.get(&digest("t1"), start + Duration::from_secs(10)),
-            None
-        );
+        assert_eq!(cache.get(&digest("t1"), back + ttl), None);
+        // Never used: gone after the unclaimed TTL.
+        cache.insert(digest("t3"), review("u3"), start);
+        assert_eq!(cache.get(&digest("t3"), start + UNCLAIMED_TTL), None);
         assert_eq!(cache.get(&digest("t2"), start), None);
         for i in 0..CACHE_ENTRIES + 10 {
             cache.insert(
@@ -365,6 +570,25 @@ mod tests {
         let mut off = ReviewCache::new(Duration::ZERO);
         off.insert(digest("t"), review("u"), start);
         assert_eq!(off.get(&digest("t"), start), None);
+    }
+
+    #[test]
+    fn retry_after_is_whole_seconds_until_the_answer_is_due_and_bounded() {
+        let now = Instant::now();
+        assert_eq!(retry_after(now, now), Duration::from_secs(1));
+        assert_eq!(
+            retry_after(now + Duration::from_millis(2500), now),
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            retry_after(now + Duration::from_secs(3600), now),
+            MAX_RETRY_AFTER
+        );
+        let queued = AuthRefusal::Queued {
+            retry_after: Duration::from_secs(3),
+        };
+        assert_eq!(queued.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(queued.retry_after(), Some(Duration::from_secs(3)));
     }
 
     #[test]

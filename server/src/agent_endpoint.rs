@@ -29,9 +29,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
 
+use crate::agent_admission::{Place, Room, Watched};
 use crate::agent_auth::{AgentIdentity, AuthRefusal, Presented};
 use crate::context::Context;
-use crate::handshakes::Handshake;
 use crate::http_head::{self, RawHead, MAX_HEADERS};
 use crate::registry::{RegisterError, Registration};
 
@@ -53,6 +53,12 @@ pub async fn serve(
     tracker: TaskTracker,
 ) {
     loop {
+        // A place first, then the connection: while every place is taken by a handshake that
+        // is moving, newcomers wait in the listen backlog, in order.
+        let (place, room) = tokio::select! {
+            placed = ctx.agent_admission.place() => placed,
+            () = shutdown.cancelled() => return,
+        };
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -64,15 +70,12 @@ pub async fn serve(
             },
             () = shutdown.cancelled() => return,
         };
-        // Before authentication, nothing is known of the peer: only so many may handshake,
-        // the oldest cut to make room.
-        let (handshaking, evicted) = ctx.agent_handshakes.begin();
-        if evicted {
+        if room == Room::Cut {
             ctx.metrics.handshake_refused("agent");
             if let Some(suppressed) = ctx.refusal_log.admit() {
                 warn!(
                     suppressed,
-                    "too many agents in their handshake: the oldest was closed"
+                    "every agent handshake place was taken: one whose agent had stalled was closed"
                 );
             }
         }
@@ -80,9 +83,8 @@ pub async fn serve(
         let acceptor = TlsAcceptor::from(tls.current());
         let (ctx, sessions) = (ctx.clone(), sessions.clone());
         let Some(home) = ctx.shards.home() else {
-            tracker.spawn(
-                session(tcp, peer, acceptor, ctx, sessions, handshaking, None).instrument(span),
-            );
+            tracker
+                .spawn(session(tcp, peer, acceptor, ctx, sessions, place, None).instrument(span));
             continue;
         };
         // The whole session runs on its shard: its socket leaves this runtime's reactor
@@ -100,8 +102,7 @@ pub async fn serve(
                 async move {
                     match tokio::net::TcpStream::from_std(tcp) {
                         Ok(tcp) => {
-                            session(tcp, peer, acceptor, ctx, sessions, handshaking, Some(home))
-                                .await
+                            session(tcp, peer, acceptor, ctx, sessions, place, Some(home)).await
                         }
                         Err(error) => debug!(%error, "registering an agent's connection"),
                     }
@@ -121,8 +122,10 @@ enum Refused {
     Closed,
     #[error("no TLS handshake and upgrade request within {0:?}")]
     PreAuthTimeout(std::time::Duration),
-    #[error("handshake cut to make room for a newer agent")]
-    Cut,
+    #[error("handshake stalled, and closed to make room for another agent")]
+    Stalled,
+    #[error("the upgrade answer could not be written within {0:?}")]
+    AnswerTimeout(std::time::Duration),
     /// Answered with this status and reason.
     #[error("{1}")]
     Answered(StatusCode, String),
@@ -155,82 +158,58 @@ async fn session(
     acceptor: TlsAcceptor,
     ctx: Arc<Context>,
     sessions: CancellationToken,
-    handshaking: Handshake,
+    place: Place,
     home: Option<Home>,
 ) {
     let _ = tcp.set_nodelay(true);
-    let handshake = async {
-        let mut checked = handshake(tcp, acceptor, &ctx).await?;
-        if checked.duplicate {
-            // Looking for the other servers behind the address, the agent reached this one
-            // again: refuse the new session rather than replace the live one.
-            let refused = Refused::Duplicate(ctx.server_id.clone());
-            return Err(answer(&mut checked.tls, refused).await);
+    // Before authentication: TLS and the upgrade request, bounded in time and cut for room
+    // only when the agent has stalled.
+    let read = tokio::select! {
+        read = tokio::time::timeout(ctx.agent_handshake_timeout, pre_auth(place.watch(tcp), acceptor)) => {
+            read.unwrap_or(Err(Refused::PreAuthTimeout(ctx.agent_handshake_timeout)))
         }
-        let name = checked
-            .identifiers
-            .id
-            .clone()
-            .unwrap_or_else(|| peer.to_string());
-        let mux = Mux::new(SessionConfig {
-            max_streams: ctx.registry.max_tunnels_per_agent(),
-            budget: ctx.budget.clone(),
-            max_window: ctx.max_window,
-            ..SessionConfig::new(Role::Server)
-        });
-        if let Some(home) = &home {
-            mux.set_home(home.handle().clone());
-        }
-        let registration = Registration {
-            name: name.clone(),
-            identity: checked.identity.subject.clone(),
-            identifiers: checked.identifiers.clone(),
-            peer,
-            mux: mux.clone(),
-        };
-        let (key, replaced) = match ctx.registry.register(registration) {
-            Ok(registered) => registered,
-            Err(error) => {
-                let status = match error {
-                    RegisterError::IdTaken { .. } => StatusCode::CONFLICT,
-                    RegisterError::TooManySessions { .. } => StatusCode::TOO_MANY_REQUESTS,
-                };
-                let refused = Refused::Answered(status, error.to_string());
-                return Err(answer(&mut checked.tls, refused).await);
-            }
-        };
-        if let Some(old) = replaced {
-            info!(agent = %name, "a new session of the same agent replaces the old one");
-            old.close("replaced by a new session of the same agent");
-        }
-        match accept(checked.tls, &checked.key, checked.early, &ctx).await {
-            Ok(ws) => Ok((ws, checked.identifiers, checked.identity, name, mux, key)),
-            Err(refused) => {
-                ctx.registry.unregister(key);
-                Err(refused)
-            }
-        }
+        () = place.cut() => Err(Refused::Stalled),
     };
-    let outcome = tokio::select! {
-        outcome = tokio::time::timeout(ctx.handshake_timeout, handshake) => outcome,
-        () = handshaking.cut() => Ok(Err(Refused::Cut)),
+    drop(place);
+    let outcome = match read {
+        Ok((mut tls, head)) => {
+            tls.get_mut().0.release();
+            establish(tls, head, peer, &ctx, home.as_ref()).await
+        }
+        Err(refused) => Err(refused),
     };
-    drop(handshaking);
-    let (ws, identifiers, identity, name, mux, key) = match outcome {
-        Ok(Ok(done)) => done,
-        Ok(Err(error)) => {
+    let established = match outcome {
+        Ok(established) => established,
+        Err(error) => {
             if let Some(suppressed) = ctx.refusal_log.admit() {
                 info!(%error, suppressed, "agent refused");
             }
             return;
         }
-        Err(_) => {
-            if let Some(suppressed) = ctx.refusal_log.admit() {
-                info!(suppressed, "agent handshake timed out");
-            }
-            return;
-        }
     };
+    serve_session(established, &ctx, sessions).await;
+}
+
+/// A session that was answered `101`, registered under `key`.
+struct Established {
+    ws: Session,
+    identifiers: AgentIdentifiers,
+    identity: AgentIdentity,
+    name: String,
+    mux: Mux,
+    key: crate::router::AgentKey,
+}
+
+/// Runs an established session until it ends, then takes it out of the registry.
+async fn serve_session(established: Established, ctx: &Arc<Context>, sessions: CancellationToken) {
+    let Established {
+        ws,
+        identifiers,
+        identity,
+        name,
+        mux,
+        key,
+    } = established;
     tracing::Span::current().record("agent", tracing::field::display(&name));
     ctx.metrics.agents_connected.inc();
     ctx.metrics
@@ -277,38 +256,34 @@ async fn session(
     }
 }
 
-type Session = WebSocket<TlsStream<tokio::net::TcpStream>>;
+/// The agent's TLS connection; its socket reports stalls to the handshake's place until the
+/// upgrade request is in.
+type AgentTls = TlsStream<Watched<tokio::net::TcpStream>>;
+type Session = WebSocket<AgentTls>;
 
-/// An authenticated upgrade request, not answered yet.
-struct Checked {
-    tls: TlsStream<tokio::net::TcpStream>,
-    /// What the agent sent behind the request head.
-    early: bytes::Bytes,
-    key: String,
-    identifiers: AgentIdentifiers,
-    identity: AgentIdentity,
-    duplicate: bool,
+/// TLS and the upgrade request's head: all an agent does before it has proved who it is.
+async fn pre_auth(
+    tcp: Watched<tokio::net::TcpStream>,
+    acceptor: TlsAcceptor,
+) -> Result<(AgentTls, RawHead), Refused> {
+    let mut tls = acceptor.accept(tcp).await.map_err(Refused::Tls)?;
+    tls.get_mut()
+        .1
+        .set_buffer_limit(Some(bridgehead_mux::SESSION_TLS_BUFFER));
+    let head = http_head::read(&mut tls).await;
+    Ok((tls, head))
 }
 
-/// TLS, the upgrade request, authentication: everything but the answer, or why not (answered
-/// to the agent where it still listens).
-async fn handshake(
-    tcp: tokio::net::TcpStream,
-    acceptor: TlsAcceptor,
+/// The upgrade request checked, the agent authenticated and registered, the `101` written;
+/// or why not (answered to the agent where it still listens). Authentication bounds its own
+/// waits; writing the answer has `--handshake-timeout`.
+async fn establish(
+    mut tls: AgentTls,
+    head: RawHead,
+    peer: SocketAddr,
     ctx: &Context,
-) -> Result<Checked, Refused> {
-    // Before authentication, the shorter bound: TLS and the upgrade request.
-    let pre_auth = async {
-        let mut tls = acceptor.accept(tcp).await.map_err(Refused::Tls)?;
-        tls.get_mut()
-            .1
-            .set_buffer_limit(Some(bridgehead_mux::SESSION_TLS_BUFFER));
-        let head = http_head::read(&mut tls).await;
-        Ok::<_, Refused>((tls, head))
-    };
-    let (mut tls, head) = tokio::time::timeout(ctx.agent_handshake_timeout, pre_auth)
-        .await
-        .map_err(|_| Refused::PreAuthTimeout(ctx.agent_handshake_timeout))??;
+    home: Option<&Home>,
+) -> Result<Established, Refused> {
     let (buf, end) = match head {
         RawHead::Complete { buf, end } => (buf, end),
         RawHead::Closed => return Err(Refused::Closed),
@@ -340,20 +315,73 @@ async fn handshake(
         Ok(identity) => identity,
         Err(refusal) => return Err(answer(&mut tls, refusal.into()).await),
     };
-    Ok(Checked {
-        tls,
-        early: buf.freeze().slice(end..),
-        key: upgrade.key,
-        identifiers: upgrade.identifiers,
-        identity,
-        duplicate: upgrade.duplicate,
-    })
+    if upgrade.duplicate {
+        // Looking for the other servers behind the address, the agent reached this one
+        // again: refuse the new session rather than replace the live one.
+        let refused = Refused::Duplicate(ctx.server_id.clone());
+        return Err(answer(&mut tls, refused).await);
+    }
+    let name = upgrade
+        .identifiers
+        .id
+        .clone()
+        .unwrap_or_else(|| peer.to_string());
+    let mux = Mux::new(SessionConfig {
+        max_streams: ctx.registry.max_tunnels_per_agent(),
+        budget: ctx.budget.clone(),
+        max_window: ctx.max_window,
+        ..SessionConfig::new(Role::Server)
+    });
+    if let Some(home) = home {
+        mux.set_home(home.handle().clone());
+    }
+    let registration = Registration {
+        name: name.clone(),
+        identity: identity.subject.clone(),
+        identifiers: upgrade.identifiers.clone(),
+        peer,
+        mux: mux.clone(),
+    };
+    let (key, replaced) = match ctx.registry.register(registration) {
+        Ok(registered) => registered,
+        Err(error) => {
+            let status = match error {
+                RegisterError::IdTaken { .. } => StatusCode::CONFLICT,
+                RegisterError::TooManySessions { .. } => StatusCode::TOO_MANY_REQUESTS,
+            };
+            let refused = Refused::Answered(status, error.to_string());
+            return Err(answer(&mut tls, refused).await);
+        }
+    };
+    if let Some(old) = replaced {
+        info!(agent = %name, "a new session of the same agent replaces the old one");
+        old.close("replaced by a new session of the same agent");
+    }
+    let early = buf.freeze().slice(end..);
+    let accepted =
+        tokio::time::timeout(ctx.handshake_timeout, accept(tls, &upgrade.key, early, ctx))
+            .await
+            .unwrap_or(Err(Refused::AnswerTimeout(ctx.handshake_timeout)));
+    match accepted {
+        Ok(ws) => Ok(Established {
+            ws,
+            identifiers: upgrade.identifiers,
+            identity,
+            name,
+            mux,
+            key,
+        }),
+        Err(refused) => {
+            ctx.registry.unregister(key);
+            Err(refused)
+        }
+    }
 }
 
 /// Answers `101` with this server's id and count, and makes the WebSocket, starting with the
 /// `early` bytes.
 async fn accept(
-    mut tls: TlsStream<tokio::net::TcpStream>,
+    mut tls: AgentTls,
     key: &str,
     early: bytes::Bytes,
     ctx: &Context,
@@ -372,17 +400,25 @@ async fn accept(
 
 /// Writes `refused`'s answer (if it has one) and closes; returns it for the log. A duplicate's
 /// answer names this server, so the agent knows which session it already holds.
-async fn answer(tls: &mut TlsStream<tokio::net::TcpStream>, refused: Refused) -> Refused {
+async fn answer(tls: &mut AgentTls, refused: Refused) -> Refused {
     let (status, headers) = match &refused {
         Refused::Answered(status, _) => (*status, String::new()),
-        Refused::Auth(refusal) => (refusal.status(), String::new()),
+        Refused::Auth(refusal) => (
+            refusal.status(),
+            refusal
+                .retry_after()
+                .map(|wait| format!("retry-after: {}\r\n", wait.as_secs()))
+                .unwrap_or_default(),
+        ),
         Refused::Duplicate(id) => (
             StatusCode::CONFLICT,
             format!("{SERVER_ID_HEADER}: {id}\r\n"),
         ),
-        Refused::Tls(_) | Refused::Closed | Refused::PreAuthTimeout(_) | Refused::Cut => {
-            return refused
-        }
+        Refused::Tls(_)
+        | Refused::Closed
+        | Refused::PreAuthTimeout(_)
+        | Refused::Stalled
+        | Refused::AnswerTimeout(_) => return refused,
     };
     let _ = tls
         .write_all(&http_head::answer(

@@ -205,9 +205,14 @@ pub struct Cli {
     /// out).
     #[arg(long, env = "BRIDGEHEAD_MAX_HANDSHAKES", default_value_t = 512)]
     pub max_handshakes: usize,
-    /// Most agents in their TLS handshake and upgrade at once; a newer one cuts the oldest.
-    #[arg(long, env = "BRIDGEHEAD_MAX_AGENT_HANDSHAKES", default_value_t = 128)]
+    /// Most agents in their TLS handshake and upgrade at once; more wait in the listen
+    /// backlog until one finishes or stalls (see --agent-handshake-stall).
+    #[arg(long, env = "BRIDGEHEAD_MAX_AGENT_HANDSHAKES", default_value_t = 1024)]
     pub max_agent_handshakes: usize,
+    /// An agent whose handshake has owed the server bytes this long may be cut when a newer
+    /// connection needs its place; one that keeps sending is never cut for room.
+    #[arg(long, env = "BRIDGEHEAD_AGENT_HANDSHAKE_STALL", default_value = "2s", value_parser = duration::parse, value_name = "DURATION")]
+    pub agent_handshake_stall: Duration,
     /// WebSocket ping interval towards agents; an agent silent for 3 intervals is dropped.
     #[arg(long, env = "BRIDGEHEAD_KEEPALIVE_TIME", default_value = "5s", value_parser = duration::parse, value_name = "DURATION")]
     pub keepalive_time: Duration,
@@ -365,6 +370,7 @@ pub struct Config {
     pub agent_handshake_timeout: Duration,
     pub max_handshakes: usize,
     pub max_agent_handshakes: usize,
+    pub agent_handshake_stall: Duration,
     pub keepalive: bridgehead_mux::Keepalive,
     pub max_pending_dials: usize,
     pub max_tunnels_per_agent: usize,
@@ -568,6 +574,7 @@ impl Cli {
             agent_handshake_timeout: self.agent_handshake_timeout,
             max_handshakes: self.max_handshakes,
             max_agent_handshakes: self.max_agent_handshakes,
+            agent_handshake_stall: self.agent_handshake_stall,
             keepalive: bridgehead_mux::Keepalive {
                 interval: keepalive_time,
                 timeout: keepalive_time * 3,

@@ -12,6 +12,7 @@ use bridgehead_proto::budget::Budget;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::Admission;
+use crate::agent_admission::AgentAdmission;
 use crate::agent_auth::AgentAuth;
 use crate::config::Config;
 use crate::handshakes::Handshakes;
@@ -38,9 +39,10 @@ pub struct Context {
     pub handshake_timeout: Duration,
     /// TLS and upgrade of an agent, before authentication.
     pub agent_handshake_timeout: Duration,
-    /// Connections in their handshake, per listener: the pre-authentication bound.
+    /// CONNECT clients in their handshake: the frontend's pre-authentication bound.
     pub frontend_handshakes: Handshakes,
-    pub agent_handshakes: Handshakes,
+    /// Agents in their handshake: the agent endpoint's pre-authentication admission.
+    pub agent_admission: AgentAdmission,
     /// Lines about refused connections, at most a few a second whatever a flood does.
     pub refusal_log: RateLimit,
     pub keepalive: Keepalive,
@@ -91,7 +93,10 @@ impl Context {
             handshake_timeout: config.handshake_timeout,
             agent_handshake_timeout: config.agent_handshake_timeout,
             frontend_handshakes: Handshakes::new(config.max_handshakes),
-            agent_handshakes: Handshakes::new(config.max_agent_handshakes),
+            agent_admission: AgentAdmission::new(
+                config.max_agent_handshakes,
+                config.agent_handshake_stall,
+            ),
             refusal_log: RateLimit::new(REFUSALS_LOGGED_PER_SECOND),
             keepalive: config.keepalive,
             tunnels: TaskTracker::new(),

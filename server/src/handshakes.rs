@@ -1,4 +1,4 @@
-//! The pre-authentication bound of a listener: at most `limit` connections in their handshake
+//! The frontend's pre-authentication bound: at most `limit` CONNECT clients in their handshake
 //! at once. When a new connection finds every place taken, the oldest handshake is cut to make
 //! room: a flood of connections that never finish (a slowloris) then holds the server to
 //! `limit` descriptors and tasks without locking honest clients out, since an honest

@@ -7,7 +7,7 @@
 //! the route table over them) over [`router`] (the strategy list and the parsed [`Target`],
 //! pure), [`dial`] (asking the routed agents), [`refusal`] (every way a CONNECT is turned down,
 //! with its status and metric label). Beside them: [`agent_endpoint`] (agents' WebSocket
-//! sessions), [`context`] (what connection tasks share), [`config`] (flags into a validated
+//! sessions, admitted by [`agent_admission`] and authenticated by [`agent_auth`]), [`context`] (what connection tasks share), [`config`] (flags into a validated
 //! [`Config`]), [`tls_config`], [`health`] and [`metrics`].
 //!
 //! [`run`] takes listeners that are already bound, so tests bind port 0 and hand them in.
@@ -18,6 +18,7 @@
 //! [`Target`]: router::Target
 
 pub mod admission;
+pub mod agent_admission;
 pub mod agent_auth;
 pub mod agent_endpoint;
 pub mod certificate;
@@ -80,9 +81,9 @@ impl Listeners {
                 FrontendListener::Unix(frontend::bind_unix(path)?, path.clone())
             }
         };
-        let agent = TcpListener::bind(config.agent_bind)
-            .await
-            .with_context(|| format!("binding the agent endpoint on {}", config.agent_bind))?;
+        let agent =
+            bridgehead_runtime::limits::listen_with_backlog(config.agent_bind, AGENT_BACKLOG)
+                .with_context(|| format!("binding the agent endpoint on {}", config.agent_bind))?;
         let health = TcpListener::bind(config.health_bind)
             .await
             .with_context(|| format!("binding the health port on {}", config.health_bind))?;
@@ -97,6 +98,11 @@ impl Listeners {
         })
     }
 }
+
+/// The agent endpoint's accept queue: after a restart the fleet comes back at once, and
+/// whoever finds every handshake place taken waits here (the kernel caps it at
+/// `net.core.somaxconn`).
+const AGENT_BACKLOG: u32 = 65_535;
 
 /// After the grace period, how long the agent sessions get to close.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);

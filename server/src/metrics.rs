@@ -75,6 +75,17 @@ struct ResultLabel {
     result: &'static str,
 }
 
+/// `bridgehead_server_token_reviews_total`, held by a review task.
+#[derive(Debug, Clone)]
+pub struct TokenReviews(Family<ResultLabel, Counter>);
+
+impl TokenReviews {
+    /// One agent token checked: `authenticated`, `rejected`, `error` or `cached`.
+    pub fn count(&self, result: &'static str) {
+        self.0.get_or_create(&ResultLabel { result }).inc();
+    }
+}
+
 /// Direction of tunnel bytes.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum Direction {
@@ -355,9 +366,12 @@ impl Metrics {
 
     /// One agent token checked: `authenticated`, `rejected`, `error` or `cached`.
     pub fn token_review(&self, result: &'static str) {
-        self.token_reviews
-            .get_or_create(&ResultLabel { result })
-            .inc();
+        self.token_reviews().count(result);
+    }
+
+    /// The token review counter, for a review that runs as its own task.
+    pub fn token_reviews(&self) -> TokenReviews {
+        TokenReviews(self.token_reviews.clone())
     }
 
     /// What the Lease holder did.

@@ -154,7 +154,7 @@ fn context_with_dial_timeout(registry: Registry, dial_timeout: Duration) -> Arc<
         handshake_timeout: TEST_TIMEOUT,
         agent_handshake_timeout: TEST_TIMEOUT,
         frontend_handshakes: Handshakes::new(16),
-        agent_handshakes: Handshakes::new(16),
+        agent_admission: crate::agent_admission::AgentAdmission::new(16, TEST_TIMEOUT),
         refusal_log: RateLimit::new(10),
         keepalive: Keepalive::default(),
         tunnels: TaskTracker::new(),
