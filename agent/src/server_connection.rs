@@ -66,9 +66,13 @@ pub(crate) enum ConnectError {
     /// The token file did not read or holds an unusable token.
     #[error("service account token: {0:#}")]
     Token(anyhow::Error),
-    /// The server answered the upgrade with an HTTP error.
+    /// The server answered the upgrade with an HTTP error, and perhaps when to come back.
     #[error("server refused the connection with {status}: {body}")]
-    Refused { status: StatusCode, body: String },
+    Refused {
+        status: StatusCode,
+        body: String,
+        retry_after: Option<Duration>,
+    },
     /// The address led to a server the agent holds a session with already.
     #[error("reached server {0} again, which this agent holds a session with")]
     Duplicate(String),
@@ -165,6 +169,7 @@ pub(crate) async fn connect_to_server(
                 _ => ConnectError::Refused {
                     status,
                     body: body_text(Some(&body)),
+                    retry_after: header(&headers, "retry-after").and_then(|s| retry_after(&s)),
                 },
             });
         }
@@ -187,6 +192,16 @@ pub(crate) async fn connect_to_server(
         server_id,
         server_count,
     })
+}
+
+/// Longest wait a server's `Retry-After` can ask for.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
+/// `Retry-After` in seconds (the HTTP-date form is not sent by Bridgehead servers), at most
+/// [`MAX_RETRY_AFTER`].
+fn retry_after(value: &str) -> Option<Duration> {
+    let seconds: u64 = value.trim().parse().ok()?;
+    Some(Duration::from_secs(seconds).min(MAX_RETRY_AFTER))
 }
 
 /// The first value of header `name`, if it is text.
@@ -243,5 +258,19 @@ fn body_text(body: Option<&[u8]>) -> String {
         "(no reason given)".to_owned()
     } else {
         text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_takes_seconds_and_is_bounded() {
+        assert_eq!(retry_after("3"), Some(Duration::from_secs(3)));
+        assert_eq!(retry_after(" 0 "), Some(Duration::ZERO));
+        assert_eq!(retry_after("86400"), Some(MAX_RETRY_AFTER));
+        assert_eq!(retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+        assert_eq!(retry_after("-1"), None);
     }
 }

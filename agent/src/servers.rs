@@ -189,12 +189,21 @@ pub(crate) async fn run(
                 schedule.after_success(&mut rng)
             }
             Err(error) => {
-                let delay = schedule.after_failure(&mut rng);
+                let mut delay = schedule.after_failure(&mut rng);
+                // A server that said when its answer is due (a queued token review) is asked
+                // again then, each agent at its own moment around it.
+                if let ConnectError::Refused {
+                    retry_after: Some(after),
+                    ..
+                } = &error
+                {
+                    delay = delay.max(crate::schedule::jitter(*after, &mut rng));
+                }
                 // Nothing held: the agent is down, and that is worth a line every time.
                 match &error {
                     // The server looked at us and said no (bad identifiers, auth): that needs
                     // an operator, whatever the retries do.
-                    ConnectError::Refused { status, body } => error!(
+                    ConnectError::Refused { status, body, .. } => error!(
                         status = status.as_u16(),
                         reason = %body,
                         retry_in = ?delay,
