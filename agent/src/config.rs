@@ -371,6 +371,15 @@ pub struct Config {
 }
 
 impl Config {
+    /// The certificate files in use, by role, for the expiry metric.
+    pub fn certificate_files(&self) -> Vec<(&'static str, PathBuf)> {
+        let mut files = vec![("server-ca", self.ca_cert.clone())];
+        if let Some(pair) = &self.client_cert {
+            files.push(("client", pair.cert.clone()));
+        }
+        files
+    }
+
     /// The agent's id.
     pub fn agent_id(&self) -> &str {
         self.identifiers.id.as_deref().unwrap_or_default()

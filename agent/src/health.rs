@@ -103,9 +103,14 @@ const ANP_LATENCY_BUCKETS: [f64; 9] =
     [0.000001, 0.00001, 0.0001, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
 
 impl Health {
-    /// The health state of an agent of `server`, its metrics showing `budget` and what target
-    /// sockets earned of `earned`.
-    pub(crate) fn new(server: &str, budget: Budget, earned: EarnedTotal) -> Health {
+    /// The health state of an agent of `server`, its metrics showing `budget`, what target
+    /// sockets earned of `earned` and when each of `certificates` (role, file) expires.
+    pub(crate) fn new(
+        server: &str,
+        budget: Budget,
+        earned: EarnedTotal,
+        certificates: Vec<(&'static str, std::path::PathBuf)>,
+    ) -> Health {
         let earned = Arc::new(earned);
         let mut metrics = Metrics {
             connected: Gauge::default(),
@@ -146,6 +151,9 @@ impl Health {
         ));
         let registry = root.sub_registry_with_prefix("bridgehead_agent");
         registry.register_collector(Box::new(bridgehead_runtime::logging::DroppedCollector));
+        registry.register_collector(Box::new(
+            bridgehead_runtime::certificates::ExpiryCollector::new(certificates),
+        ));
         let shown = budget.clone();
         registry.register_collector(Box::new(bridgehead_runtime::memory::BudgetCollector(
             move || (shown.buffered(), shown.limit(), shown.refused()),

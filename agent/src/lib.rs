@@ -96,6 +96,7 @@ pub async fn run(
         &config.server_authority(),
         bridgehead_proto::budget::Budget::new(config.memory.tunnel_memory_budget),
         config.memory.earned_total(),
+        config.certificate_files(),
     );
     let health_stop = CancellationToken::new();
     let health_tasks = TaskTracker::new();

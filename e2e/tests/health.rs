@@ -418,3 +418,40 @@ fn bytes_count_while_a_tunnel_runs_and_its_end_is_logged() {
     }
     assert!(line.contains("INFO"), "{line}");
 }
+
+/// Every certificate file each binary uses has its expiry on `/metrics`, by role, read from
+/// the file (the alerts on expiry in deploy/monitoring use these).
+#[test]
+fn certificate_expiry_is_exported_by_role() {
+    use bridgehead_runtime::certificates::earliest_not_after;
+    let pki = Pki::new().unwrap();
+    let (server, agent) =
+        bridgehead_e2e::process::start_pair(&pki, ServerOptions::default()).unwrap();
+    let (_, body) = server.get("/metrics").unwrap();
+    for (role, file) in [
+        ("frontend", "server.crt"),
+        ("frontend-client-ca", "frontend-ca.crt"),
+        ("agent-endpoint", "cluster.crt"),
+        ("agent-client-ca", "cluster-ca.crt"),
+    ] {
+        let series =
+            format!("bridgehead_server_certificate_expiry_timestamp_seconds{{role=\"{role}\"}}");
+        let expected = earliest_not_after(&pki.path(file)).unwrap() as f64;
+        assert_eq!(
+            metric(&body, &series),
+            Some(expected),
+            "{series} in:\n{body}"
+        );
+    }
+    let (_, body) = agent.get("/metrics").unwrap();
+    for (role, file) in [("server-ca", "cluster-ca.crt"), ("client", "agent.crt")] {
+        let series =
+            format!("bridgehead_agent_certificate_expiry_timestamp_seconds{{role=\"{role}\"}}");
+        let expected = earliest_not_after(&pki.path(file)).unwrap() as f64;
+        assert_eq!(
+            metric(&body, &series),
+            Some(expected),
+            "{series} in:\n{body}"
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! What `bridgehead-server` and `bridgehead-agent` share at run time.
 //!
 //! - [`accept`]: accept loops that back off on errors, rate-limited logs.
+//! - [`certificates`]: when each certificate file in use expires, as a metric.
 //! - [`compat`]: klog's flags and ANP's ignored ones, for konnectivity's command lines.
 //! - [`duration`]: durations written as ANP writes them (`10s`, `500ms`, `1m30s`).
 //! - [`logging`]: tracing setup, text or JSON.
@@ -19,6 +20,7 @@
 //! Nothing here knows about tunnels beyond the numbers their flags give.
 
 pub mod accept;
+pub mod certificates;
 pub mod compat;
 pub mod duration;
 pub mod health;

@@ -403,6 +403,25 @@ pub struct Config {
     pub notes: Notes,
 }
 
+impl Config {
+    /// The certificate files in use, by role, for the expiry metric.
+    pub fn certificate_files(&self) -> Vec<(&'static str, PathBuf)> {
+        let mut files = Vec::new();
+        if let FrontendConfig::Tcp {
+            cert, client_ca, ..
+        } = &self.frontend
+        {
+            files.push(("frontend", cert.clone()));
+            files.push(("frontend-client-ca", client_ca.clone()));
+        }
+        files.push(("agent-endpoint", self.cluster_cert.clone()));
+        if let Some(cluster_ca) = &self.agent_auth.cluster_ca {
+            files.push(("agent-client-ca", cluster_ca.clone()));
+        }
+        files
+    }
+}
+
 impl fmt::Debug for Config {
     // Written out so that adding a secret-bearing field later is a conscious choice.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -72,7 +72,8 @@ impl Context {
     pub fn new(config: &Config, agent_auth: AgentAuth, shards: Shards) -> Context {
         let budget = Budget::new(config.memory.tunnel_memory_budget);
         let earned = Arc::new(config.memory.earned_total());
-        let metrics = Metrics::new(&budget, &earned);
+        let mut metrics = Metrics::new(&budget, &earned);
+        metrics.watch_certificates(config.certificate_files());
         Context {
             registry: Registry::with_limits(
                 config.strategies.clone(),

@@ -308,6 +308,15 @@ impl Metrics {
         }
     }
 
+    /// Exports when each of `files` (role, path) expires, read at every scrape.
+    pub fn watch_certificates(&mut self, files: Vec<(&'static str, std::path::PathBuf)>) {
+        self.registry
+            .sub_registry_with_prefix("bridgehead_server")
+            .register_collector(Box::new(
+                bridgehead_runtime::certificates::ExpiryCollector::new(files),
+            ));
+    }
+
     pub fn registry(&self) -> &Registry {
         &self.registry
     }
