@@ -638,6 +638,10 @@ async fn a_reconnect_storm_past_the_handshake_places_loses_no_handshake() {
             .unwrap();
         assert_eq!(connected, AGENTS as f64);
         assert_eq!(cut, 0.0, "handshakes that were moving were cut");
+        let ok = server
+            .metric("bridgehead_server_agent_handshakes_total{result=\"ok\"}")
+            .unwrap();
+        assert_eq!(ok, AGENTS as f64);
     })
     .await;
 }
@@ -683,6 +687,13 @@ async fn connections_that_never_speak_cannot_keep_an_agent_out() {
             .metric("bridgehead_server_handshakes_refused_total{listener=\"agent\"}")
             .unwrap();
         assert!(cut >= 1.0, "no stalled handshake was cut ({cut})");
+        // Counted by the cut connection's own task, which may run after this one's.
+        bridgehead_e2e::process::wait_until(IO_TIMEOUT, || {
+            server
+                .metric("bridgehead_server_agent_handshakes_total{result=\"stalled\"}")
+                .is_ok_and(|stalled| stalled >= 1.0)
+        })
+        .unwrap();
         drop((ws, silent));
     })
     .await;

@@ -33,6 +33,7 @@ use crate::agent_admission::{Place, Room, Watched};
 use crate::agent_auth::{AgentIdentity, AuthRefusal, Presented};
 use crate::context::Context;
 use crate::http_head::{self, RawHead, MAX_HEADERS};
+use crate::metrics::AgentHandshake;
 use crate::registry::{RegisterError, Registration};
 
 /// Path of the upgrade request.
@@ -137,6 +138,23 @@ enum Refused {
 }
 
 impl Refused {
+    /// The `agent_handshakes` label of this ending.
+    fn label(&self) -> AgentHandshake {
+        match self {
+            Refused::Tls(_) => AgentHandshake::TlsError,
+            Refused::Closed => AgentHandshake::Closed,
+            Refused::PreAuthTimeout(_) | Refused::AnswerTimeout(_) => AgentHandshake::TimedOut,
+            Refused::Stalled => AgentHandshake::Stalled,
+            Refused::Auth(refusal) => match refusal.status() {
+                StatusCode::UNAUTHORIZED => AgentHandshake::Unauthorized,
+                StatusCode::FORBIDDEN => AgentHandshake::Forbidden,
+                _ => AgentHandshake::Refused,
+            },
+            Refused::Answered(..) => AgentHandshake::Refused,
+            Refused::Duplicate(_) => AgentHandshake::Duplicate,
+        }
+    }
+
     fn bad(reason: impl Into<String>) -> Refused {
         Refused::Answered(StatusCode::BAD_REQUEST, reason.into())
     }
@@ -178,6 +196,10 @@ async fn session(
         }
         Err(refused) => Err(refused),
     };
+    ctx.metrics.agent_handshake(match &outcome {
+        Ok(_) => AgentHandshake::Ok,
+        Err(refused) => refused.label(),
+    });
     let established = match outcome {
         Ok(established) => established,
         Err(error) => {

@@ -74,6 +74,9 @@ impl Context {
         let earned = Arc::new(config.memory.earned_total());
         let mut metrics = Metrics::new(&budget, &earned);
         metrics.watch_certificates(config.certificate_files());
+        metrics
+            .dials_pending_limit
+            .set(i64::try_from(config.max_pending_dials).unwrap_or(i64::MAX));
         Context {
             registry: Registry::with_limits(
                 config.strategies.clone(),

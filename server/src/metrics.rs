@@ -28,6 +28,51 @@ pub enum DialResult {
     Other,
 }
 
+/// How an agent's connection ended before (or when) its session started, as a label.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub enum AgentHandshake {
+    Ok,
+    TlsError,
+    Unauthorized,
+    Forbidden,
+    Refused,
+    TimedOut,
+    Stalled,
+    Closed,
+    /// The agent reached a server it holds a session with (normal while it looks for the
+    /// other servers behind one address).
+    Duplicate,
+}
+
+impl AgentHandshake {
+    pub const ALL: [AgentHandshake; 9] = [
+        AgentHandshake::Ok,
+        AgentHandshake::TlsError,
+        AgentHandshake::Unauthorized,
+        AgentHandshake::Forbidden,
+        AgentHandshake::Refused,
+        AgentHandshake::TimedOut,
+        AgentHandshake::Stalled,
+        AgentHandshake::Closed,
+        AgentHandshake::Duplicate,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentHandshake::Ok => "ok",
+            AgentHandshake::TlsError => "tls_error",
+            AgentHandshake::Unauthorized => "unauthorized",
+            AgentHandshake::Forbidden => "forbidden",
+            AgentHandshake::Refused => "refused",
+            AgentHandshake::TimedOut => "timed_out",
+            AgentHandshake::Stalled => "stalled",
+            AgentHandshake::Closed => "closed",
+            AgentHandshake::Duplicate => "duplicate",
+        }
+    }
+}
+
 /// ANP's buckets for dial latency, and for how long a tunnel was open.
 const ANP_LATENCY_BUCKETS: [f64; 9] =
     [0.000001, 0.00001, 0.0001, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
@@ -36,6 +81,20 @@ const ANP_CONNECTION_BUCKETS: [f64; 12] = [
 ];
 
 impl DialResult {
+    pub const ALL: [DialResult; 11] = [
+        DialResult::Ok,
+        DialResult::BadRequest,
+        DialResult::NoAgent,
+        DialResult::Overloaded,
+        DialResult::Refused,
+        DialResult::Unreachable,
+        DialResult::NameNotResolved,
+        DialResult::NotPermitted,
+        DialResult::TimedOut,
+        DialResult::AgentLost,
+        DialResult::Other,
+    ];
+
     /// ANP's `dial_failure_count` reason for a failed dial, if it counts as one: ANP counts
     /// dials that reached routing, not malformed or overloaded requests.
     fn anp_failure(self) -> Option<&'static str> {
@@ -117,7 +176,10 @@ pub struct Metrics {
     pub agents_connected: Gauge,
     pub tunnels_open: Gauge,
     pub dials_pending: Gauge,
+    /// `--max-pending-dials`, so an alert can see how near the cap the pending dials are.
+    pub dials_pending_limit: Gauge,
     dials: Family<ResultLabel, Counter>,
+    agent_handshakes: Family<ResultLabel, Counter>,
     pub dial_duration: Histogram,
     /// `bytes{direction}`'s two counters, taken once: they are counted per spliced chunk.
     bytes_to_target: Counter,
@@ -174,7 +236,9 @@ impl Metrics {
         let agents_connected = Gauge::default();
         let tunnels_open = Gauge::default();
         let dials_pending = Gauge::default();
+        let dials_pending_limit = Gauge::default();
         let dials = Family::<ResultLabel, Counter>::default();
+        let agent_handshakes = Family::<ResultLabel, Counter>::default();
         let dial_duration = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let bytes = Family::<DirectionLabel, Counter>::default();
         let token_reviews = Family::<ResultLabel, Counter>::default();
@@ -208,7 +272,29 @@ impl Metrics {
             "Dials waiting for an agent's answer",
             dials_pending.clone(),
         );
+        registry.register(
+            "dials_pending_limit",
+            "--max-pending-dials: past it new CONNECTs get 503",
+            dials_pending_limit.clone(),
+        );
         registry.register("dials", "CONNECT requests by result", dials.clone());
+        registry.register(
+            "agent_handshakes",
+            "Agent connections by how their handshake ended: ok, tls_error, unauthorized (401), forbidden (403), refused (another status), timed_out, stalled (cut for room), closed, duplicate (a server the agent holds already)",
+            agent_handshakes.clone(),
+        );
+        // Every label value from the start, so that rates and ratios over them have data
+        // (zero) on a fleet where nothing went wrong yet.
+        for result in DialResult::ALL {
+            let _ = dials.get_or_create(&ResultLabel {
+                result: result.as_str(),
+            });
+        }
+        for result in AgentHandshake::ALL {
+            let _ = agent_handshakes.get_or_create(&ResultLabel {
+                result: result.as_str(),
+            });
+        }
         registry.register(
             "dial_duration_seconds",
             "Time from CONNECT to the agent's dial answer",
@@ -236,6 +322,12 @@ impl Metrics {
             "Handshakes cut because their listener had its limit in progress and a newer connection came (listener: frontend, agent)",
             handshakes_refused.clone(),
         );
+        for result in ["authenticated", "rejected", "error", "cached"] {
+            let _ = token_reviews.get_or_create(&ResultLabel { result });
+        }
+        for listener in ["frontend", "agent"] {
+            let _ = handshakes_refused.get_or_create(&ListenerLabel { listener });
+        }
         let anp = Anp {
             dial_duration: Histogram::new(ANP_LATENCY_BUCKETS),
             dial_failures: LegacyCounter::with_label("reason"),
@@ -296,7 +388,9 @@ impl Metrics {
             agents_connected,
             tunnels_open,
             dials_pending,
+            dials_pending_limit,
             dials,
+            agent_handshakes,
             dial_duration,
             bytes_to_target,
             bytes_from_target,
@@ -326,6 +420,15 @@ impl Metrics {
             self.anp_dial_failure(reason);
         }
         self.dials
+            .get_or_create(&ResultLabel {
+                result: result.as_str(),
+            })
+            .inc();
+    }
+
+    /// An agent's handshake ended so.
+    pub fn agent_handshake(&self, result: AgentHandshake) {
+        self.agent_handshakes
             .get_or_create(&ResultLabel {
                 result: result.as_str(),
             })
