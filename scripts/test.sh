@@ -11,6 +11,11 @@ cargo build --workspace --bins
 if command -v go >/dev/null; then
   scripts/k8s-build.sh
 fi
+# Prometheus and promtool from Debian's package, unpacked under target/prometheus (not
+# installed: no service starts), for the monitoring tests.
+if command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then
+  scripts/prometheus.sh || echo "scripts/prometheus.sh failed: the monitoring tests will skip" >&2
+fi
 skips=$(mktemp)
 trap 'rm -f "$skips"' EXIT
 export BRIDGEHEAD_SKIP_LOG="$skips"

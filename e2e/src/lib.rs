@@ -24,6 +24,7 @@ pub mod netns;
 pub mod pki;
 pub mod process;
 pub mod procfs;
+pub mod prometheus;
 pub mod skip;
 pub mod soak;
 pub mod target;

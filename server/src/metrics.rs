@@ -325,6 +325,9 @@ impl Metrics {
         for result in ["authenticated", "rejected", "error", "cached"] {
             let _ = token_reviews.get_or_create(&ResultLabel { result });
         }
+        for result in ["ok", "error"] {
+            let _ = lease_renewals.get_or_create(&ResultLabel { result });
+        }
         for listener in ["frontend", "agent"] {
             let _ = handshakes_refused.get_or_create(&ListenerLabel { listener });
         }
