@@ -1,40 +1,19 @@
 //! konnectivity (ANP's proxy-server and proxy-agent, built by `scripts/anp-build.sh` into
 //! `target/anp/bin`) run beside Bridgehead: an HTTP-CONNECT server with the mTLS frontend and
 //! its agent, and one with the Unix-socket frontend and its agent, on the same PKI shape
-//! (two CAs), at ANP's defaults but for the addresses and `-v=0` (its quietest logging; the
-//! bench runs Bridgehead at `info`).
-//!
-//! ANP refuses port 0 for its listeners and does not print addresses, so each listener gets a
-//! loopback address of its own and a port the bench found free there (bound and released:
-//! a race in principle, on addresses nothing else uses); `/proc` then confirms it listens.
+//! (two CAs), started by the e2e harness (`bridgehead_e2e::konnectivity`).
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
-use bridgehead_e2e::client::http_get;
+use bridgehead_e2e::konnectivity::{self as anp, Frontend, AGENTS};
 use bridgehead_e2e::process::Process;
-use bridgehead_e2e::procfs;
 use bridgehead_e2e::Pki;
 
 use crate::route::Route;
 
-/// How long ANP's server and agent may take to listen and connect.
-const STARTUP: Duration = Duration::from_secs(30);
-/// The loopback addresses of the server's listeners (mTLS frontend, agent port, health,
-/// admin); the agent's health and admin.
-const FRONTEND: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
-const AGENTS: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
-const HEALTH: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 3);
-const ADMIN: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 4);
-
 /// ANP's two binaries, when built.
 pub fn binaries() -> Option<(PathBuf, PathBuf)> {
-    let bin = bridgehead_e2e::process::bin_dir().parent()?.join("anp/bin");
-    let (server, agent) = (bin.join("proxy-server"), bin.join("proxy-agent"));
-    (server.exists() && agent.exists()).then_some((server, agent))
+    anp::binaries()
 }
 
 /// One ANP server and its agent.
@@ -58,29 +37,6 @@ pub struct Konnectivity {
     pub uds: Pair,
     _pki: Pki,
     _dir: tempfile::TempDir,
-}
-
-/// A port nothing listens on at `ip` right now.
-fn free_port(ip: Ipv4Addr) -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind((ip, 0))
-        .with_context(|| format!("binding {ip}: is all of 127.0.0.0/8 on lo?"))?;
-    Ok(listener.local_addr()?.port())
-}
-
-/// `pid`'s listener on `ip`, waiting for it to appear.
-fn listener_on(pid: u32, ip: Ipv4Addr, deadline: Instant) -> anyhow::Result<SocketAddr> {
-    loop {
-        if let Some(addr) = procfs::listening_v4(pid)
-            .into_iter()
-            .find(|a| a.ip() == IpAddr::V4(ip))
-        {
-            return Ok(addr);
-        }
-        if Instant::now() > deadline {
-            bail!("process {pid} did not listen on {ip} within {STARTUP:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 impl Konnectivity {
@@ -115,78 +71,14 @@ fn start_pair(
     uds: Option<&Path>,
     name: &str,
 ) -> anyhow::Result<Pair> {
-    let path = |f: &str| pki.path(f).display().to_string();
-    let mut command = Command::new(server_bin);
-    command.args(["--mode=http-connect", "-v=0", "--logtostderr=true"]);
-    match uds {
-        Some(socket) => {
-            command
-                .arg(format!("--uds-name={}", socket.display()))
-                .arg("--server-port=0");
-        }
-        None => {
-            command
-                .arg(format!("--server-cert={}", path("server.crt")))
-                .arg(format!("--server-key={}", path("server.key")))
-                .arg(format!("--server-ca-cert={}", path("frontend-ca.crt")))
-                .arg(format!("--server-bind-address={FRONTEND}"))
-                .arg(format!("--server-port={}", free_port(FRONTEND)?));
-        }
-    }
-    command
-        .arg(format!("--cluster-cert={}", path("cluster.crt")))
-        .arg(format!("--cluster-key={}", path("cluster.key")))
-        .arg(format!("--cluster-ca-cert={}", path("cluster-ca.crt")))
-        .arg(format!("--agent-bind-address={AGENTS}"))
-        .arg(format!("--agent-port={}", free_port(AGENTS)?))
-        .arg(format!("--health-bind-address={HEALTH}"))
-        .arg(format!("--health-port={}", free_port(HEALTH)?))
-        .arg(format!("--admin-bind-address={ADMIN}"))
-        .arg(format!("--admin-port={}", free_port(ADMIN)?))
-        .arg(format!("--server-id=bench-{name}"));
-    let (server, _) = Process::spawn(command, &[]).context("starting ANP's proxy-server")?;
-    let deadline = Instant::now() + STARTUP;
-    let agents = listener_on(server.pid(), AGENTS, deadline)?;
-    let health = listener_on(server.pid(), HEALTH, deadline)?;
-
-    let mut command = Command::new(agent_bin);
-    command
-        .args(["-v=0", "--logtostderr=true"])
-        .arg(format!("--proxy-server-host={AGENTS}"))
-        .arg(format!("--proxy-server-port={}", agents.port()))
-        .arg(format!("--ca-cert={}", path("cluster-ca.crt")))
-        .arg(format!("--agent-cert={}", path("agent.crt")))
-        .arg(format!("--agent-key={}", path("agent.key")))
-        .arg(format!("--agent-id=bench-{name}"))
-        .arg(format!("--health-server-host={HEALTH}"))
-        .arg(format!("--health-server-port={}", free_port(HEALTH)?))
-        .arg(format!("--admin-bind-address={ADMIN}"))
-        .arg(format!("--admin-server-port={}", free_port(ADMIN)?));
-    let (agent, _) = Process::spawn(command, &[]).context("starting ANP's proxy-agent")?;
-    // The server is ready once it has a backend.
-    loop {
-        if let Ok((200, _)) = http_get(health, "/readyz") {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "ANP's server ({name}) did not get its agent within {STARTUP:?}\nserver:\n{}\nagent:\n{}",
-                server.stderr(),
-                agent.stderr()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let route = match uds {
-        Some(socket) => Route::peer_uds("konnectivity-uds", socket.to_owned()),
-        None => {
-            let frontend = listener_on(server.pid(), FRONTEND, deadline)?;
-            Route::peer_mtls("konnectivity-mtls", pki, frontend)?
-        }
+    let pair = anp::start_pair(pki, (server_bin, agent_bin), uds, &format!("bench-{name}"))?;
+    let route = match &pair.frontend {
+        Frontend::Unix(socket) => Route::peer_uds("konnectivity-uds", socket.clone()),
+        Frontend::Mtls(frontend) => Route::peer_mtls("konnectivity-mtls", pki, *frontend)?,
     };
     Ok(Pair {
-        server,
-        agent,
+        server: pair.server,
+        agent: pair.agent,
         route,
     })
 }

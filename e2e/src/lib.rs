@@ -19,6 +19,7 @@
 
 pub mod client;
 pub mod haproxy;
+pub mod konnectivity;
 pub mod kubernetes;
 pub mod netns;
 pub mod pki;

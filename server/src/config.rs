@@ -68,6 +68,20 @@ pub struct Cli {
     /// certificate too. Warned about at every start; make a new PKI instead.
     #[arg(long, env = "BRIDGEHEAD_ALLOW_SHARED_CA")]
     pub allow_shared_ca: bool,
+    /// Where a CONNECT that the strategies route to no agent goes instead of a 503: another
+    /// HTTP CONNECT proxy, such as konnectivity's server in http-connect mode while agents are
+    /// migrated (docs/migrating.md). `unix:///path` or `https://host:port`.
+    #[arg(long, env = "BRIDGEHEAD_FALLBACK_PROXY", value_name = "URL")]
+    pub fallback_proxy: Option<String>,
+    /// CA bundle (PEM) the https:// fallback proxy's certificate must chain to.
+    #[arg(long, env = "BRIDGEHEAD_FALLBACK_PROXY_CA_CERT")]
+    pub fallback_proxy_ca_cert: Option<PathBuf>,
+    /// Client certificate (PEM) presented to the https:// fallback proxy.
+    #[arg(long, env = "BRIDGEHEAD_FALLBACK_PROXY_CLIENT_CERT")]
+    pub fallback_proxy_client_cert: Option<PathBuf>,
+    /// Private key (PEM) for --fallback-proxy-client-cert.
+    #[arg(long, env = "BRIDGEHEAD_FALLBACK_PROXY_CLIENT_KEY")]
+    pub fallback_proxy_client_key: Option<PathBuf>,
     /// Serve plain HTTP CONNECT on this Unix socket instead of the TCP frontend (mode 0660;
     /// a stale socket file is replaced).
     #[arg(long, env = "BRIDGEHEAD_UDS_NAME")]
@@ -353,6 +367,8 @@ pub struct KubeClientConfig {
 #[derive(Clone)]
 pub struct Config {
     pub frontend: FrontendConfig,
+    /// `--fallback-proxy`: where CONNECTs with no agent go.
+    pub fallback: Option<crate::fallback::FallbackConfig>,
     pub agent_bind: std::net::SocketAddr,
     pub cluster_cert: PathBuf,
     pub cluster_key: PathBuf,
@@ -427,6 +443,7 @@ impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
             .field("frontend", &self.frontend)
+            .field("fallback", &self.fallback.as_ref().map(|f| f.url()))
             .field("agent_bind", &self.agent_bind)
             .field("health_bind", &self.health_bind)
             .field("admin_bind", &self.admin_bind)
@@ -467,6 +484,27 @@ impl Cli {
                 self.mode
             );
         }
+        let fallback = match self.fallback_proxy.as_deref().filter(|url| !url.is_empty()) {
+            Some(url) => {
+                let config = crate::fallback::FallbackConfig::parse(
+                    url,
+                    self.fallback_proxy_ca_cert.clone(),
+                    self.fallback_proxy_client_cert.clone(),
+                    self.fallback_proxy_client_key.clone(),
+                )?;
+                // Its files load now, or the server does not start.
+                crate::fallback::Fallback::new(config.clone())
+                    .map_err(|error| anyhow::anyhow!("--fallback-proxy: {error:#}"))?;
+                Some(config)
+            }
+            None if self.fallback_proxy_ca_cert.is_some()
+                || self.fallback_proxy_client_cert.is_some()
+                || self.fallback_proxy_client_key.is_some() =>
+            {
+                bail!("--fallback-proxy-ca-cert/-client-cert/-client-key need --fallback-proxy")
+            }
+            None => None,
+        };
         let frontend = match self.uds_name {
             Some(path) => {
                 if self.server_port != 0 && self.server_port != 8131 {
@@ -579,6 +617,7 @@ impl Cli {
         }
         Ok(Config {
             frontend,
+            fallback,
             agent_bind: (self.agent_bind_address, self.agent_port).into(),
             cluster_cert: self.cluster_cert,
             cluster_key: self.cluster_key,
@@ -691,6 +730,50 @@ mod tests {
             "--server-key=s.key".to_owned(),
             format!("--server-ca-cert={}", file("frontend-ca.crt")),
         ]
+    }
+
+    #[test]
+    fn a_fallback_proxy_is_checked_at_startup() {
+        let tcp = tcp();
+        let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
+        let with = |extra: &[&str]| validate(&[&tcp[..], extra].concat());
+        let config = with(&["--fallback-proxy=unix:///run/konnectivity.sock"]).unwrap();
+        assert_eq!(
+            config.fallback,
+            Some(crate::fallback::FallbackConfig::Unix(
+                "/run/konnectivity.sock".into()
+            ))
+        );
+        let ca = format!("--fallback-proxy-ca-cert={}", file("frontend-ca.crt"));
+        let cert = format!("--fallback-proxy-client-cert={}", file("client.crt"));
+        let key = format!("--fallback-proxy-client-key={}", file("client.key"));
+        let config = with(&["--fallback-proxy=https://10.0.0.1:8131", &ca, &cert, &key]).unwrap();
+        assert!(matches!(
+            config.fallback,
+            Some(crate::fallback::FallbackConfig::Https { .. })
+        ));
+        for (extra, says) in [
+            (
+                vec!["--fallback-proxy=http://x:1"],
+                "expected unix:///path or https://host:port",
+            ),
+            (
+                vec!["--fallback-proxy=https://x:1"],
+                "needs --fallback-proxy-ca-cert",
+            ),
+            (
+                vec![
+                    "--fallback-proxy=https://x:1",
+                    "--fallback-proxy-ca-cert=/nonexistent.crt",
+                ],
+                "loading --fallback-proxy-ca-cert",
+            ),
+            (vec![&ca], "need --fallback-proxy"),
+        ] {
+            let error = format!("{:#}", with(&extra).unwrap_err());
+            assert!(error.contains(says), "{extra:?}: {error}");
+            assert!(!error.contains('\n'), "one line: {error}");
+        }
     }
 
     /// As Go's pflag: a flag given twice takes its last value (chart and kubeadm extraArgs

@@ -15,6 +15,7 @@ use crate::admission::Admission;
 use crate::agent_admission::AgentAdmission;
 use crate::agent_auth::AgentAuth;
 use crate::config::Config;
+use crate::fallback::Fallback;
 use crate::handshakes::Handshakes;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
@@ -66,10 +67,17 @@ pub struct Context {
     pub max_window: u32,
     /// `--session-threads`: where agent sessions and their tunnels run.
     pub shards: Shards,
+    /// `--fallback-proxy`: where CONNECTs that no agent matches go.
+    pub fallback: Option<Fallback>,
 }
 
 impl Context {
-    pub fn new(config: &Config, agent_auth: AgentAuth, shards: Shards) -> Context {
+    pub fn new(
+        config: &Config,
+        agent_auth: AgentAuth,
+        shards: Shards,
+        fallback: Option<Fallback>,
+    ) -> Context {
         let budget = Budget::new(config.memory.tunnel_memory_budget);
         let earned = Arc::new(config.memory.earned_total());
         let mut metrics = Metrics::new(&budget, &earned);
@@ -112,6 +120,7 @@ impl Context {
             earned,
             max_window: config.memory.tunnel_max_window,
             shards,
+            fallback,
         }
     }
 }

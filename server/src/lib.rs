@@ -5,7 +5,7 @@
 //! [`frontend`] (the CONNECT listener, mTLS TCP or Unix socket, and the per-connection
 //! pipeline), [`admission`] (the bound on dials in flight), [`registry`] (connected agents and
 //! the route table over them) over [`router`] (the strategy list and the parsed [`Target`],
-//! pure), [`dial`] (asking the routed agents), [`refusal`] (every way a CONNECT is turned down,
+//! pure), [`dial`] (asking the routed agents), [`fallback`] (the proxy CONNECTs with no agent go to), [`refusal`] (every way a CONNECT is turned down,
 //! with its status and metric label). Beside them: [`agent_endpoint`] (agents' WebSocket
 //! sessions, admitted by [`agent_admission`] and authenticated by [`agent_auth`]), [`context`] (what connection tasks share), [`config`] (flags into a validated
 //! [`Config`]), [`tls_config`], [`health`] and [`metrics`].
@@ -25,6 +25,7 @@ pub mod certificate;
 pub mod config;
 pub mod context;
 pub mod dial;
+pub mod fallback;
 pub mod frontend;
 pub mod handshakes;
 pub mod health;
@@ -145,7 +146,15 @@ pub async fn run(
             "agent sessions run on threads of their own"
         );
     }
-    let ctx = Arc::new(Context::new(&config, agent_auth, shards));
+    let fallback = match &config.fallback {
+        Some(fallback) => {
+            let fallback = fallback::Fallback::new(fallback.clone()).context("--fallback-proxy")?;
+            info!(fallback = %fallback.url(), "CONNECTs that no agent matches go to the fallback proxy");
+            Some(fallback)
+        }
+        None => None,
+    };
+    let ctx = Arc::new(Context::new(&config, agent_auth, shards, fallback));
     ctx.metrics
         .set_ready_backends(&ctx.registry.ready_backends());
     let connections = TaskTracker::new();

@@ -180,6 +180,9 @@ pub struct Metrics {
     pub dials_pending_limit: Gauge,
     dials: Family<ResultLabel, Counter>,
     agent_handshakes: Family<ResultLabel, Counter>,
+    fallback_dials: Family<ResultLabel, Counter>,
+    /// Tunnels open through `--fallback-proxy` (counted in `tunnels_open` too).
+    pub fallback_tunnels_open: Gauge,
     pub dial_duration: Histogram,
     /// `bytes{direction}`'s two counters, taken once: they are counted per spliced chunk.
     bytes_to_target: Counter,
@@ -239,6 +242,8 @@ impl Metrics {
         let dials_pending_limit = Gauge::default();
         let dials = Family::<ResultLabel, Counter>::default();
         let agent_handshakes = Family::<ResultLabel, Counter>::default();
+        let fallback_dials = Family::<ResultLabel, Counter>::default();
+        let fallback_tunnels_open = Gauge::default();
         let dial_duration = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let bytes = Family::<DirectionLabel, Counter>::default();
         let token_reviews = Family::<ResultLabel, Counter>::default();
@@ -282,6 +287,16 @@ impl Metrics {
             "agent_handshakes",
             "Agent connections by how their handshake ended: ok, tls_error, unauthorized (401), forbidden (403), refused (another status), timed_out, stalled (cut for room), closed, duplicate (a server the agent holds already)",
             agent_handshakes.clone(),
+        );
+        registry.register(
+            "fallback_dials",
+            "CONNECTs no agent matched, relayed to --fallback-proxy, by result: ok, refused (it answered another status), unreachable, timed_out, bad_answer",
+            fallback_dials.clone(),
+        );
+        registry.register(
+            "fallback_tunnels_open",
+            "Tunnels open through --fallback-proxy (counted in tunnels_open too)",
+            fallback_tunnels_open.clone(),
         );
         // Every label value from the start, so that rates and ratios over them have data
         // (zero) on a fleet where nothing went wrong yet.
@@ -394,6 +409,8 @@ impl Metrics {
             dials_pending_limit,
             dials,
             agent_handshakes,
+            fallback_dials,
+            fallback_tunnels_open,
             dial_duration,
             bytes_to_target,
             bytes_from_target,
@@ -426,6 +443,13 @@ impl Metrics {
             .get_or_create(&ResultLabel {
                 result: result.as_str(),
             })
+            .inc();
+    }
+
+    /// A CONNECT relayed to the fallback proxy ended so.
+    pub fn fallback_dial(&self, result: &'static str) {
+        self.fallback_dials
+            .get_or_create(&ResultLabel { result })
             .inc();
     }
 
@@ -517,6 +541,14 @@ impl Metrics {
 /// Decrements its gauge when dropped.
 #[derive(Debug)]
 pub struct GaugeGuard(Gauge);
+
+impl GaugeGuard {
+    /// Raises `gauge` by one until the guard is dropped.
+    pub fn inc(gauge: &Gauge) -> GaugeGuard {
+        gauge.inc();
+        GaugeGuard(gauge.clone())
+    }
+}
 
 impl Drop for GaugeGuard {
     fn drop(&mut self) {

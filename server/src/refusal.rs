@@ -49,6 +49,9 @@ pub enum Refusal {
         target: Target,
         timeout: Duration,
     },
+    /// No agent matched, and the fallback proxy gave no tunnel either.
+    #[error(transparent)]
+    Fallback(#[from] crate::fallback::FallbackError),
     #[error("agent {agent} was lost before answering the dial to {target}: {reason}")]
     AgentLost {
         agent: String,
@@ -76,6 +79,7 @@ impl Refusal {
             Refusal::Dial { code, .. } => dial_failure(*code).0,
             Refusal::TimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
             Refusal::AgentLost { .. } => StatusCode::BAD_GATEWAY,
+            Refusal::Fallback(error) => error.status(),
         }
     }
 
@@ -96,6 +100,12 @@ impl Refusal {
             Refusal::Dial { code, .. } => dial_failure(*code).1,
             Refusal::TimedOut { .. } => DialResult::TimedOut,
             Refusal::AgentLost { .. } => DialResult::AgentLost,
+            // Labelled by what the client saw; fallback_dials_total says what happened there.
+            Refusal::Fallback(error) => match error.status() {
+                StatusCode::SERVICE_UNAVAILABLE => DialResult::NoAgent,
+                StatusCode::GATEWAY_TIMEOUT => DialResult::TimedOut,
+                _ => DialResult::Other,
+            },
         }
     }
 }

@@ -19,6 +19,7 @@ use super::ClientSocket;
 use crate::admission::ClientKey;
 use crate::context::Context;
 use crate::dial;
+use crate::fallback::{self, Relayed};
 use crate::metrics::{DialResult, Direction, GaugeGuard, Metrics};
 use crate::refusal::Refusal;
 
@@ -44,13 +45,31 @@ impl From<Refusal> for Failure {
 /// A dialed tunnel, not answered yet.
 #[derive(Debug)]
 struct Opened {
-    stream: MuxStream,
+    via: Via,
     /// Bytes the client sent behind its head: the tunnel's first.
     early: Bytes,
     /// `host:port`, for the tunnel's log line.
     target: String,
-    /// The agent that dialed it.
+    /// The agent that dialed it (or the fallback proxy).
     agent: String,
+}
+
+/// What carries a tunnel.
+#[derive(Debug)]
+enum Via {
+    /// A stream on an agent's session.
+    Agent(MuxStream),
+    /// `--fallback-proxy`, when no agent matched.
+    Fallback(Relayed),
+}
+
+impl Via {
+    /// Fails the tunnel: the agent's stream is reset; the fallback's connection is closed.
+    fn reset(self, why: &'static str) {
+        if let Via::Agent(stream) = self {
+            stream.reset(ErrorCode::ConnectionReset, why);
+        }
+    }
 }
 
 /// Counts a tunnel's bytes in the server's metrics as they flow.
@@ -88,26 +107,27 @@ pub(super) async fn serve<S: ClientSocket>(
         Err(Failure::Refused(refusal)) => return refuse(&mut *socket, &ctx, refusal).await,
     };
     ctx.metrics.dial(DialResult::Ok);
-    debug!(stream = opened.stream.id(), "tunnel open");
     if let Err(error) = socket.write_all(head::ESTABLISHED).await {
-        opened
-            .stream
-            .reset(ErrorCode::ConnectionReset, "client left before the 200");
+        opened.via.reset("client left before the 200");
         return debug!(%error, "client left before the 200");
     }
     // Counted from here, so that shutdown waits for it wherever it runs.
     let token = ctx.tunnels.token();
-    let Some(home) = opened.stream.home().cloned() else {
+    let home = match &opened.via {
+        Via::Agent(stream) => {
+            debug!(stream = stream.id(), "tunnel open");
+            stream.home().cloned()
+        }
+        Via::Fallback(_) => None,
+    };
+    let Some(home) = home else {
         return tunnel(Placed::Here(socket), opened, ctx, token, connection).await;
     };
     // The splice runs beside its session, on the session's thread.
     let detached = match socket.detach() {
         Ok(detached) => Box::new(detached),
         Err(error) => {
-            opened.stream.reset(
-                ErrorCode::ConnectionReset,
-                "the server could not move the tunnel",
-            );
+            opened.via.reset("the server could not move the tunnel");
             return debug!(%error, "taking a tunnel to its session's thread");
         }
     };
@@ -152,25 +172,48 @@ async fn open<S: ClientSocket>(
     }
     let _slot = ctx.admission.admit(&client)?;
     drop(client);
-    let candidates = ctx.registry.route(&target.host).map_err(Refusal::from)?;
     let started = Instant::now();
     // A client that leaves while its dial is pending gets nothing more: dropping the dial
     // resets its stream (the agent stops dialing) and frees its admission slot at once.
     let mut early = BytesMut::from(early);
-    let (stream, agent) = tokio::select! {
-        dialed = dial::dial(candidates, &target, ctx.dial_timeout) => dialed?,
-        () = client_gone(socket, &mut early) => {
-            ctx.metrics.anp_dial_failure("frontend_close");
-            return Err(Failure::Gone("client left while its dial was pending"));
+    let (via, agent) = match ctx.registry.route(&target.host) {
+        Ok(candidates) => tokio::select! {
+            dialed = dial::dial(candidates, &target, ctx.dial_timeout) => {
+                let (stream, agent) = dialed?;
+                (Via::Agent(stream), agent)
+            }
+            () = client_gone(socket, &mut early) => {
+                ctx.metrics.anp_dial_failure("frontend_close");
+                return Err(Failure::Gone("client left while its dial was pending"));
+            }
+        },
+        Err(no_agent) => {
+            let Some(fallback) = &ctx.fallback else {
+                return Err(Refusal::from(no_agent).into());
+            };
+            let relayed = tokio::select! {
+                relayed = fallback.relay(&target, ctx.dial_timeout) => relayed,
+                () = client_gone(socket, &mut early) => {
+                    return Err(Failure::Gone("client left while the fallback proxy dialed"));
+                }
+            };
+            let relayed = relayed
+                .inspect_err(|error| ctx.metrics.fallback_dial(error.label()))
+                .map_err(Refusal::from)?;
+            ctx.metrics.fallback_dial("ok");
+            (
+                Via::Fallback(relayed),
+                format!("fallback {}", fallback.url()),
+            )
         }
     };
     ctx.metrics.dialed(started.elapsed().as_secs_f64());
     span.record("agent", tracing::field::display(&agent));
     Ok(Opened {
-        stream,
+        via,
         early: early.freeze(),
         target: target.to_string(),
-        agent: agent.to_string(),
+        agent,
     })
 }
 
@@ -217,7 +260,7 @@ async fn tunnel<S: ClientSocket>(
     _connection: GaugeGuard,
 ) {
     let Opened {
-        stream,
+        via,
         early,
         target,
         agent,
@@ -229,10 +272,7 @@ async fn tunnel<S: ClientSocket>(
         Placed::Detached(detached) => match S::attach(*detached) {
             Ok(socket) => Box::new(socket),
             Err(error) => {
-                stream.reset(
-                    ErrorCode::ConnectionReset,
-                    "the server could not move the tunnel",
-                );
+                via.reset("the server could not move the tunnel");
                 return debug!(%error, "registering a tunnel on its session's thread");
             }
         },
@@ -244,16 +284,27 @@ async fn tunnel<S: ClientSocket>(
     // the client already sent bytes behind its head).
     let hold = Some(ctx.target_bytes_hold).filter(|_| early.is_empty());
     let meter = BytesMeter(&ctx.metrics);
-    let result = {
-        let held = Held::new(&mut *socket, hold);
-        splice::splice_metered(held, &stream, early, &mut moved, &meter)
-            .earning_within(
-                ctx.socket_tuning.accepted_receive(),
-                ctx.socket_tuning.unix_send_buffer,
-                Some(&ctx.earned),
-            )
-            .reading_when_ready()
-            .await
+    let result = match via {
+        Via::Agent(stream) => {
+            let held = Held::new(&mut *socket, hold);
+            splice::splice_metered(held, &stream, early, &mut moved, &meter)
+                .earning_within(
+                    ctx.socket_tuning.accepted_receive(),
+                    ctx.socket_tuning.unix_send_buffer,
+                    Some(&ctx.earned),
+                )
+                .reading_when_ready()
+                .await
+                .map_err(|error| error.to_string())
+        }
+        Via::Fallback(relayed) => {
+            let _open = GaugeGuard::inc(&ctx.metrics.fallback_tunnels_open);
+            let mut held = Held::new(&mut *socket, hold);
+            let (up, down, result) = fallback::splice(&mut held, relayed, early).await;
+            (moved.up, moved.down) = (up, down);
+            meter.moved(up, down);
+            result.map_err(|error| error.to_string())
+        }
     };
     ctx.metrics.tunnels_open.dec();
     let duration = started.elapsed();

@@ -166,6 +166,7 @@ fn context_with_dial_timeout(registry: Registry, dial_timeout: Duration) -> Arc<
         earned,
         max_window: bridgehead_proto::session::DEFAULT_MAX_WINDOW,
         shards: Shards::none(),
+        fallback: None,
     })
 }
 
