@@ -148,15 +148,21 @@ pub(crate) struct Objects {
 }
 
 impl Objects {
-    pub(crate) fn apply(&mut self, change: Change<Entry>, now: Instant) {
-        // A replaced entry whose UID is still the same is no deletion.
-        let kept = match &change {
-            Change::Applied(name, entry) => self
-                .table
-                .get(name)
-                .filter(|old| old.uid == entry.uid)
-                .map(|old| old.uid.clone()),
-            _ => None,
+    /// Applies `change` at `now`; whether it may have revoked tokens (an object deleted, or
+    /// marked for deletion), for callers that recheck what they let in.
+    pub(crate) fn apply(&mut self, change: Change<Entry>, now: Instant) -> bool {
+        // A replaced entry whose UID is still the same is no deletion; one newly marked for
+        // deletion may become one with time.
+        let (kept, marked) = match &change {
+            Change::Applied(name, entry) => {
+                let old = self.table.get(name).filter(|old| old.uid == entry.uid);
+                (
+                    old.map(|old| old.uid.clone()),
+                    entry.deleting_since.is_some()
+                        && old.is_some_and(|old| old.deleting_since.is_none()),
+                )
+            }
+            _ => (None, false),
         };
         let listed = matches!(change, Change::Listed);
         let removed = self.table.apply(change, now);
@@ -167,10 +173,16 @@ impl Objects {
             .collect();
         if listed {
             // After a relist, only UIDs no longer listed are gone.
-            gone.retain(|uid| !self.table.by_name.values().any(|entry| &entry.uid == uid));
+            let standing: std::collections::HashSet<&str> = self
+                .table
+                .by_name
+                .values()
+                .map(|entry| entry.uid.as_str())
+                .collect();
+            gone.retain(|uid| !standing.contains(uid.as_str()));
         }
         if gone.is_empty() {
-            return;
+            return marked;
         }
         if self.tombstones.len() + gone.len() > MAX_TOMBSTONES {
             self.tombstones
@@ -181,6 +193,7 @@ impl Objects {
                 self.tombstones.insert(uid, now);
             }
         }
+        true
     }
 
     pub(crate) fn age(&self, now: Instant) -> Option<Duration> {
@@ -347,7 +360,9 @@ mod tests {
             now,
         );
         // b was deleted while the watch was away; a is still there.
-        listed(&mut pods, &[("a", entry("ua", None))], now);
+        pods.apply(Change::Relist, now);
+        pods.apply(Change::Listing("a".into(), entry("ua", None)), now);
+        assert!(pods.apply(Change::Listed, now), "the relist revoked b");
         assert_eq!(
             pods.presence("b", "ub", Some(NOW), NOW, now),
             Presence::Gone
@@ -357,9 +372,14 @@ mod tests {
             Presence::Live
         );
         assert!(!pods.tombstones.contains_key("ua"));
-        // A change to a standing pod is no deletion.
-        pods.apply(Change::Applied("a".into(), entry("ua", Some(NOW))), now);
+        // A change to a standing pod is no deletion; its first deletion mark may revoke with
+        // time, so it is reported, once.
+        assert!(!pods.apply(Change::Applied("a".into(), entry("ua", None)), now));
+        assert!(pods.apply(Change::Applied("a".into(), entry("ua", Some(NOW))), now));
+        assert!(!pods.apply(Change::Applied("a".into(), entry("ua", Some(NOW))), now));
         assert!(!pods.tombstones.contains_key("ua"));
+        assert!(pods.apply(Change::Deleted("a".into()), now));
+        assert!(!pods.apply(Change::Deleted("a".into()), now));
     }
 
     #[test]

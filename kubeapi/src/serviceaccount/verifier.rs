@@ -44,6 +44,8 @@ struct Inner {
     live: Mutex<Live>,
     /// Bumped on every change of the keys or the watched state.
     changed: tokio::sync::watch::Sender<u64>,
+    /// Bumped when a watched pod or service account is deleted or marked for deletion.
+    revoked: tokio::sync::watch::Sender<u64>,
 }
 
 /// A part's first answer, for the startup line.
@@ -70,7 +72,9 @@ impl TokenVerifier {
         stop: CancellationToken,
     ) -> TokenVerifier {
         let (changed, _) = tokio::sync::watch::channel(0);
+        let (revoked, _) = tokio::sync::watch::channel(0);
         let inner = Arc::new(Inner {
+            revoked,
             expected: settings.expected(),
             live: Mutex::new(Live::new(settings.watch_nodes)),
             settings,
@@ -135,6 +139,7 @@ impl TokenVerifier {
                         if let Some(nodes) = &mut live.nodes {
                             nodes.apply(change, now);
                         }
+                        false
                     })
                 },
                 first(Part::Nodes, first_tx, "list and watch nodes".to_owned()),
@@ -250,6 +255,17 @@ impl TokenVerifier {
         }
     }
 
+    /// A future that resolves at the next deletion, or mark for deletion, of a watched pod or
+    /// service account after this call: the moment to [`TokenVerifier::recheck`] the sessions
+    /// let in. A deletion mark turns into a refusal only a minute past its time, with no event
+    /// then, so a periodic recheck is needed as well.
+    pub fn revoked(&self) -> impl std::future::Future<Output = ()> {
+        let mut revoked = self.inner.revoked.subscribe();
+        async move {
+            let _ = revoked.changed().await;
+        }
+    }
+
     /// A future that resolves at the next change of the keys or the watched state after this
     /// call (for tests).
     pub fn changed(&self) -> impl std::future::Future<Output = ()> {
@@ -273,10 +289,13 @@ impl Inner {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Applies a change to the watched state.
-    fn change(&self, apply: impl FnOnce(&mut Live, Instant)) {
-        apply(&mut self.live(), Instant::now());
+    /// Applies a change to the watched state; `apply` says whether it may have revoked tokens.
+    fn change(&self, apply: impl FnOnce(&mut Live, Instant) -> bool) {
+        let revoked = apply(&mut self.live(), Instant::now());
         self.changed.send_modify(|n| *n += 1);
+        if revoked {
+            self.revoked.send_modify(|n| *n += 1);
+        }
     }
 
     /// Fetches the keys again for a token that found none of its own in generation

@@ -224,12 +224,12 @@ async fn tokens_are_verified_from_discovery_and_watches_with_paced_key_fetches()
     tokio::time::timeout(TEST_TIMEOUT, stand_in.pod_watch_started.notified())
         .await
         .expect("the pods were never watched");
-    let changed = verifier.changed();
+    let revoked = verifier.revoked();
     stand_in
         .pod_events
         .send(format!("{deleted}\n"))
         .expect("no pod watch");
-    tokio::time::timeout(TEST_TIMEOUT, changed)
+    tokio::time::timeout(TEST_TIMEOUT, revoked)
         .await
         .expect("the deletion never arrived");
     assert_eq!(
