@@ -17,11 +17,11 @@
 //! Left out: the node claim is not checked against the nodes (kube-apiserver does not check
 //! it for pod-bound tokens either); legacy Secret tokens and node-bound tokens are TokenReview's.
 //!
-//! - [`jwt`]: the token taken apart; [`keys`]: the JWKS and the signature check;
-//!   [`discovery`]: fetching them.
-//! - [`claims`]: the claim rules; [`liveness`]: the watched objects and their rules;
-//!   [`watches`]: the kube-rs watches that feed them.
-//! - [`outcome`]: the verdicts; [`verifier`]: [`TokenVerifier`].
+//! - `jwt`: the token taken apart; `keys`: the JWKS and the signature check; `discovery`:
+//!   fetching them.
+//! - `claims`: the claim rules; `liveness`: the watched objects and their rules; `watches`: the
+//!   kube-rs watches that feed them.
+//! - `outcome`: the verdicts; `verifier`: [`TokenVerifier`], the async side.
 
 mod claims;
 mod discovery;

@@ -33,6 +33,8 @@ struct StandIn {
     /// Lines for the pods' watch.
     pod_events: broadcast::Sender<String>,
     pod_watch_started: tokio::sync::Notify,
+    /// Answer 403 to lists and watches, as for a server with only TokenReview's RBAC.
+    forbid_watches: bool,
 }
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
@@ -76,6 +78,10 @@ impl StandIn {
                 return json(404, status.to_string());
             }
         };
+        if self.forbid_watches {
+            let status = serde_json::json!({"kind": "Status", "code": 403, "message": object});
+            return json(403, status.to_string());
+        }
         if !watch {
             let list = serde_json::json!({
                 "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
@@ -135,15 +141,18 @@ fn now() -> i64 {
     At::now().unix
 }
 
-#[tokio::test]
-async fn tokens_are_verified_from_discovery_and_watches_with_paced_key_fetches() {
-    let stop = CancellationToken::new();
-    let k1 = TestKey::p256();
+/// A stand-in serving `key` as `k1`, and a verifier started against it.
+async fn start(
+    key: &TestKey,
+    forbid_watches: bool,
+    stop: &CancellationToken,
+) -> (Arc<StandIn>, TokenVerifier) {
     let stand_in = Arc::new(StandIn {
-        jwks: Mutex::new(jwks(&[(&k1, "k1")])),
+        jwks: Mutex::new(jwks(&[(key, "k1")])),
         jwks_fetches: AtomicUsize::new(0),
         pod_events: broadcast::channel(EVENTS).0,
         pod_watch_started: tokio::sync::Notify::new(),
+        forbid_watches,
     });
     let url = serve(stand_in.clone(), stop.clone()).await;
     let config = kube::Config::new(url.parse().unwrap());
@@ -153,6 +162,45 @@ async fn tokens_are_verified_from_discovery_and_watches_with_paced_key_fetches()
         VerifierSettings::new(NAMESPACE, ACCOUNT, AUDIENCE),
         stop.clone(),
     );
+    (stand_in, verifier)
+}
+
+#[tokio::test]
+async fn without_rbac_for_the_watches_tokens_fall_back_and_garbage_is_still_refused() {
+    let stop = CancellationToken::new();
+    let k1 = TestKey::p256();
+    let (_stand_in, verifier) = start(&k1, true, &stop).await;
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        loop {
+            let changed = verifier.changed();
+            if verifier.freshness().keys.is_some() {
+                return;
+            }
+            changed.await;
+        }
+    })
+    .await
+    .expect("the keys were never fetched");
+    let good = signed_text(&k1, "k1", &claims_issued(now() - 600));
+    assert_eq!(
+        verifier.verify(&good).await,
+        Outcome::Fallback(Fallback::NotSynced)
+    );
+    let forged = signed_text(&TestKey::p256(), "k1", &claims_issued(now() - 600));
+    assert_eq!(
+        verifier.verify(&forged).await,
+        Outcome::Refused(Refusal::BadSignature)
+    );
+    assert!(!verifier.is_ready());
+    assert_eq!(verifier.freshness().watches(), None);
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn tokens_are_verified_from_discovery_and_watches_with_paced_key_fetches() {
+    let stop = CancellationToken::new();
+    let k1 = TestKey::p256();
+    let (stand_in, verifier) = start(&k1, false, &stop).await;
     tokio::time::timeout(TEST_TIMEOUT, verifier.ready())
         .await
         .expect("the verifier never got ready");
