@@ -17,7 +17,8 @@ use super::keys::{KeyRing, SignatureCheck};
 use super::liveness::Change;
 use super::watches::{self, FirstList};
 use super::{
-    decide, At, Freshness, Live, Outcome, Presence, Refusal, Step, Verified, VerifierSettings,
+    decide, At, Fallback, Freshness, Live, Outcome, Presence, Refusal, Step, Verified,
+    VerifierSettings,
 };
 use crate::KubeApi;
 
@@ -46,6 +47,9 @@ struct Inner {
     changed: tokio::sync::watch::Sender<u64>,
     /// Bumped when a watched pod or service account is deleted or marked for deletion.
     revoked: tokio::sync::watch::Sender<u64>,
+    /// Every part gave its first answer (listed, fetched, forbidden or failed), or the startup
+    /// report stopped waiting for them.
+    settled: tokio::sync::watch::Sender<bool>,
 }
 
 /// A part's first answer, for the startup line.
@@ -73,8 +77,10 @@ impl TokenVerifier {
     ) -> TokenVerifier {
         let (changed, _) = tokio::sync::watch::channel(0);
         let (revoked, _) = tokio::sync::watch::channel(0);
+        let (settled, _) = tokio::sync::watch::channel(false);
         let inner = Arc::new(Inner {
             revoked,
+            settled,
             expected: settings.expected(),
             live: Mutex::new(Live::new(settings.watch_nodes)),
             settings,
@@ -188,6 +194,37 @@ impl TokenVerifier {
         }
     }
 
+    /// [`TokenVerifier::verify`], but a token that falls back only because the verifier is
+    /// still starting (keys not fetched, watches not listed, and no part has failed or been
+    /// forbidden yet) waits for the start, at most `wait`, and is judged again: a server
+    /// restarted under a reconnecting fleet then verifies the fleet locally rather than
+    /// sending it to TokenReview in its first second. Once the start is settled, either way,
+    /// this waits for nothing.
+    pub async fn verify_after_startup(&self, token: &str, wait: Duration) -> Outcome {
+        let outcome = self.verify(token).await;
+        let starting = matches!(
+            outcome,
+            Outcome::Fallback(Fallback::NotSynced | Fallback::KeysUnavailable)
+        );
+        if !starting || *self.inner.settled.borrow() {
+            return outcome;
+        }
+        let mut changed = self.inner.changed.subscribe();
+        let mut settled = self.inner.settled.subscribe();
+        let started = async {
+            while !self.can_verify() && !*settled.borrow_and_update() {
+                tokio::select! {
+                    result = changed.changed() => if result.is_err() { return },
+                    result = settled.changed() => if result.is_err() { return },
+                }
+            }
+        };
+        if tokio::time::timeout(wait, started).await.is_err() {
+            return outcome;
+        }
+        self.verify(token).await
+    }
+
     /// Whether a token verified earlier has lost its pod or service account since (for
     /// closing its session): `Some` only when the watched state says so; a watch that is not
     /// current says nothing.
@@ -242,6 +279,13 @@ impl TokenVerifier {
         freshness.keys.is_some()
             && freshness.watches().is_some()
             && (!self.inner.settings.watch_nodes || freshness.nodes.is_some())
+    }
+
+    /// Whether the keys are fetched and the watches verification needs have listed (the
+    /// nodes' may still be listing).
+    fn can_verify(&self) -> bool {
+        let freshness = self.freshness();
+        freshness.keys.is_some() && freshness.watches().is_some()
     }
 
     /// Waits until [`TokenVerifier::is_ready`] (for tests and startup; it may never be, when
@@ -322,8 +366,8 @@ impl Inner {
     }
 }
 
-/// Fetches the keys every [`VerifierSettings::key_refresh`] (every [`KEY_RETRY`] while they
-/// cannot be had), until `stop`.
+/// Fetches the keys whenever the last fetch is [`VerifierSettings::key_refresh`] old (every
+/// [`KEY_RETRY`] while they cannot be had), until `stop`.
 async fn refresh_keys(
     inner: Arc<Inner>,
     first: mpsc::Sender<FirstAnswer>,
@@ -332,9 +376,16 @@ async fn refresh_keys(
     let mut first = Some(first);
     let mut failing = false;
     loop {
+        let refresh = inner.settings.key_refresh;
         let result = {
             let _one = inner.fetching.lock().await;
-            inner.fetch().await
+            // A token's refetch may have brought fresh keys meanwhile: the schedule runs from
+            // the last fetch, whoever made it.
+            let age = inner.keys().age(Instant::now());
+            match age {
+                Some(age) if age < refresh => Ok(()),
+                _ => inner.fetch().await,
+            }
         };
         if let Some(first) = first.take() {
             let missing = result.as_ref().err().map(|error| match error {
@@ -363,7 +414,8 @@ async fn refresh_keys(
         let wait = if failing {
             KEY_RETRY
         } else {
-            inner.settings.key_refresh
+            let age = inner.keys().age(Instant::now()).unwrap_or_default();
+            refresh.saturating_sub(age).max(super::MIN_REFETCH_INTERVAL)
         };
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
@@ -389,10 +441,14 @@ async fn report_startup(inner: Arc<Inner>, mut answers: mpsc::Receiver<FirstAnsw
                     missing.extend(answer.missing);
                 }
             }
-            Ok(None) => return,
+            Ok(None) => {
+                inner.settled.send_replace(true);
+                return;
+            }
             Err(_) => break,
         }
     }
+    inner.settled.send_replace(true);
     if heard.len() < parts {
         missing.push(format!(
             "answers from kube-apiserver (no first answer within {STARTUP_REPORT:?})"

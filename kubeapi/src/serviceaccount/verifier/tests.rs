@@ -23,6 +23,8 @@ use super::super::{Fallback, Malformed};
 use super::*;
 
 const TEST_TIMEOUT: Duration = Duration::from_secs(20);
+/// A wait that, if it were waited out, would fail the test by its timeout.
+const LONGER_THAN_THE_TEST: Duration = Duration::from_secs(600);
 /// Watch events the stand-in holds for watchers that have not read them yet.
 const EVENTS: usize = 16;
 
@@ -186,6 +188,15 @@ async fn without_rbac_for_the_watches_tokens_fall_back_and_garbage_is_still_refu
         verifier.verify(&good).await,
         Outcome::Fallback(Fallback::NotSynced)
     );
+    // Once the watches were forbidden, nothing is waited for.
+    let settled = tokio::time::timeout(
+        TEST_TIMEOUT,
+        verifier.verify_after_startup(&good, LONGER_THAN_THE_TEST),
+    );
+    assert_eq!(
+        settled.await.expect("waited for a start that cannot come"),
+        Outcome::Fallback(Fallback::NotSynced)
+    );
     let forged = signed_text(&TestKey::p256(), "k1", &claims_issued(now() - 600));
     assert_eq!(
         verifier.verify(&forged).await,
@@ -201,6 +212,16 @@ async fn tokens_are_verified_from_discovery_and_watches_with_paced_key_fetches()
     let stop = CancellationToken::new();
     let k1 = TestKey::p256();
     let (stand_in, verifier) = start(&k1, false, &stop).await;
+    // A token presented at once waits for the start rather than falling back.
+    let good = signed_text(&k1, "k1", &claims_issued(now() - 600));
+    let first = tokio::time::timeout(
+        TEST_TIMEOUT,
+        verifier.verify_after_startup(&good, LONGER_THAN_THE_TEST),
+    );
+    assert!(matches!(
+        first.await.expect("verify_after_startup never answered"),
+        Outcome::Verified(_)
+    ));
     tokio::time::timeout(TEST_TIMEOUT, verifier.ready())
         .await
         .expect("the verifier never got ready");
@@ -211,7 +232,6 @@ async fn tokens_are_verified_from_discovery_and_watches_with_paced_key_fetches()
     assert!(freshness.keys.is_some());
     assert_eq!(freshness.nodes, None);
 
-    let good = signed_text(&k1, "k1", &claims_issued(now() - 600));
     let Outcome::Verified(verified) = verifier.verify(&good).await else {
         panic!("a good token was not verified");
     };
