@@ -64,8 +64,9 @@ impl Algorithm {
     }
 }
 
-/// A token taken apart.
-#[derive(Debug, Clone)]
+/// A token taken apart. Its `Debug` leaves out the signed part and the signature: together
+/// they are the token, a credential.
+#[derive(Clone)]
 pub(crate) struct Token {
     pub(crate) algorithm: Algorithm,
     /// The header's `kid`, if any.
@@ -74,6 +75,16 @@ pub(crate) struct Token {
     /// `header.claims` as sent: what the signature covers.
     pub(crate) signed: Vec<u8>,
     pub(crate) signature: Vec<u8>,
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Token")
+            .field("algorithm", &self.algorithm)
+            .field("key_id", &self.key_id)
+            .field("claims", &self.claims)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Deserialize)]
@@ -238,6 +249,11 @@ mod tests {
                 "jti":"x","unknown":{"nested":true}}"#,
         );
         let parsed = Token::parse(&text).unwrap();
+        let shown = format!("{parsed:?}");
+        assert!(
+            !shown.contains("signed") && !shown.contains("signature"),
+            "{shown}"
+        );
         assert_eq!(parsed.algorithm, Algorithm::Es256);
         assert_eq!(parsed.key_id.as_deref(), Some("k1"));
         assert_eq!(parsed.signature, b"sig");
