@@ -241,6 +241,11 @@ fn decide(
         .and_then(|bound| live.judge(settings, &bound, now_unix, now).map(|()| bound));
     match (verdict, unverified) {
         (Err(Verdict::Refused(refusal)), _) => Step::Done(Outcome::Refused(refusal)),
+        // A key the issuer does not list, on a token whose pod the watches cannot vouch for
+        // (not listed, stale, not seen): what a forger would send, so it costs no review.
+        (Err(Verdict::Fallback(_)), Some(Fallback::UnknownKey)) => {
+            Step::Done(Outcome::Refused(Refusal::UnknownKey))
+        }
         // Unsigned, what cannot be settled is the key's doing.
         (Err(Verdict::Fallback(_)), Some(reason)) | (Ok(_), Some(reason)) => {
             if reason == Fallback::UnsupportedKey {

@@ -50,8 +50,8 @@ pub enum Refusal {
     /// A key the token names (or, naming none, every key) did not sign it.
     #[error("the token's signature does not verify")]
     BadSignature,
-    /// It names a key the issuer does not list, and its claims are not those of a live agent
-    /// pod's token either.
+    /// It names a key the issuer does not list, and it is not a token of an agent pod the
+    /// watches vouch for either.
     #[error("the token names a key the issuer does not list")]
     UnknownKey,
     #[error("the token is from another issuer")]
@@ -104,7 +104,8 @@ pub enum Fallback {
     #[error("the issuer's keys are not known")]
     KeysUnavailable,
     /// The token names a key not listed even after fetching the keys again (or too soon to
-    /// fetch again), and its claims are those of a live agent pod's token.
+    /// fetch again), and its claims are those of a token of an agent pod the watches show
+    /// standing.
     #[error("the token names a key the issuer does not list")]
     UnknownKey,
     /// The key it names is one this verifier cannot check (P-521, Ed25519, a short RSA key).

@@ -307,12 +307,32 @@ fn an_unknown_key_is_fetched_for_only_when_the_rest_is_a_live_agents() {
         case.decide(&sign(&stranger, "x", &elsewhere)),
         refused(Refusal::WrongIssuer)
     );
+    // Under a key nobody lists, a pod the watches cannot vouch for is not sent on either:
+    // not seen yet, not listed, or stale.
+    let mut unseen = claims(0);
+    unseen["kubernetes.io"]["pod"] = serde_json::json!({"name": "agent-2", "uid": "new"});
+    assert_eq!(
+        case.decide(&sign(&stranger, "x", &unseen)),
+        refused(Refusal::UnknownKey)
+    );
+    let listed = std::mem::replace(&mut case.live, Live::new(true));
+    let made_up = sign(&stranger, "x", &claims(600));
+    assert_eq!(case.decide(&made_up), refused(Refusal::UnknownKey));
+    case.live = listed;
     // No keys yet at all: the same rules, and then a fetch.
     case.issuer = None;
     assert_eq!(
         case.decide(&token),
         Step::NeedKeys(Fallback::KeysUnavailable)
     );
+    // With neither keys nor watches (a server with only TokenReview's RBAC), every token that
+    // could be right goes on.
+    let listed = std::mem::replace(&mut case.live, Live::new(true));
+    assert_eq!(
+        case.decide(&token),
+        Step::NeedKeys(Fallback::KeysUnavailable)
+    );
+    case.live = listed;
     let mut expired = claims(600);
     expired["exp"] = (NOW - 61).into();
     assert_eq!(
