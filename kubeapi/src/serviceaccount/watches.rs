@@ -21,6 +21,11 @@ use super::liveness::{Change, Entry};
 use crate::KubeApi;
 
 const MIN_BACKOFF: Duration = Duration::from_secs(1);
+/// How long kube-apiserver keeps one watch request open before the watcher makes the next
+/// (resuming, no list). kube-rs gives up on a watch silent for this plus a few seconds, so a
+/// connection that died without a word is noticed within about this long rather than the
+/// default five minutes, in which the state would look in sync and be old.
+const WATCH_TIMEOUT_SECS: u32 = 60;
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// How a watch's first attempt ended, for the startup line.
@@ -41,6 +46,7 @@ pub(crate) fn pods(
     let pods: Api<PartialObjectMeta<Pod>> = Api::namespaced(api.client(), namespace);
     let config = watcher::Config::default()
         .fields(&format!("spec.serviceAccountName={account}"))
+        .timeout(WATCH_TIMEOUT_SECS)
         .any_semantic();
     move || Box::pin(watcher::watcher(pods.clone(), config.clone()))
 }
@@ -54,6 +60,7 @@ pub(crate) fn account(
     let accounts: Api<PartialObjectMeta<ServiceAccount>> = Api::namespaced(api.client(), namespace);
     let config = watcher::Config::default()
         .fields(&format!("metadata.name={account}"))
+        .timeout(WATCH_TIMEOUT_SECS)
         .any_semantic();
     move || Box::pin(watcher::watcher(accounts.clone(), config.clone()))
 }
@@ -61,7 +68,9 @@ pub(crate) fn account(
 /// Every node.
 pub(crate) fn nodes(api: &KubeApi) -> impl Fn() -> WatchStream<Node> {
     let nodes: Api<Node> = Api::all(api.client());
-    let config = watcher::Config::default().any_semantic();
+    let config = watcher::Config::default()
+        .timeout(WATCH_TIMEOUT_SECS)
+        .any_semantic();
     move || Box::pin(watcher::watcher(nodes.clone(), config.clone()))
 }
 
