@@ -1,7 +1,9 @@
 //! The Kubernetes API as both binaries use it, kube-rs and the API types kept behind a few
-//! plain functions: a client paced and bounded ([`KubeApi`]), label syntax ([`labels`]), and
-//! the Leases that count the servers ([`leases`]: the server's own, renewed, the expired ones
-//! of others removed; the agent's count of the valid ones).
+//! plain functions: a client paced and bounded ([`KubeApi`]), label syntax ([`labels`]), the
+//! Leases that count the servers ([`leases`]: the server's own, renewed, the expired ones of
+//! others removed; the agent's count of the valid ones), and the local verification of agents'
+//! ServiceAccount tokens ([`serviceaccount`]: issuer keys, claims, and watches of the pods the
+//! tokens are bound to).
 //!
 //! The client is built from a kubeconfig, or from the pod's in-cluster configuration when there
 //! is none (as client-go does). Requests are paced by a token bucket (`--kubeconfig-qps`,
@@ -10,6 +12,7 @@
 
 pub mod labels;
 pub mod leases;
+pub mod serviceaccount;
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -73,6 +76,12 @@ impl KubeApi {
             None => Config::incluster()
                 .map_err(|e| ApiError::Config(format!("in-cluster configuration: {e}")))?,
         };
+        KubeApi::with_config(config, qps, burst)
+    }
+
+    /// A client from a configuration made elsewhere (tests, a server with its own
+    /// discovery of the API); `qps` and `burst` as for [`KubeApi::connect`].
+    pub fn with_config(config: Config, qps: f32, burst: u32) -> Result<KubeApi, ApiError> {
         let client = Client::try_from(config).map_err(|e| ApiError::Config(e.to_string()))?;
         let qps = if qps > 0.0 {
             f64::from(qps)

@@ -1,0 +1,272 @@
+//! Local verification of agents' ServiceAccount tokens (`bridgehead_kubeapi::serviceaccount`)
+//! against a real kube-apiserver: real pod-bound tokens from TokenRequest, verified with the
+//! issuer's keys from discovery and the watched pods and nodes, with no TokenReview and no Node
+//! GET; a deleted pod's token refused about as soon as the watch says so; and a server with
+//! only konnectivity's RBAC falling back rather than failing. The server's identity is given
+//! exactly what deploy/rbac grants. Needs root and `scripts/k8s-build.sh`; skipped loudly
+//! otherwise.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bridgehead_e2e::kubernetes::{self, ControlPlane, Egress};
+use bridgehead_e2e::netns::{self, TestNet};
+use bridgehead_kubeapi::serviceaccount::{
+    Fallback, Malformed, Outcome, Refusal, TokenVerifier, VerifierSettings,
+};
+use bridgehead_kubeapi::KubeApi;
+use tokio_util::sync::CancellationToken;
+
+const NAMESPACE: &str = "kube-system";
+const ACCOUNT: &str = "bridgehead-agent";
+const AUDIENCE: &str = "bridgehead";
+/// The user deploy/rbac binds for a server run as a static pod (kubeadm's konnectivity user).
+const SERVER_USER: &str = "system:konnectivity-server";
+const TEST_TIMEOUT: Duration = Duration::from_secs(240);
+/// How long the verifier may take to fetch the keys and list.
+const READY: Duration = Duration::from_secs(60);
+/// How soon a deleted pod's token must be refused: the watch delivers in milliseconds; the
+/// rest is room for a loaded machine.
+const REVOKED_WITHIN: Duration = Duration::from_secs(2);
+/// A node address that is only data here: nothing is ever sent to it (TEST-NET-1).
+const NODE_ADDRESS: &str = "192.0.2.7";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace")
+        .to_path_buf()
+}
+
+/// A Node with an address and the agent's pod `pod` on it.
+fn agent_pod(cp: &ControlPlane, node: &str, pod: &str) {
+    cp.apply(&format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata:\n  name: {pod}\n  namespace: {NAMESPACE}\nspec:\n  nodeName: {node}\n  serviceAccountName: {ACCOUNT}\n  automountServiceAccountToken: false\n  containers:\n  - name: agent\n    image: bridgehead.invalid/agent\n"
+    ))
+    .unwrap();
+    let status = format!(
+        "{{\"status\":{{\"addresses\":[{{\"type\":\"InternalIP\",\"address\":\"{NODE_ADDRESS}\"}}]}}}}"
+    );
+    cp.kubectl_ok(&[
+        "patch",
+        "node",
+        node,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &status,
+    ])
+    .unwrap();
+}
+
+/// kube-apiserver's count of requests for `resource` with `verb`, from its metrics.
+fn requests(cp: &ControlPlane, resource: &str, verb: &str) -> f64 {
+    let metrics = cp.kubectl_ok(&["get", "--raw", "/metrics"]).unwrap();
+    let (resource, verb) = (
+        format!("resource=\"{resource}\""),
+        format!("verb=\"{verb}\""),
+    );
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("apiserver_request_total{"))
+        .filter(|line| line.contains(&resource) && line.contains(&verb))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A verifier as the server would start one, with `kubeconfig`; ready when `ready`.
+fn start(
+    runtime: &tokio::runtime::Runtime,
+    kubeconfig: &Path,
+    stop: &CancellationToken,
+    ready: bool,
+) -> TokenVerifier {
+    runtime.block_on(async {
+        let api = KubeApi::connect(Some(kubeconfig), 0.0, 0).await.unwrap();
+        let mut settings = VerifierSettings::new(NAMESPACE, ACCOUNT, AUDIENCE);
+        settings.watch_nodes = true;
+        let verifier = TokenVerifier::start(Arc::new(api), settings, stop.clone());
+        if ready {
+            tokio::time::timeout(READY, verifier.ready())
+                .await
+                .expect("the verifier never got its keys and lists");
+        }
+        verifier
+    })
+}
+
+#[test]
+fn pod_bound_tokens_are_verified_locally_against_kube_apiserver() {
+    let test = "pod_bound_tokens_are_verified_locally_against_kube_apiserver";
+    let Some(binaries) = kubernetes::require(test) else {
+        return;
+    };
+    netns::with_net(test, 1, TEST_TIMEOUT, move |net| {
+        verify_locally(&binaries, net)
+    });
+}
+
+fn verify_locally(binaries: &kubernetes::Binaries, mut net: TestNet) {
+    let cp = ControlPlane::start(binaries, &mut net, 0, Egress::Direct, &[])
+        .unwrap_or_else(|e| panic!("starting the control plane: {e:#}"));
+    for manifest in ["deploy/rbac/server.yaml", "deploy/rbac/agent.yaml"] {
+        let path = repo().join(manifest);
+        cp.kubectl_ok(&["apply", "-f", &path.display().to_string()])
+            .unwrap();
+    }
+    let server = cp.kubeconfig_for(SERVER_USER, &[]).unwrap();
+    agent_pod(&cp, "node-1", "agent-1");
+    let token = cp
+        .token(NAMESPACE, ACCOUNT, AUDIENCE, 3600, Some("agent-1"))
+        .unwrap();
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let stop = CancellationToken::new();
+    let verifier = start(&runtime, &server, &stop, true);
+    let freshness = verifier.freshness();
+    assert_eq!(freshness.watches(), Some(Duration::ZERO));
+    assert_eq!(freshness.nodes, Some(Duration::ZERO));
+
+    let reviews = requests(&cp, "tokenreviews", "POST");
+    let node_gets = requests(&cp, "nodes", "GET");
+    let verify = |token: &str| runtime.block_on(verifier.verify(token));
+    let Outcome::Verified(verified) = verify(&token) else {
+        panic!(
+            "a real pod-bound token was not verified: {:?}",
+            verify(&token)
+        );
+    };
+    assert_eq!(
+        verified.username,
+        format!("system:serviceaccount:{NAMESPACE}:{ACCOUNT}")
+    );
+    assert_eq!(verified.pod.name, "agent-1");
+    assert_eq!(
+        verified.node.as_ref().map(|n| n.name.as_str()),
+        Some("node-1")
+    );
+    assert_eq!(
+        verified.node_addresses,
+        Some(vec!["node-1".to_owned(), NODE_ADDRESS.to_owned()])
+    );
+    // Many connections, still nothing asked of kube-apiserver.
+    for _ in 0..100 {
+        assert!(matches!(verify(&token), Outcome::Verified(_)));
+    }
+
+    // What kube-apiserver would refuse is refused here, without asking it.
+    cp.kubectl_ok(&["create", "serviceaccount", "someone-else", "-n", NAMESPACE])
+        .unwrap();
+    let refused = [
+        (
+            "another audience",
+            cp.token(NAMESPACE, ACCOUNT, "kubernetes", 3600, Some("agent-1"))
+                .unwrap(),
+            Refusal::WrongAudience,
+        ),
+        (
+            "another account",
+            cp.token(NAMESPACE, "someone-else", AUDIENCE, 3600, None)
+                .unwrap(),
+            Refusal::WrongAccount {
+                got: format!("system:serviceaccount:{NAMESPACE}:someone-else"),
+            },
+        ),
+        (
+            "garbage",
+            "not-a-token".to_owned(),
+            Refusal::Malformed(Malformed::NotThreeParts),
+        ),
+        ("a forged signature", forge(&token), Refusal::BadSignature),
+    ];
+    for (what, token, refusal) in refused {
+        assert_eq!(verify(&token), Outcome::Refused(refusal), "{what}");
+    }
+    // A token bound to no pod is TokenReview's.
+    let unbound = cp.token(NAMESPACE, ACCOUNT, AUDIENCE, 3600, None).unwrap();
+    assert_eq!(verify(&unbound), Outcome::Fallback(Fallback::NotPodBound));
+    assert_eq!(requests(&cp, "tokenreviews", "POST"), reviews);
+    assert_eq!(requests(&cp, "nodes", "GET"), node_gets);
+    // The counters do count: one TokenReview made here shows.
+    let review = format!(
+        "apiVersion: authentication.k8s.io/v1\nkind: TokenReview\nspec:\n  token: {token}\n  audiences: [{AUDIENCE}]\n"
+    );
+    let answer = cp
+        .kubectl_as(
+            &cp.kubeconfig,
+            &["create", "-f", "-", "-o", "json"],
+            Some(&review),
+        )
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&answer.stdout).contains("\"authenticated\": true"),
+        "{}",
+        String::from_utf8_lossy(&answer.stderr)
+    );
+    assert_eq!(requests(&cp, "tokenreviews", "POST"), reviews + 1.0);
+
+    // The pod goes: its token is refused as soon as the watch says so.
+    cp.kubectl_ok(&[
+        "delete",
+        "pod",
+        "agent-1",
+        "-n",
+        NAMESPACE,
+        "--grace-period=0",
+        "--force",
+    ])
+    .unwrap();
+    let deleted = Instant::now();
+    let outcome = runtime.block_on(async {
+        tokio::time::timeout(REVOKED_WITHIN, async {
+            loop {
+                let changed = verifier.changed();
+                let outcome = verifier.verify(&token).await;
+                if !matches!(outcome, Outcome::Verified(_)) {
+                    return outcome;
+                }
+                changed.await;
+            }
+        })
+        .await
+    });
+    assert_eq!(
+        outcome,
+        Ok(Outcome::Refused(Refusal::PodGone)),
+        "after {:?}",
+        deleted.elapsed()
+    );
+    assert_eq!(verifier.recheck(&verified), Some(Refusal::PodGone));
+    stop.cancel();
+
+    // A server with only konnectivity's RBAC (TokenReview): every token falls back, none is
+    // refused for it.
+    cp.apply(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: konnectivity-only:auth-delegator\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: system:auth-delegator\nsubjects:\n- apiGroup: rbac.authorization.k8s.io\n  kind: User\n  name: konnectivity-only\n",
+    )
+    .unwrap();
+    agent_pod(&cp, "node-2", "agent-2");
+    let fresh = cp
+        .token(NAMESPACE, ACCOUNT, AUDIENCE, 3600, Some("agent-2"))
+        .unwrap();
+    let konnectivity = cp.kubeconfig_for("konnectivity-only", &[]).unwrap();
+    let stop = CancellationToken::new();
+    let lacking = start(&runtime, &konnectivity, &stop, false);
+    assert_eq!(
+        runtime.block_on(lacking.verify(&fresh)),
+        Outcome::Fallback(Fallback::KeysUnavailable)
+    );
+    assert!(!lacking.is_ready());
+    stop.cancel();
+    runtime.shutdown_timeout(Duration::from_secs(5));
+}
+
+/// `token` with its signature's first byte changed.
+fn forge(token: &str) -> String {
+    let (signed, signature) = token.rsplit_once('.').unwrap();
+    let mut signature = signature.to_owned().into_bytes();
+    signature[0] = if signature[0] == b'A' { b'B' } else { b'A' };
+    format!("{signed}.{}", String::from_utf8(signature).unwrap())
+}
