@@ -270,3 +270,106 @@ fn forge(token: &str) -> String {
     signature[0] = if signature[0] == b'A' { b'B' } else { b'A' };
     format!("{signed}.{}", String::from_utf8(signature).unwrap())
 }
+
+/// The server itself with local verification (its default) and deploy/rbac's permissions: an
+/// agent with a real pod-bound token, announcing its own node, gets its session with no
+/// TokenReview and no Node GET; another node's identifiers are refused; garbage is refused
+/// without asking; the deleted pod's token is refused within a few seconds; and the
+/// verifier's state age is exported.
+#[test]
+fn the_server_admits_pod_bound_agents_without_asking_kube_apiserver() {
+    let test = "the_server_admits_pod_bound_agents_without_asking_kube_apiserver";
+    let Some(binaries) = kubernetes::require(test) else {
+        return;
+    };
+    netns::with_net(test, 1, TEST_TIMEOUT, move |mut net| {
+        let cp = ControlPlane::start(&binaries, &mut net, 0, Egress::Direct, &[])
+            .unwrap_or_else(|e| panic!("starting the control plane: {e:#}"));
+        for manifest in ["deploy/rbac/server.yaml", "deploy/rbac/agent.yaml"] {
+            let path = repo().join(manifest);
+            cp.kubectl_ok(&["apply", "-f", &path.display().to_string()])
+                .unwrap();
+        }
+        let kubeconfig = cp.kubeconfig_for(SERVER_USER, &[]).unwrap();
+        agent_pod(&cp, "node-1", "agent-1");
+        let token = cp
+            .token(NAMESPACE, ACCOUNT, AUDIENCE, 3600, Some("agent-1"))
+            .unwrap();
+        let pki = bridgehead_e2e::Pki::new().unwrap();
+        let server = bridgehead_e2e::Server::start(
+            &pki,
+            bridgehead_e2e::ServerOptions {
+                args: vec![
+                    format!("--agent-namespace={NAMESPACE}"),
+                    format!("--agent-service-account={ACCOUNT}"),
+                    format!("--authentication-audience={AUDIENCE}"),
+                    format!("--kubeconfig={}", kubeconfig.display()),
+                    "--bind-agent-identifiers".into(),
+                ],
+                without_cluster_ca: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        // Ready once the pods' watch has listed.
+        bridgehead_e2e::process::wait_until(READY, || {
+            server
+                .metric("bridgehead_server_token_verifier_state_age_seconds{state=\"pods\"}")
+                .is_ok_and(|age| age < 60.0)
+                && server
+                    .get("/metrics")
+                    .is_ok_and(|(_, body)| body.contains("state=\"nodes\""))
+        })
+        .unwrap_or_else(|_| panic!("the verifier never synced:\n{}", server.process.stderr()));
+        let config =
+            bridgehead_e2e::client::tls::config(&pki.path("cluster-ca.crt"), None).unwrap();
+        let upgrade = |token: &str, query: &str| {
+            bridgehead_e2e::client::agent_upgrade(
+                config.clone(),
+                server.agent_addr,
+                Some(token),
+                query,
+            )
+            .unwrap()
+        };
+        let reviews = requests(&cp, "tokenreviews", "POST");
+        let node_gets = requests(&cp, "nodes", "GET");
+        let own = format!("id=agent-1&host=node-1&ipv4={NODE_ADDRESS}");
+        let reply = upgrade(&token, &own);
+        assert_eq!(reply.status, 101, "{}{}", reply.head, reply.body);
+        let reply = upgrade(&token, "id=agent-1b&host=node-2");
+        assert_eq!(reply.status, 403, "{}{}", reply.head, reply.body);
+        assert!(reply.body.contains("host=node-2"), "{}", reply.body);
+        let reply = upgrade("not-a-token", "id=x");
+        assert_eq!(reply.status, 403, "{}{}", reply.head, reply.body);
+        assert!(reply.body.contains("malformed"), "{}", reply.body);
+        assert_eq!(requests(&cp, "tokenreviews", "POST"), reviews);
+        assert_eq!(requests(&cp, "nodes", "GET"), node_gets);
+        let verified = server
+            .metric("bridgehead_server_token_verifications_total{result=\"verified\",reason=\"\"}")
+            .unwrap();
+        assert_eq!(verified, 2.0);
+
+        cp.kubectl_ok(&[
+            "delete",
+            "pod",
+            "agent-1",
+            "-n",
+            NAMESPACE,
+            "--grace-period=0",
+            "--force",
+        ])
+        .unwrap();
+        let deleted = Instant::now();
+        bridgehead_e2e::process::wait_until(Duration::from_secs(10), || {
+            upgrade(&token, &own).status == 403
+        })
+        .expect("a deleted pod's token still opens sessions");
+        assert!(
+            deleted.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            deleted.elapsed()
+        );
+        assert_eq!(requests(&cp, "tokenreviews", "POST"), reviews);
+    });
+}

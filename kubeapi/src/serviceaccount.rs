@@ -230,7 +230,10 @@ fn decide(
     let (now_unix, now) = (at.unix, at.instant);
     let (signed, unverified) = match (issuer, signature) {
         (_, SignatureCheck::Invalid) => return Step::Done(Outcome::Refused(Refusal::BadSignature)),
-        (None, _) => (Signed::No, Some(Fallback::KeysUnavailable)),
+        // No keys at all (discovery forbidden, not served, or not fetched yet): no signature
+        // can be judged, so nothing is refused for its key; what the claims cannot settle
+        // goes to TokenReview, as it did before there was a verifier.
+        (None, _) => (Signed::Yes, Some(Fallback::KeysUnavailable)),
         (Some(_), SignatureCheck::Valid) => (Signed::Yes, None),
         (Some(_), SignatureCheck::UnknownKey) => (Signed::No, Some(Fallback::UnknownKey)),
         (Some(_), SignatureCheck::Unsupported) => (Signed::No, Some(Fallback::UnsupportedKey)),

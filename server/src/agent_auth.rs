@@ -33,11 +33,13 @@ use http::StatusCode;
 use rustls::pki_types::CertificateDer;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tracing::debug;
 
 use crate::certificate::certificate_names;
 use crate::kubernetes::{ApiError, KubeApi, Review, ServerQuestions};
 use crate::metrics::{Metrics, TokenReviews};
 use crate::router::HostKey;
+use bridgehead_kubeapi::serviceaccount::{Outcome, TokenVerifier, Verified};
 
 /// Most token reviews remembered.
 const CACHE_ENTRIES: usize = 4096;
@@ -77,6 +79,9 @@ pub enum AuthRefusal {
     NoCertificate,
     #[error("token rejected by kube-apiserver: {0}")]
     Rejected(String),
+    /// Refused by local verification, as kube-apiserver would refuse it.
+    #[error("token rejected: {0}")]
+    Refused(String),
     #[error("token is for {got}, not {want}")]
     WrongAccount { got: String, want: String },
     #[error("token is not valid for audience {0}")]
@@ -111,6 +116,7 @@ impl AuthRefusal {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             AuthRefusal::Rejected(_)
+            | AuthRefusal::Refused(_)
             | AuthRefusal::WrongAccount { .. }
             | AuthRefusal::WrongAudience(_)
             | AuthRefusal::NotYours { .. } => StatusCode::FORBIDDEN,
@@ -126,7 +132,14 @@ pub struct TokenPolicy {
     pub service_account: String,
     pub audience: String,
     pub cache_ttl: Duration,
+    /// `--token-verification=local`: tokens verified here first; TokenReview gets only what
+    /// this cannot decide.
+    pub verifier: Option<TokenVerifier>,
 }
+
+/// How long a token presented while the local verifier starts (keys and watches not in yet)
+/// waits for it before it goes to TokenReview: well inside the agent's patience.
+const VERIFIER_STARTUP_WAIT: Duration = Duration::from_secs(3);
 
 /// The agent endpoint's authentication.
 #[derive(Debug)]
@@ -241,6 +254,26 @@ impl Tokens {
     /// The review of `token`, from the cache, from a review under way or from a new one;
     /// an error unless it is valid for the audience and names the expected account.
     async fn review(&self, token: &str, metrics: &Metrics) -> Result<Answer, AuthRefusal> {
+        if let Some(verifier) = &self.policy.verifier {
+            match verifier
+                .verify_after_startup(token, VERIFIER_STARTUP_WAIT)
+                .await
+            {
+                Outcome::Verified(verified) => {
+                    metrics.token_verification("verified", "");
+                    return self.verified(verified).await;
+                }
+                Outcome::Refused(refusal) => {
+                    metrics.token_verification("refused", refusal.label());
+                    let reason = Printable::new(&refusal.to_string()).to_string();
+                    return Err(AuthRefusal::Refused(reason));
+                }
+                Outcome::Fallback(fallback) => {
+                    metrics.token_verification("fallback", fallback.label());
+                    debug!(reason = %fallback, "token sent to TokenReview");
+                }
+            }
+        }
         let answer = match self.lookup(token, metrics)? {
             Lookup::Ready(answer) => answer,
             Lookup::Pending { due, mut answer } => {
@@ -262,6 +295,33 @@ impl Tokens {
                     }
                 }
             }
+        };
+        self.check(answer)
+    }
+
+    /// What a locally verified token says, in a review's shape; with binding and a node the
+    /// watch has not delivered yet, its addresses are read from kube-apiserver.
+    async fn verified(&self, verified: Verified) -> Result<Answer, AuthRefusal> {
+        let node = verified.node.map(|node| node.name);
+        let node_addresses = match (&node, verified.node_addresses) {
+            (Some(node), None) if self.bind_identifiers => Some(
+                self.policy
+                    .api
+                    .node_addresses(node)
+                    .await
+                    .map_err(AuthRefusal::Unavailable)?,
+            ),
+            (_, addresses) => addresses,
+        };
+        let answer = Answer {
+            review: Review {
+                authenticated: true,
+                username: verified.username,
+                audiences: vec![self.policy.audience.clone()],
+                node,
+                error: None,
+            },
+            node_addresses,
         };
         self.check(answer)
     }

@@ -137,6 +137,12 @@ pub struct Cli {
     /// Requests to kube-apiserver allowed at once above --kubeconfig-qps; 0 = 10.
     #[arg(long, env = "BRIDGEHEAD_KUBECONFIG_BURST", default_value_t = 0)]
     pub kubeconfig_burst: u32,
+    /// How agent tokens are checked: `local` verifies projected ServiceAccount tokens as
+    /// kube-apiserver does (its issuer's keys, the claims, and watches of the agents' pods,
+    /// service account and nodes), with no API call per connection, and sends to TokenReview
+    /// only what it cannot decide; `review` asks TokenReview for every new token.
+    #[arg(long, env = "BRIDGEHEAD_TOKEN_VERIFICATION", default_value = "local", value_parser = ["local", "review"])]
+    pub token_verification: String,
     /// How long a token review's answer is reused for the same token; 0 asks every time.
     #[arg(long, env = "BRIDGEHEAD_TOKEN_REVIEW_CACHE_TTL", default_value = "10s", value_parser = duration::parse, value_name = "DURATION")]
     pub token_review_cache_ttl: Duration,
@@ -353,6 +359,8 @@ pub struct TokenConfig {
     pub service_account: String,
     pub audience: String,
     pub cache_ttl: Duration,
+    /// `--token-verification=local`: verified here first, TokenReview as the fallback.
+    pub local: bool,
 }
 
 /// The server's Kubernetes client: `--kubeconfig` (in-cluster when `None`), pacing.
@@ -546,6 +554,7 @@ impl Cli {
                 service_account,
                 audience,
                 cache_ttl: self.token_review_cache_ttl,
+                local: self.token_verification == "local",
             }),
             _ => bail!("token authentication needs all of --agent-namespace, --agent-service-account and --authentication-audience"),
         };

@@ -44,6 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use bridgehead_kubeapi::serviceaccount::{TokenVerifier, VerifierSettings};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -137,7 +138,7 @@ pub async fn run(
     } else {
         None
     };
-    let agent_auth = agent_auth(&config.agent_auth, kube.clone())?;
+    let (agent_auth, verifier) = agent_auth(&config.agent_auth, kube.clone(), &shutdown)?;
     let shards = bridgehead_runtime::threads::Shards::start("session", config.session_threads)
         .context("starting the session threads")?;
     if config.session_threads > 0 {
@@ -154,7 +155,11 @@ pub async fn run(
         }
         None => None,
     };
-    let ctx = Arc::new(Context::new(&config, agent_auth, shards, fallback));
+    let mut ctx = Context::new(&config, agent_auth, shards, fallback);
+    if let Some(verifier) = verifier {
+        ctx.metrics.watch_token_verifier(verifier);
+    }
+    let ctx = Arc::new(ctx);
     ctx.metrics
         .set_ready_backends(&ctx.registry.ready_backends());
     let connections = TaskTracker::new();
@@ -295,19 +300,36 @@ pub async fn run(
     Ok(())
 }
 
-/// The agent endpoint's authentication; tokens are reviewed through `kube`.
+/// The agent endpoint's authentication; tokens are verified locally (its watches stop with
+/// `shutdown`) or reviewed through `kube`. Returns the local verifier too, for its metric.
 fn agent_auth(
     config: &config::AgentAuthConfig,
     kube: Option<Arc<kubernetes::KubeApi>>,
-) -> anyhow::Result<agent_auth::AgentAuth> {
+    shutdown: &CancellationToken,
+) -> anyhow::Result<(agent_auth::AgentAuth, Option<TokenVerifier>)> {
+    let mut local = None;
     let tokens = match &config.token {
         Some(token) => {
             let api = kube.context("token authentication needs a Kubernetes client")?;
+            if token.local {
+                let mut settings = VerifierSettings::new(
+                    &token.namespace,
+                    &token.service_account,
+                    &token.audience,
+                );
+                settings.watch_nodes = config.bind_identifiers;
+                local = Some(TokenVerifier::start(
+                    api.clone(),
+                    settings,
+                    shutdown.child_token(),
+                ));
+            }
             info!(
                 namespace = %token.namespace,
                 service_account = %token.service_account,
                 audience = %token.audience,
-                "agents authenticate with ServiceAccount tokens (TokenReview)"
+                verification = if token.local { "local, TokenReview for what it cannot decide" } else { "TokenReview" },
+                "agents authenticate with ServiceAccount tokens"
             );
             Some(agent_auth::TokenPolicy {
                 api,
@@ -315,6 +337,7 @@ fn agent_auth(
                 service_account: token.service_account.clone(),
                 audience: token.audience.clone(),
                 cache_ttl: token.cache_ttl,
+                verifier: local.clone(),
             })
         }
         None => None,
@@ -322,11 +345,9 @@ fn agent_auth(
     if config.bind_identifiers {
         info!("agents may announce only the host and address identifiers that belong to them");
     }
-    Ok(agent_auth::AgentAuth::new(
-        config.cluster_ca.is_some(),
-        tokens,
-        config.bind_identifiers,
-    ))
+    let auth =
+        agent_auth::AgentAuth::new(config.cluster_ca.is_some(), tokens, config.bind_identifiers);
+    Ok((auth, local))
 }
 
 /// Logs a bound address and prints it on stdout in a line scripts can read:

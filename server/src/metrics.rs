@@ -134,6 +134,42 @@ struct ResultLabel {
     result: &'static str,
 }
 
+/// `token_verifier_state_age_seconds{state}`: how long ago each part of the local verifier's
+/// state (issuer keys, the pods', the service account's and the nodes' watches) was last
+/// known current; absent while it never was.
+#[derive(Debug)]
+struct VerifierCollector(bridgehead_kubeapi::serviceaccount::TokenVerifier);
+
+impl prometheus_client::collector::Collector for VerifierCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let freshness = self.0.freshness();
+        let parts = [
+            ("keys", freshness.keys),
+            ("pods", freshness.pods),
+            ("service_account", freshness.service_account),
+            ("nodes", freshness.nodes),
+        ];
+        let mut family = encoder.encode_descriptor(
+            "token_verifier_state_age_seconds",
+            "How long ago each part of the local token verifier's state was last known current (past --token-verification's bound, tokens go to TokenReview)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (state, age) in parts {
+            if let Some(age) = age {
+                let gauge = ConstGauge::new(age.as_secs_f64());
+                gauge.encode(family.encode_family(&[("state", state)])?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `bridgehead_server_token_reviews_total`, held by a review task.
 #[derive(Debug, Clone)]
 pub struct TokenReviews(Family<ResultLabel, Counter>);
@@ -188,12 +224,19 @@ pub struct Metrics {
     bytes_to_target: Counter,
     bytes_from_target: Counter,
     token_reviews: Family<ResultLabel, Counter>,
+    token_verifications: Family<VerificationLabel, Counter>,
     handshakes_refused: Family<ListenerLabel, Counter>,
     lease_renewals: Family<ResultLabel, Counter>,
     leases_removed: Counter,
     /// `tunnel_send_waits{reason}`: uploads waiting for the agent's window or the queue.
     pub send_waits: bridgehead_runtime::memory::SendWaits,
     anp: Anp,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerificationLabel {
+    result: &'static str,
+    reason: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -247,6 +290,7 @@ impl Metrics {
         let dial_duration = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let bytes = Family::<DirectionLabel, Counter>::default();
         let token_reviews = Family::<ResultLabel, Counter>::default();
+        let token_verifications = Family::<VerificationLabel, Counter>::default();
         let handshakes_refused = Family::<ListenerLabel, Counter>::default();
         let lease_renewals = Family::<ResultLabel, Counter>::default();
         let leases_removed = Counter::default();
@@ -333,6 +377,11 @@ impl Metrics {
             token_reviews.clone(),
         );
         registry.register(
+            "token_verifications",
+            "Agent tokens checked locally (--token-verification=local) by result: verified, refused (reason: why, as kube-apiserver would refuse it), fallback (reason: why it went to TokenReview)",
+            token_verifications.clone(),
+        );
+        registry.register(
             "handshakes_refused",
             "Handshakes cut because their listener had its limit in progress and a newer connection came (listener: frontend, agent)",
             handshakes_refused.clone(),
@@ -415,6 +464,7 @@ impl Metrics {
             bytes_to_target,
             bytes_from_target,
             token_reviews,
+            token_verifications,
             handshakes_refused,
             lease_renewals,
             leases_removed,
@@ -506,6 +556,23 @@ impl Metrics {
     /// One agent token checked: `authenticated`, `rejected`, `error` or `cached`.
     pub fn token_review(&self, result: &'static str) {
         self.token_reviews().count(result);
+    }
+
+    /// A token checked locally: `verified`, `refused` or `fallback`, with the reason.
+    pub fn token_verification(&self, result: &'static str, reason: &'static str) {
+        self.token_verifications
+            .get_or_create(&VerificationLabel { result, reason })
+            .inc();
+    }
+
+    /// Exports how old the local token verifier's watched state is, read at every scrape.
+    pub fn watch_token_verifier(
+        &mut self,
+        verifier: bridgehead_kubeapi::serviceaccount::TokenVerifier,
+    ) {
+        self.registry
+            .sub_registry_with_prefix("bridgehead_server")
+            .register_collector(Box::new(VerifierCollector(verifier)));
     }
 
     /// The token review counter, for a review that runs as its own task.

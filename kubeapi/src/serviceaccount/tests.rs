@@ -325,6 +325,12 @@ fn an_unknown_key_is_fetched_for_only_when_the_rest_is_a_live_agents() {
         case.decide(&token),
         Step::NeedKeys(Fallback::KeysUnavailable)
     );
+    // Nor is a token bound to no pod refused for a key nobody could check: it goes on (a
+    // server with only konnectivity's RBAC reviews it, as before).
+    assert_eq!(
+        case.decide(&sign(&key, "k1", &unbound)),
+        Step::NeedKeys(Fallback::KeysUnavailable)
+    );
     // With neither keys nor watches (a server with only TokenReview's RBAC), every token that
     // could be right goes on.
     let listed = std::mem::replace(&mut case.live, Live::new(true));
