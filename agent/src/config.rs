@@ -34,7 +34,9 @@ const KEEPALIVE_MISSES: u32 = 3;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "bridgehead-agent", version, args_override_self = true)]
 pub struct Cli {
-    /// Host name or IP address of bridgehead-server's agent endpoint.
+    /// Host name or IP address of bridgehead-server's agent endpoint: one address (a load
+    /// balancer), a DNS name with an A/AAAA record per server (a headless Service), or several
+    /// comma-separated; the agent keeps a session with every server it finds (docs/ha.md).
     #[arg(
         long,
         env = "BRIDGEHEAD_PROXY_SERVER_HOST",
@@ -318,8 +320,11 @@ pub struct LeaseCounting {
 /// are read when connecting, so rotated certificates and tokens are picked up on reconnect.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// The server's host, without brackets around an IPv6 literal.
+    /// The server's host (the first of `server_hosts`), without brackets around an IPv6
+    /// literal.
     pub server_host: String,
+    /// Every host `--proxy-server-host` names, resolved to find the servers.
+    pub server_hosts: Vec<String>,
     /// The server's agent port.
     pub server_port: u16,
     /// The name verified in the server's certificate.
@@ -434,10 +439,15 @@ impl Cli {
         if let Some(bad) = alpn.iter().find(|p| p.len() > 255) {
             bail!("--alpn-proto: {bad:?} is longer than 255 bytes");
         }
-        let server_host = strip_brackets(self.proxy_server_host.trim()).to_owned();
-        if server_host.is_empty() {
-            bail!("--proxy-server-host is empty");
+        let server_hosts: Vec<String> = self
+            .proxy_server_host
+            .split(',')
+            .map(|host| strip_brackets(host.trim()).to_owned())
+            .collect();
+        if server_hosts.iter().any(String::is_empty) {
+            bail!("--proxy-server-host is empty, or has an empty entry");
         }
+        let server_host = server_hosts[0].clone();
         if self.proxy_server_port == 0 {
             bail!("--proxy-server-port must not be 0");
         }
@@ -517,6 +527,7 @@ impl Cli {
             notes,
             lease_counting,
             server_host,
+            server_hosts,
             server_port: self.proxy_server_port,
             server_name,
             ca_cert: self.ca_cert,

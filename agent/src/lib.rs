@@ -17,6 +17,7 @@
 //! any policy on which targets may be dialed — the server routes, the agent dials what it is
 //! asked.
 
+mod addresses;
 pub mod config;
 pub mod dial;
 mod health;

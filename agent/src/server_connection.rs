@@ -93,29 +93,33 @@ pub(crate) enum ConnectError {
     Subprotocol(Option<String>),
 }
 
-/// Connects to the server and upgrades, telling it the ids of the servers in `held`; every
-/// step has a timeout.
+/// Connects to the server at `address` (or, when `None`, the name and port configured) and
+/// upgrades, telling it the ids of the servers in `held`; every step has a timeout.
 pub(crate) async fn connect_to_server(
     config: &Config,
     held: &[String],
+    address: Option<SocketAddr>,
 ) -> Result<Connected, ConnectError> {
-    let server = config.server_authority();
+    let server = address.map_or_else(|| config.server_authority(), |address| address.to_string());
     let tls = crate::tls::current_client_config(config).map_err(ConnectError::TlsFiles)?;
 
-    let tcp = tokio::time::timeout(
-        TCP_CONNECT_TIMEOUT,
-        TcpStream::connect((config.server_host.as_str(), config.server_port)),
-    )
-    .await
-    .map_err(|_| ConnectError::TimedOut {
-        step: "TCP connect",
-        server: server.clone(),
-        timeout: TCP_CONNECT_TIMEOUT,
-    })?
-    .map_err(|source| ConnectError::Tcp {
-        server: server.clone(),
-        source,
-    })?;
+    let connect = async {
+        match address {
+            Some(address) => TcpStream::connect(address).await,
+            None => TcpStream::connect((config.server_host.as_str(), config.server_port)).await,
+        }
+    };
+    let tcp = tokio::time::timeout(TCP_CONNECT_TIMEOUT, connect)
+        .await
+        .map_err(|_| ConnectError::TimedOut {
+            step: "TCP connect",
+            server: server.clone(),
+            timeout: TCP_CONNECT_TIMEOUT,
+        })?
+        .map_err(|source| ConnectError::Tcp {
+            server: server.clone(),
+            source,
+        })?;
     let peer = tcp.peer_addr().map_err(|source| ConnectError::Tcp {
         server: server.clone(),
         source,

@@ -1,7 +1,8 @@
 //! How many servers the agent looks for, never below 1: the count the last new server
 //! announced in its upgrade answer (`--server-count` on the servers), or the number of valid
 //! server Leases (`--count-server-leases`), or the larger of the two
-//! (`--server-count-source=max`), as ANP's agent combines them.
+//! (`--server-count-source=max`), as ANP's agent combines them; and never below the number of
+//! servers `--proxy-server-host` resolves to, when it names several.
 
 use bridgehead_kubeapi::leases::LeaseCount;
 
@@ -9,6 +10,8 @@ use bridgehead_kubeapi::leases::LeaseCount;
 #[derive(Debug, Clone)]
 pub(crate) struct ServerCount {
     from_responses: u32,
+    /// Servers found by resolving `--proxy-server-host` (0: one address, a load balancer).
+    found: u32,
     leases: Option<LeaseCount>,
     max_with_responses: bool,
 }
@@ -18,6 +21,7 @@ impl ServerCount {
     pub(crate) fn new() -> ServerCount {
         ServerCount {
             from_responses: 1,
+            found: 0,
             leases: None,
             max_with_responses: false,
         }
@@ -37,8 +41,18 @@ impl ServerCount {
         self.from_responses = count.max(1);
     }
 
+    /// `--proxy-server-host` resolved to `found` servers (0 for a single address).
+    pub(crate) fn found(&mut self, found: u32) {
+        self.found = found;
+    }
+
     /// How many distinct servers to hold sessions with.
     pub(crate) fn count(&self) -> u32 {
+        self.announced().max(self.found)
+    }
+
+    /// The count the servers' answers or the Leases give.
+    fn announced(&self) -> u32 {
         let Some(leases) = &self.leases else {
             return self.from_responses;
         };

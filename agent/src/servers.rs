@@ -1,6 +1,7 @@
-//! The agent's sessions with the servers behind its one address: the search that keeps one
-//! session per distinct server id, as many as the server count says (or more, with
-//! `--sync-forever`), and what it does when a session drains or ends.
+//! The agent's sessions with the servers behind its address: the search that keeps one session
+//! per distinct server id, as many as the server count says (or more, with `--sync-forever`),
+//! and what it does when a session drains or ends. The address may be one (a load balancer,
+//! dialed by name) or several ([`Addresses`]: each dialed in turn until held).
 //!
 //! One loop owns the set of sessions. It dials the address when it holds fewer live sessions
 //! than the count (always, with `--sync-forever`), telling the server which ids it holds: a
@@ -23,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
+use crate::addresses::Addresses;
 use crate::config::Config;
 use crate::health::Health;
 use crate::policy::Policy;
@@ -72,6 +74,11 @@ pub(crate) async fn run(
     let mut rng = StdRng::from_os_rng();
     let mut next_attempt = tokio::time::Instant::now();
     let mut attempts: u64 = 0;
+    let mut addresses = Addresses::new(
+        config.server_hosts.clone(),
+        config.server_port,
+        config.sync_interval,
+    );
 
     loop {
         tokio::select! {
@@ -108,6 +115,8 @@ pub(crate) async fn run(
             () = shutdown.cancelled() => break,
         }
 
+        addresses.refresh().await;
+        count.found(addresses.count());
         let wanted = count.count();
         health.set_known(wanted);
         let live: Vec<String> = held
@@ -127,9 +136,11 @@ pub(crate) async fn run(
         // A session's connection is made on the thread the session will run on, so that its
         // socket is that thread's runtime's.
         let home = shards.home();
+        // With several addresses, one whose server the agent holds no session with yet.
+        let address = addresses.next(&live);
         let connect = {
             let (config, live) = (config.clone(), live.clone());
-            async move { server_connection::connect_to_server(&config, &live).await }
+            async move { server_connection::connect_to_server(&config, &live, address).await }
         };
         let attempt = match &home {
             Some(home) => {
@@ -149,12 +160,14 @@ pub(crate) async fn run(
         };
         let delay = match attempt {
             Ok(connected) if live.contains(&connected.server_id) => {
+                addresses.learn(connected.peer, &connected.server_id);
                 // A server that did not honour the header: keep the older session.
                 debug!(server_id = %connected.server_id, "reached a server held already; closing the new session");
                 drop(connected);
                 schedule.after_success(&mut rng)
             }
             Ok(connected) => {
+                addresses.learn(connected.peer, &connected.server_id);
                 if let Some(n) = connected.server_count {
                     count.received(n);
                 }
@@ -185,6 +198,9 @@ pub(crate) async fn run(
                 schedule.after_success(&mut rng)
             }
             Err(ConnectError::Duplicate(server_id)) => {
+                if let Some(address) = address {
+                    addresses.learn(address, &server_id);
+                }
                 debug!(%server_id, "reached a server held already");
                 schedule.after_success(&mut rng)
             }

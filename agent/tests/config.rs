@@ -67,6 +67,24 @@ fn defaults() {
 }
 
 #[test]
+fn several_server_addresses() {
+    let f = Files::new();
+    let ca = f.file("cluster-ca.crt");
+    let config = parse(&[
+        "--ca-cert",
+        &ca,
+        "--proxy-server-host",
+        "10.0.0.1, [fd00::1] ,servers.example",
+    ])
+    .unwrap();
+    assert_eq!(
+        config.server_hosts,
+        ["10.0.0.1", "fd00::1", "servers.example"]
+    );
+    assert_eq!(config.server_host, "10.0.0.1");
+}
+
+#[test]
 fn lease_counting() {
     let f = Files::new();
     let ca = f.file("cluster-ca.crt");
@@ -155,6 +173,7 @@ fn identifiers_and_server_name() {
         "id=node-1&host=node1&ipv4=10.0.0.5&ipv6=fd00%3A%3A5&cidr=10.244.1.0%2F24&default-route=true"
     );
     assert_eq!(config.server_host, "::1");
+    assert_eq!(config.server_hosts, ["::1"]);
     assert_eq!(config.server_authority(), "[::1]:8132");
     assert!(
         matches!(
@@ -224,6 +243,10 @@ fn invalid_configs() {
             "--sync-interval-cap",
         ),
         (&["--server-name", "bad name!"], "invalid --server-name"),
+        (
+            &["--proxy-server-host", "10.0.0.1,,10.0.0.2"],
+            "--proxy-server-host is empty, or has an empty entry",
+        ),
     ];
     for (args, want) in cases {
         let mut all = vec!["--ca-cert", ca.as_str()];
