@@ -108,8 +108,13 @@ fn pod_bound_tokens_are_verified_locally_against_kube_apiserver() {
     });
 }
 
-fn verify_locally(binaries: &kubernetes::Binaries, mut net: TestNet) {
-    let cp = ControlPlane::start(binaries, &mut net, 0, Egress::Direct, &[])
+/// A control plane with deploy/rbac applied and agent pod `agent-1` on `node-1`: the server
+/// identity's kubeconfig and the pod's token.
+fn with_agent_pod(
+    binaries: &kubernetes::Binaries,
+    net: &mut TestNet,
+) -> (ControlPlane, PathBuf, String) {
+    let cp = ControlPlane::start(binaries, net, 0, Egress::Direct, &[])
         .unwrap_or_else(|e| panic!("starting the control plane: {e:#}"));
     for manifest in ["deploy/rbac/server.yaml", "deploy/rbac/agent.yaml"] {
         let path = repo().join(manifest);
@@ -121,6 +126,11 @@ fn verify_locally(binaries: &kubernetes::Binaries, mut net: TestNet) {
     let token = cp
         .token(NAMESPACE, ACCOUNT, AUDIENCE, 3600, Some("agent-1"))
         .unwrap();
+    (cp, server, token)
+}
+
+fn verify_locally(binaries: &kubernetes::Binaries, mut net: TestNet) {
+    let (cp, server, token) = with_agent_pod(binaries, &mut net);
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let stop = CancellationToken::new();
@@ -283,18 +293,7 @@ fn the_server_admits_pod_bound_agents_without_asking_kube_apiserver() {
         return;
     };
     netns::with_net(test, 1, TEST_TIMEOUT, move |mut net| {
-        let cp = ControlPlane::start(&binaries, &mut net, 0, Egress::Direct, &[])
-            .unwrap_or_else(|e| panic!("starting the control plane: {e:#}"));
-        for manifest in ["deploy/rbac/server.yaml", "deploy/rbac/agent.yaml"] {
-            let path = repo().join(manifest);
-            cp.kubectl_ok(&["apply", "-f", &path.display().to_string()])
-                .unwrap();
-        }
-        let kubeconfig = cp.kubeconfig_for(SERVER_USER, &[]).unwrap();
-        agent_pod(&cp, "node-1", "agent-1");
-        let token = cp
-            .token(NAMESPACE, ACCOUNT, AUDIENCE, 3600, Some("agent-1"))
-            .unwrap();
+        let (cp, kubeconfig, token) = with_agent_pod(&binaries, &mut net);
         let pki = bridgehead_e2e::Pki::new().unwrap();
         let server = bridgehead_e2e::Server::start(
             &pki,
