@@ -80,3 +80,112 @@ fn an_agent_given_every_servers_address_holds_a_session_with_each() {
     })
     .unwrap();
 }
+
+/// A real resolver: dnsmasq in the agent's test host answers one name with a record per
+/// server; the agent, given only that name, holds a session with each, and a server added by
+/// DNS alone (a record added, dnsmasq told to reload) is found without any other change.
+#[test]
+fn servers_found_by_dns_and_one_added_by_dns_alone() {
+    let test = "servers_found_by_dns_and_one_added_by_dns_alone";
+    if !bridgehead_e2e::skip::require_root(test) {
+        return;
+    }
+    if std::process::Command::new("dnsmasq")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        return bridgehead_e2e::skip::skip(test, "needs dnsmasq (Debian's dnsmasq-base)");
+    }
+    bridgehead_e2e::netns::with_net(test, 3, Duration::from_secs(120), move |mut net| {
+        // The servers in the root namespace, each on the root end of one host's link (all
+        // reachable from host 0, where the agent and the resolver run), on one port.
+        let addresses: Vec<String> = (0..3).map(|i| net.root_v4(i).to_string()).collect();
+        // Host 0 reaches the root side of the other links too (the root namespace owns them).
+        for address in &addresses[1..] {
+            let ns = net.host(0).ns_name();
+            bridgehead_e2e::netns::ip(&["-n", ns, "route", "add", address, "dev", "eth0"]).unwrap();
+        }
+        let pki = Pki::with_sans(&addresses).unwrap();
+        let first = server_on(&pki, &addresses[0], 0, "s1").unwrap();
+        let port = first.agent_addr.port();
+        let second = server_on(&pki, &addresses[1], port, "s2").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let records = dir.path().join("servers.hosts");
+        let write_records = |n: usize| {
+            let lines: String = addresses[..n]
+                .iter()
+                .map(|a| format!("{a} servers.bridgehead.test\n"))
+                .collect();
+            std::fs::write(&records, lines).unwrap();
+        };
+        write_records(2);
+        // Host 0 resolves through its own loopback, where dnsmasq answers.
+        net.set_hosts(0, &[]).unwrap();
+        let dnsmasq = std::process::Command::new("ip")
+            .args(["netns", "exec", net.host(0).ns_name(), "dnsmasq"])
+            .args([
+                "--keep-in-foreground",
+                "--no-resolv",
+                "--no-hosts",
+                "--bind-interfaces",
+                "--listen-address=127.0.0.1",
+                "--user=root",
+                "--pid-file",
+                "--log-facility=-",
+            ])
+            .arg(format!("--addn-hosts={}", records.display()))
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let dnsmasq = KillOnDrop(dnsmasq);
+        let resolves_to = |n: usize| {
+            net.run_in(0, &["getent", "ahostsv4", "servers.bridgehead.test"])
+                .is_ok_and(|out| {
+                    let text = String::from_utf8_lossy(&out.stdout);
+                    addresses[..n].iter().all(|a| text.contains(a.as_str()))
+                })
+        };
+        wait_until(Duration::from_secs(10), || resolves_to(2)).expect("dnsmasq never answered");
+
+        let agent = Agent::start(
+            &pki,
+            &first,
+            AgentOptions {
+                netns: Some(net.host(0).ns_name().to_owned()),
+                health_bind: Some("127.0.0.1".into()),
+                args: vec![
+                    "--proxy-server-host=servers.bridgehead.test".into(),
+                    format!("--server-name={}", addresses[0]),
+                ],
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        first.wait_agents(1).unwrap();
+        second.wait_agents(1).unwrap();
+
+        // A third server, announced by DNS alone.
+        let third = server_on(&pki, &addresses[2], port, "s3").unwrap();
+        write_records(3);
+        let reload = std::process::Command::new("kill")
+            .args(["-HUP", &dnsmasq.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(reload.success());
+        wait_until(Duration::from_secs(10), || resolves_to(3)).expect("dnsmasq never reloaded");
+        third.wait_agents(1).unwrap();
+        drop((agent, dnsmasq));
+    });
+}
+
+/// A child process killed and reaped when the test ends, however it ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
