@@ -284,8 +284,8 @@ fn forge(token: &str) -> String {
 /// The server itself with local verification (its default) and deploy/rbac's permissions: an
 /// agent with a real pod-bound token, announcing its own node, gets its session with no
 /// TokenReview and no Node GET; another node's identifiers are refused; garbage is refused
-/// without asking; the deleted pod's token is refused within a few seconds; and the
-/// verifier's state age is exported.
+/// without asking; the deleted pod's token is refused within a few seconds and the session it
+/// opened is closed; and the verifier's state age is exported.
 #[test]
 fn the_server_admits_pod_bound_agents_without_asking_kube_apiserver() {
     let test = "the_server_admits_pod_bound_agents_without_asking_kube_apiserver";
@@ -349,6 +349,24 @@ fn the_server_admits_pod_bound_agents_without_asking_kube_apiserver() {
             .unwrap();
         assert_eq!(verified, 2.0);
 
+        // A real agent holds a session with the pod's token (re-read for each connection).
+        let token_file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(token_file.path(), &token).unwrap();
+        let agent = bridgehead_e2e::Agent::start(
+            &pki,
+            &server,
+            bridgehead_e2e::AgentOptions {
+                id: Some("agent-1".into()),
+                identifiers: Some(format!("host=node-1&ipv4={NODE_ADDRESS}")),
+                token: Some(token_file.path().to_owned()),
+                certificate: Some(None),
+                args: vec!["--server-name".into(), "127.0.0.1".into()],
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        server.wait_agents(1).unwrap();
+
         cp.kubectl_ok(&[
             "delete",
             "pod",
@@ -369,6 +387,25 @@ fn the_server_admits_pod_bound_agents_without_asking_kube_apiserver() {
             "{:?}",
             deleted.elapsed()
         );
+        // And the session it opened before is closed, not left to run.
+        bridgehead_e2e::process::wait_until(Duration::from_secs(10), || {
+            server.agents().is_ok_and(|agents| agents.is_empty())
+        })
+        .unwrap_or_else(|_| {
+            panic!(
+                "the deleted pod's session is still open:\n{}",
+                server.process.stderr()
+            )
+        });
+        assert!(
+            server
+                .process
+                .stderr()
+                .contains("its token is no longer valid"),
+            "{}",
+            server.process.stderr()
+        );
+        drop(agent);
         assert_eq!(requests(&cp, "tokenreviews", "POST"), reviews);
     });
 }

@@ -68,6 +68,9 @@ pub struct Presented<'a> {
 pub struct AgentIdentity {
     /// Who it is, for logs: the service account (and node), or the certificate.
     pub subject: String,
+    /// The locally verified token it presented, to close its session if its pod or account
+    /// goes ([`crate::revocation`]).
+    pub verified: Option<Box<Verified>>,
 }
 
 /// Why an agent is refused. [`AuthRefusal::status`] is the answer's status.
@@ -175,6 +178,8 @@ type AnswerWatch = watch::Receiver<Option<Result<Answer, ApiError>>>;
 struct Answer {
     review: Review,
     node_addresses: Option<Vec<String>>,
+    /// What local verification found, when it decided: kept to recheck the session.
+    local: Option<Box<Verified>>,
 }
 
 impl AgentAuth {
@@ -212,6 +217,7 @@ impl AgentAuth {
     ) -> Result<AgentIdentity, AuthRefusal> {
         let mut subject = Vec::new();
         let mut owned = Owned::default();
+        let mut verified = None;
         if self.certificates {
             let certificate = presented.certificate.ok_or(AuthRefusal::NoCertificate)?;
             let names = certificate_names(certificate);
@@ -223,7 +229,9 @@ impl AgentAuth {
             let Answer {
                 review,
                 node_addresses,
+                local,
             } = tokens.review(token, metrics).await?;
+            verified = local;
             match &review.node {
                 Some(node) => subject.push(format!("{} on node {node}", review.username)),
                 None => subject.push(review.username.clone()),
@@ -246,6 +254,7 @@ impl AgentAuth {
         }
         Ok(AgentIdentity {
             subject: subject.join(", "),
+            verified,
         })
     }
 }
@@ -302,8 +311,8 @@ impl Tokens {
     /// What a locally verified token says, in a review's shape; with binding and a node the
     /// watch has not delivered yet, its addresses are read from kube-apiserver.
     async fn verified(&self, verified: Verified) -> Result<Answer, AuthRefusal> {
-        let node = verified.node.map(|node| node.name);
-        let node_addresses = match (&node, verified.node_addresses) {
+        let node = verified.node.as_ref().map(|node| node.name.clone());
+        let node_addresses = match (&node, verified.node_addresses.clone()) {
             (Some(node), None) if self.bind_identifiers => Some(
                 self.policy
                     .api
@@ -316,12 +325,13 @@ impl Tokens {
         let answer = Answer {
             review: Review {
                 authenticated: true,
-                username: verified.username,
+                username: verified.username.clone(),
                 audiences: vec![self.policy.audience.clone()],
                 node,
                 error: None,
             },
             node_addresses,
+            local: Some(Box::new(verified)),
         };
         self.check(answer)
     }
@@ -445,6 +455,7 @@ impl ReviewTask {
         Ok(Answer {
             review,
             node_addresses,
+            local: None,
         })
     }
 }
@@ -597,6 +608,7 @@ mod tests {
                 error: None,
             },
             node_addresses: None,
+            local: None,
         }
     }
 

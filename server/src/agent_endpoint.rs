@@ -233,6 +233,9 @@ async fn serve_session(established: Established, ctx: &Arc<Context>, sessions: C
         key,
     } = established;
     tracing::Span::current().record("agent", tracing::field::display(&name));
+    if let Some(verified) = identity.verified.clone() {
+        ctx.revocation.watch(key, *verified, mux.clone());
+    }
     ctx.metrics.agents_connected.inc();
     ctx.metrics
         .set_ready_backends(&ctx.registry.ready_backends());
@@ -266,6 +269,7 @@ async fn serve_session(established: Established, ctx: &Arc<Context>, sessions: C
         .await
     };
     ctx.registry.unregister(key);
+    ctx.revocation.forget(key);
     ctx.metrics.agents_connected.dec();
     ctx.metrics
         .set_ready_backends(&ctx.registry.ready_backends());

@@ -19,6 +19,7 @@ use crate::fallback::Fallback;
 use crate::handshakes::Handshakes;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
+use crate::revocation::Revocation;
 
 /// Lines about refused or failed connections logged per second at most.
 const REFUSALS_LOGGED_PER_SECOND: u32 = 10;
@@ -69,6 +70,8 @@ pub struct Context {
     pub shards: Shards,
     /// `--fallback-proxy`: where CONNECTs that no agent matches go.
     pub fallback: Option<Fallback>,
+    /// Sessions let in by locally verified tokens, closed when those turn invalid.
+    pub revocation: Arc<Revocation>,
 }
 
 impl Context {
@@ -121,6 +124,7 @@ impl Context {
             max_window: config.memory.tunnel_max_window,
             shards,
             fallback,
+            revocation: Arc::default(),
         }
     }
 }

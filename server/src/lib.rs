@@ -5,10 +5,12 @@
 //! [`frontend`] (the CONNECT listener, mTLS TCP or Unix socket, and the per-connection
 //! pipeline), [`admission`] (the bound on dials in flight), [`registry`] (connected agents and
 //! the route table over them) over [`router`] (the strategy list and the parsed [`Target`],
-//! pure), [`dial`] (asking the routed agents), [`fallback`] (the proxy CONNECTs with no agent go to), [`refusal`] (every way a CONNECT is turned down,
-//! with its status and metric label). Beside them: [`agent_endpoint`] (agents' WebSocket
-//! sessions, admitted by [`agent_admission`] and authenticated by [`agent_auth`]), [`context`] (what connection tasks share), [`config`] (flags into a validated
-//! [`Config`]), [`tls_config`], [`health`] and [`metrics`].
+//! pure), [`dial`] (asking the routed agents), [`fallback`] (the proxy that CONNECTs no agent
+//! matches go to), [`refusal`] (every way a CONNECT is turned down, with its status and metric
+//! label). Beside them: [`agent_endpoint`] (agents' WebSocket sessions, admitted by
+//! [`agent_admission`], authenticated by [`agent_auth`], closed by [`revocation`] when the
+//! token they were let in by turns invalid), [`context`] (what connection tasks share),
+//! [`config`] (flags into a validated [`Config`]), [`tls_config`], [`health`] and [`metrics`].
 //!
 //! [`run`] takes listeners that are already bound, so tests bind port 0 and hand them in.
 //! Several servers share one address for agents: each tells an agent its `--server-id` and
@@ -34,6 +36,7 @@ pub mod kubernetes;
 pub mod metrics;
 pub mod refusal;
 pub mod registry;
+pub mod revocation;
 pub mod router;
 #[cfg(test)]
 mod test_util;
@@ -156,8 +159,8 @@ pub async fn run(
         None => None,
     };
     let mut ctx = Context::new(&config, agent_auth, shards, fallback);
-    if let Some(verifier) = verifier {
-        ctx.metrics.watch_token_verifier(verifier);
+    if let Some(verifier) = &verifier {
+        ctx.metrics.watch_token_verifier(verifier.clone());
     }
     let ctx = Arc::new(ctx);
     ctx.metrics
@@ -222,6 +225,9 @@ pub async fn run(
     announce("health", &health_addr.to_string());
     announce("admin", &admin_addr.to_string());
     background.spawn(cluster_tls.clone().watch(shutdown.clone()));
+    if let Some(verifier) = verifier {
+        background.spawn(ctx.revocation.clone().run(verifier, shutdown.clone()));
+    }
     background.spawn(agent_endpoint::serve(
         listeners.agent,
         cluster_tls,

@@ -167,6 +167,7 @@ fn context_with_dial_timeout(registry: Registry, dial_timeout: Duration) -> Arc<
         max_window: bridgehead_proto::session::DEFAULT_MAX_WINDOW,
         shards: Shards::none(),
         fallback: None,
+        revocation: Default::default(),
     })
 }
 
