@@ -6,7 +6,7 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,7 +67,7 @@ pub fn serve() -> anyhow::Result<()> {
     let shared = Arc::new(Shared {
         endpoint: Endpoint {
             addr: spec.server,
-            tls: client_config(&spec)?,
+            tls: client_config(&spec.ca, spec.certificate.as_ref())?,
         },
         counters: Counters::default(),
         stop: tokio_util::sync::CancellationToken::new(),
@@ -112,7 +112,7 @@ fn answer(snapshot: &Snapshot) -> anyhow::Result<()> {
 }
 
 /// Lines `first..first + count` of the token file (one token a line, blank lines skipped).
-fn tokens(path: &std::path::Path, first: usize, count: usize) -> anyhow::Result<Vec<String>> {
+fn tokens(path: &Path, first: usize, count: usize) -> anyhow::Result<Vec<String>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let tokens: Vec<String> = text
@@ -133,14 +133,18 @@ fn tokens(path: &std::path::Path, first: usize, count: usize) -> anyhow::Result<
     Ok(tokens)
 }
 
-/// The agents' TLS client: the agent's settings (its crypto provider, ALPN `http/1.1`) and no
-/// session resumption, since the agent builds a fresh client for every connection.
-fn client_config(spec: &Spec) -> anyhow::Result<Arc<rustls::ClientConfig>> {
-    let roots = tls::load_roots(&spec.ca).context("loading the agents' CA")?;
+/// The agents' TLS client: the agent's settings (its crypto provider, ALPN `http/1.1`), the
+/// server checked against `ca`, `certificate` (and its key) presented if given, and no session
+/// resumption, since the agent builds a fresh client for every connection.
+pub fn client_config(
+    ca: &Path,
+    certificate: Option<&(PathBuf, PathBuf)>,
+) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    let roots = tls::load_roots(ca).context("loading the agents' CA")?;
     let builder = rustls::ClientConfig::builder_with_provider(tls::provider())
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots);
-    let mut config = match &spec.certificate {
+    let mut config = match certificate {
         Some((cert, key)) => builder
             .with_client_auth_cert(tls::load_certs(cert)?, tls::load_key(key)?)
             .context("the agents' certificate and key")?,
