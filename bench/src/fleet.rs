@@ -12,7 +12,10 @@
 //! the way by kind. A trickle of tunnels runs through the restarts.
 //!
 //! The server runs with its default flags plus what the rig needs: the Unix-socket frontend
-//! (the probes' path), `--proxy-strategies=destHost,default` (the probes route by address)
+//! (the probes' path), `--proxy-strategies=destHost` (the probes route by address; without
+//! `default` behind it, a CONNECT for an agent that is not back yet is a 503 rather than a
+//! dial sent to another agent, so every dial an agent gets for another's address is a
+//! routing error)
 //! and, since every agent presents the same certificate, `--max-sessions-per-identity` above
 //! N; `--server-arg` adds more (the lead's token flags, say).
 
@@ -31,6 +34,7 @@ use anyhow::{bail, Context};
 use bridgehead_e2e::{procfs, Pki, Server, ServerOptions};
 use serde_json::json;
 
+use crate::noise::Noise;
 use crate::report::{Check, Outcome, Report};
 use crate::rig::ExtraArgs;
 use crate::route::Route;
@@ -106,9 +110,14 @@ fn measure(
 ) -> anyhow::Result<()> {
     let (mut fleet, baseline_rss) = Fleet::start(plan, extra)?;
     first_start(&mut fleet, plan, report)?;
+    let mut pids = fleet.workers.pids();
+    pids.push(fleet.server.process.pid());
+    let noise = Noise::start(&pids);
     idle(&mut fleet, plan, baseline_rss, report)?;
     routing(&mut fleet, plan, runtime, report)?;
     admin_cost(&fleet, report)?;
+    crate::record_noise(report, "fleet (idle, routing, admin)", &noise);
+    let before_trickle = fleet.workers.stats()?;
     let trickle = Trickle::start(
         runtime.handle(),
         fleet.route.clone(),
@@ -119,13 +128,14 @@ fn measure(
         .into_iter()
         .try_for_each(|signal| restart(&mut fleet, signal, plan, report));
     let outcomes = runtime.block_on(trickle.stop());
+    let misrouted = fleet.workers.stats()?.since(&before_trickle).misrouted;
     eprintln!(
-        "  trickle through the restarts: {}",
+        "  trickle through the restarts: {}; dials misrouted {misrouted}",
         probe::outcomes_text(&outcomes)
     );
     report.record(
         "fleet_trickle",
-        json!({ "agents": plan.agents, "outcomes": outcomes }),
+        json!({ "agents": plan.agents, "outcomes": outcomes, "misrouted": misrouted }),
     )?;
     restarts
 }
@@ -137,7 +147,7 @@ impl Fleet {
         let dir = tempfile::tempdir()?;
         let uds = dir.path().join("bridgehead.sock");
         let mut args = vec![
-            "--proxy-strategies=destHost,default".to_owned(),
+            "--proxy-strategies=destHost".to_owned(),
             format!("--max-sessions-per-identity={}", plan.agents * 2),
         ];
         args.extend(extra.server.iter().cloned());
@@ -487,6 +497,10 @@ struct Recovery {
     while_down: Snapshot,
     /// The new server's CPU until every agent was back.
     server_cpu: f64,
+    /// CPU seconds neither the servers, the simulator nor the bench used meanwhile, and the
+    /// time they were counted over.
+    foreign_cpu: f64,
+    wall: f64,
     error: Option<String>,
 }
 
@@ -504,6 +518,7 @@ fn restart(
     std::thread::sleep(healthy.saturating_duration_since(Instant::now()));
     eprintln!("  restart: SIG{signal}, then a new server on the same ports");
     let before = fleet.workers.stats()?;
+    let noise = Noise::start(&fleet.workers.pids());
     let started = Instant::now();
     fleet.server.process.signal(signal)?;
     fleet.server.process.wait_exit(EXIT_BOUND)?;
@@ -513,13 +528,19 @@ fn restart(
     let at_listen = fleet.workers.stats()?;
     let waited = fleet.wait_all_back(plan.recovery_bound);
     let after = fleet.workers.stats()?;
+    let server_cpu = procfs::cpu_seconds(fleet.server.process.pid()).unwrap_or(f64::NAN);
+    let (wall, foreign, _) = noise.finish();
     let recovery = Recovery {
         exited,
         listening,
         back: waited.as_ref().ok().copied(),
         seen: after.since(&before),
         while_down: at_listen.since(&before),
-        server_cpu: procfs::cpu_seconds(fleet.server.process.pid()).unwrap_or(f64::NAN),
+        server_cpu,
+        // The old server's CPU after the signal (its drain) is gone with it and counts here:
+        // a little foreign CPU too many after SIGTERM.
+        foreign_cpu: (foreign - server_cpu).max(0.0),
+        wall,
         error: waited.err().map(|e| format!("{e:#}")),
     };
     report_recovery(report, fleet.agents, signal, &recovery)?;
@@ -572,6 +593,8 @@ fn report_recovery(
             "lost": r.seen.lost,
             "retry_hints": r.seen.hints,
             "server_cpu_s": r.server_cpu,
+            "foreign_cpu_s": r.foreign_cpu,
+            "wall_s": r.wall,
             "error": r.error,
         }),
     )?;
@@ -587,6 +610,7 @@ fn report_recovery(
             "refused while down",
             "retry hints",
             "new server CPU",
+            "other load",
         ],
         vec![
             n.to_string(),
@@ -602,6 +626,7 @@ fn report_recovery(
             refused_while_down.to_string(),
             r.seen.hints.to_string(),
             format!("{:.1} s", r.server_cpu),
+            format!("{:.2} cores", r.foreign_cpu / r.wall.max(1e-9)),
         ],
     );
     check(

@@ -177,6 +177,7 @@ fn a_small_fleet_comes_back_after_both_restarts_and_carries_routed_tunnels() {
     assert_eq!(routing["ok"], routing["connects"], "{routing}");
     let trickle = of("fleet_trickle")[0];
     assert!(trickle["outcomes"]["ok"].as_u64() > Some(0), "{trickle}");
+    assert_eq!(trickle["misrouted"], 0, "{trickle}");
     let admin = of("fleet_admin");
     assert_eq!(admin.len(), 2, "{lines}");
     for row in admin {

@@ -30,7 +30,7 @@ pub fn random_target(agents: usize) -> SocketAddr {
 }
 
 /// Opens a tunnel to `target`, echoes [`ECHO`] bytes through it and closes it: the time to
-/// the `200`, or the kind of failure (`http:503`, `frontend`, `echo`).
+/// the `200`, or the kind of failure (`http:503`, `frontend:refused`, `timeout`, `echo`, ...).
 pub async fn tunnel(route: &Route, target: SocketAddr) -> Result<Duration, String> {
     let started = Instant::now();
     let mut conn = match route.open(target).await {
@@ -54,15 +54,36 @@ pub async fn tunnel(route: &Route, target: SocketAddr) -> Result<Duration, Strin
     }
 }
 
-/// `http:NNN` for a refused CONNECT, `frontend` for a frontend that did not take it.
+/// `http:NNN` for a refused CONNECT; for a frontend that did not take it, what the socket
+/// said (`frontend:refused` while no server listens, `frontend:reset`, ...); `timeout`.
 fn kind_of(error: &anyhow::Error) -> String {
     let text = format!("{error:#}");
-    text.split_once("CONNECT refused: HTTP/1.")
+    if let Some(status) = text
+        .split_once("CONNECT refused: HTTP/1.")
         .and_then(|(_, rest)| rest.get(2..5))
-        .map_or_else(|| "frontend".to_owned(), |status| format!("http:{status}"))
+    {
+        return format!("http:{status}");
+    }
+    if error.chain().any(|e| e.is::<tokio::time::error::Elapsed>()) {
+        return "timeout".to_owned();
+    }
+    let io = error
+        .chain()
+        .find_map(|e| e.downcast_ref::<std::io::Error>());
+    match io.map(std::io::Error::kind) {
+        Some(std::io::ErrorKind::ConnectionRefused) => "frontend:refused",
+        Some(std::io::ErrorKind::NotFound) => "frontend:missing",
+        Some(
+            std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::BrokenPipe
+            | std::io::ErrorKind::UnexpectedEof,
+        ) => "frontend:reset",
+        _ => "frontend:other",
+    }
+    .to_owned()
 }
 
-/// Tunnels of the trickle, by outcome (`ok`, `http:503`, `frontend`, `echo`).
+/// Tunnels of the trickle, by outcome (`ok`, or a failure's kind).
 pub type Outcomes = BTreeMap<String, u64>;
 
 /// A trickle of tunnels, one every `interval`, until stopped.
@@ -177,7 +198,10 @@ mod tests {
     fn a_refused_connect_is_counted_by_its_status() {
         let refused = anyhow::anyhow!("CONNECT refused: HTTP/1.1 503 Service Unavailable");
         assert_eq!(kind_of(&refused), "http:503");
-        let down = anyhow::anyhow!("connecting to /tmp/x.sock: No such file or directory");
-        assert_eq!(kind_of(&down), "frontend");
+        let down = anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::NotFound))
+            .context("connecting to /tmp/x.sock");
+        assert_eq!(kind_of(&down), "frontend:missing");
+        let closed = anyhow::anyhow!("frontend closed before the response head ended");
+        assert_eq!(kind_of(&closed), "frontend:other");
     }
 }
