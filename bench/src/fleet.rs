@@ -6,8 +6,8 @@
 //!
 //! Measured, each a row with its target from issue 38: the server's RSS and CPU per 1,000 idle
 //! agents; the routing latency of CONNECTs routed by destHost to random agents; the cost of one
-//! `/agents` and one `/metrics` request; and the recovery after a restart (SIGTERM, then a new
-//! server on the same ports; then the same after SIGKILL): the time until every agent is back,
+//! `/agents` and one `/metrics` request; and the recovery after a restart (SIGKILL, then a new
+//! server on the same ports; then the same after SIGTERM): the time until every agent is back,
 //! by the server's agent gauge and the simulator's live sessions, and the failed attempts on
 //! the way by kind. A trickle of tunnels runs through the restarts.
 //!
@@ -124,7 +124,9 @@ fn measure(
         plan.agents,
         plan.trickle_interval,
     );
-    let restarts = ["TERM", "KILL"]
+    // SIGKILL first: it needs sessions past the agent's healthy age, which the phases before
+    // give them; a drain does not look at their age.
+    let restarts = ["KILL", "TERM"]
         .into_iter()
         .try_for_each(|signal| restart(&mut fleet, signal, plan, report));
     let outcomes = runtime.block_on(trickle.stop());
@@ -515,10 +517,12 @@ fn restart(
     plan: &Plan,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    // The agent counts the loss of a session younger than this as a failed attempt and backs
-    // off: let every session become healthy first, as in a fleet that ran for a while.
-    let healthy = fleet.back_at + agent::HEALTHY_SESSION + Duration::from_secs(1);
-    std::thread::sleep(healthy.saturating_duration_since(Instant::now()));
+    if signal == "KILL" {
+        // The agent counts the loss of a session younger than this as a failed attempt and
+        // backs off: let every session become healthy first, as in a fleet that ran a while.
+        let healthy = fleet.back_at + agent::HEALTHY_SESSION + Duration::from_secs(1);
+        std::thread::sleep(healthy.saturating_duration_since(Instant::now()));
+    }
     eprintln!("  restart: SIG{signal}, then a new server on the same ports");
     let before = fleet.workers.stats()?;
     let simulator = fleet.workers.pids();

@@ -153,24 +153,15 @@ fn a_small_fleet_comes_back_after_both_restarts_and_carries_routed_tunnels() {
 
     let restarts = of("fleet_restart");
     assert_eq!(restarts.len(), 2, "{lines}");
-    for (row, signal) in restarts.iter().zip(["TERM", "KILL"]) {
+    for (row, signal) in restarts.iter().zip(["KILL", "TERM"]) {
         assert_eq!(row["signal"], signal, "{row}");
         assert!(row["back_s"].is_number(), "not all back: {row}");
         assert!(row["connected"].as_u64() >= Some(agents), "{row}");
     }
-    // SIGTERM drains every session first; SIGKILL just loses them.
-    assert_eq!(
-        restarts[0]["drained"].as_u64(),
-        Some(agents),
-        "{}",
-        restarts[0]
-    );
-    assert_eq!(
-        restarts[1]["lost"].as_u64(),
-        Some(agents),
-        "{}",
-        restarts[1]
-    );
+    // SIGKILL just loses every session; SIGTERM drains them first.
+    let (killed, terminated) = (restarts[0], restarts[1]);
+    assert_eq!(killed["lost"].as_u64(), Some(agents), "{killed}");
+    assert_eq!(terminated["drained"].as_u64(), Some(agents), "{terminated}");
 
     let routing = of("fleet_routing")[0];
     assert_eq!(routing["misrouted"], 0, "{routing}");
