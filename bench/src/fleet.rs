@@ -108,6 +108,10 @@ fn measure(
     runtime: &tokio::runtime::Runtime,
     report: &mut Report,
 ) -> anyhow::Result<()> {
+    if let Some(path) = &plan.tokens {
+        // Checked before anything starts: each worker reads its own slice again.
+        worker::tokens(path, 0, plan.agents)?;
+    }
     let (mut fleet, baseline_rss) = Fleet::start(plan, extra)?;
     first_start(&mut fleet, plan, report)?;
     let mut pids = fleet.workers.pids();
@@ -204,9 +208,8 @@ impl Fleet {
 
     /// Waits until every simulated agent holds a live session and the server counts every
     /// agent (bounded poll: neither side can be waited on directly); the time it took. The
-    /// server is asked only once the simulator holds them all: with thousands of agents a
-    /// `/metrics` costs the server milliseconds of CPU, which ten a second would add to what
-    /// is measured.
+    /// server is asked only once the simulator holds them all: a `/metrics` costs the server
+    /// CPU in proportion to its agents, which ten a second would add to what is measured.
     fn wait_all_back(&mut self, bound: Duration) -> anyhow::Result<Duration> {
         let started = Instant::now();
         let n = self.agents as u64;

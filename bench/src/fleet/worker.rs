@@ -112,7 +112,7 @@ fn answer(snapshot: &Snapshot) -> anyhow::Result<()> {
 }
 
 /// Lines `first..first + count` of the token file (one token a line, blank lines skipped).
-fn tokens(path: &Path, first: usize, count: usize) -> anyhow::Result<Vec<String>> {
+pub fn tokens(path: &Path, first: usize, count: usize) -> anyhow::Result<Vec<String>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let tokens: Vec<String> = text

@@ -116,7 +116,15 @@ impl Worker {
     fn line(&mut self) -> anyhow::Result<String> {
         self.lines
             .recv_timeout(ANSWER)
-            .map_err(|_| anyhow::anyhow!("a fleet worker did not answer within {ANSWER:?}"))
+            .map_err(|error| match error {
+                mpsc::RecvTimeoutError::Timeout => {
+                    anyhow::anyhow!("a fleet worker did not answer within {ANSWER:?}")
+                }
+                mpsc::RecvTimeoutError::Disconnected => {
+                    let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
+                    anyhow::anyhow!("a fleet worker exited ({status}); its error is on stderr")
+                }
+            })
     }
 }
 
