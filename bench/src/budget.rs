@@ -58,6 +58,7 @@ impl Budget {
             bulk_tunnels: None,
             fleet: crate::fleet::Plan {
                 agents: 10_000,
+                auth: crate::fleet::Auth::Cert,
                 tokens: None,
                 // Three keepalive intervals of the server and of the agents.
                 idle_window: Duration::from_secs(15),
@@ -87,6 +88,7 @@ impl Budget {
             bulk_tunnels: None,
             fleet: crate::fleet::Plan {
                 agents: 300,
+                auth: crate::fleet::Auth::Cert,
                 tokens: None,
                 // One keepalive interval.
                 idle_window: Duration::from_secs(5),

@@ -12,12 +12,12 @@
 //! the way by kind. A trickle of tunnels runs through the restarts.
 //!
 //! The server runs with its default flags plus what the rig needs: the Unix-socket frontend
-//! (the probes' path), `--proxy-strategies=destHost` (the probes route by address; without
+//! (the probes' path); `--proxy-strategies=destHost` (the probes route by address; without
 //! `default` behind it, a CONNECT for an agent that is not back yet is a 503 rather than a
 //! dial sent to another agent, so every dial an agent gets for another's address is a
-//! routing error)
-//! and, since every agent presents the same certificate, `--max-sessions-per-identity` above
-//! N; `--server-arg` adds more (the lead's token flags, say).
+//! routing error); `--max-sessions-per-identity` above N, since every agent presents the same
+//! certificate; no `--cluster-ca-cert` when the agents present tokens alone. `--server-arg`
+//! adds more (token authentication's flags, say).
 
 pub mod agent;
 pub mod connect;
@@ -63,8 +63,10 @@ const TARGET_ROUTING_P99: Duration = Duration::from_millis(1);
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub agents: usize,
-    /// Bearer tokens, one a line, agent `i` presenting line `i`; the agents present the agent
-    /// certificate as well.
+    /// How the agents authenticate.
+    pub auth: Auth,
+    /// Bearer tokens, one a line, agent `i` presenting line `i` (for [`Auth::Token`] and
+    /// [`Auth::Both`]).
     pub tokens: Option<PathBuf>,
     /// How long the idle fleet's CPU is measured.
     pub idle_window: Duration,
@@ -74,6 +76,19 @@ pub struct Plan {
     pub recovery_bound: Duration,
     /// One trickle tunnel every this.
     pub trickle_interval: Duration,
+}
+
+/// How the simulated agents prove who they are; the server is started to match (its token
+/// settings come from `--server-arg`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Auth {
+    /// The agent certificate, one for all.
+    Cert,
+    /// A bearer token each and no certificate: the server runs without `--cluster-ca-cert`,
+    /// as in konnectivity's documented setup.
+    Token,
+    /// The certificate and a token each (a server that checks both).
+    Both,
 }
 
 /// The server under test, the simulator and the probes' route.
@@ -108,9 +123,11 @@ fn measure(
     runtime: &tokio::runtime::Runtime,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    if let Some(path) = &plan.tokens {
+    match (plan.auth, &plan.tokens) {
+        (Auth::Cert, _) => {}
         // Checked before anything starts: each worker reads its own slice again.
-        worker::tokens(path, 0, plan.agents)?;
+        (_, Some(path)) => drop(worker::tokens(path, 0, plan.agents)?),
+        (_, None) => bail!("--fleet-auth token and both need --fleet-tokens"),
     }
     let (mut fleet, baseline_rss) = Fleet::start(plan, extra)?;
     first_start(&mut fleet, plan, report)?;
@@ -160,6 +177,7 @@ impl Fleet {
         let options = ServerOptions {
             uds: Some(uds.clone()),
             args,
+            without_cluster_ca: plan.auth == Auth::Token,
             ..Default::default()
         };
         let server = Server::start(&pki, options.clone())?;
@@ -169,8 +187,11 @@ impl Fleet {
         let spec = worker::Spec {
             server: server.agent_addr,
             ca: pki.path("cluster-ca.crt"),
-            certificate: Some((pki.path("agent.crt"), pki.path("agent.key"))),
-            tokens: plan.tokens.clone(),
+            certificate: (plan.auth != Auth::Token)
+                .then(|| (pki.path("agent.crt"), pki.path("agent.key"))),
+            tokens: (plan.auth != Auth::Cert)
+                .then(|| plan.tokens.clone())
+                .flatten(),
             first: 0,
             count: plan.agents,
             start_within: Duration::from_secs(1),

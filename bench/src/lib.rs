@@ -153,9 +153,14 @@ pub struct Options {
     #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=fleet::identity::MAX_AGENTS as u64))]
     pub agents: Option<usize>,
     /// `--only fleet`: a file of bearer tokens, one a line; simulated agent i presents line i
-    /// in `Authorization: Bearer` (beside the agent certificate).
+    /// in `Authorization: Bearer`.
     #[arg(long, value_name = "FILE")]
     pub fleet_tokens: Option<PathBuf>,
+    /// `--only fleet`: how the simulated agents authenticate [default: token with
+    /// --fleet-tokens, else cert]; with `token` the server runs without --cluster-ca-cert, and
+    /// its token flags come from --server-arg.
+    #[arg(long, value_enum, value_name = "AUTH")]
+    pub fleet_auth: Option<fleet::Auth>,
     /// Internal: be a fleet simulator process (its spec and commands on stdin).
     #[arg(long, hide = true)]
     pub fleet_worker: bool,
@@ -552,6 +557,13 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
     if selected(Measurement::Fleet) {
         let plan = fleet::Plan {
             agents: options.agents.unwrap_or(budget.fleet.agents),
+            auth: options
+                .fleet_auth
+                .unwrap_or(if options.fleet_tokens.is_some() {
+                    fleet::Auth::Token
+                } else {
+                    fleet::Auth::Cert
+                }),
             tokens: options.fleet_tokens.clone(),
             ..budget.fleet.clone()
         };
