@@ -313,7 +313,8 @@ fn idle(fleet: &mut Fleet, plan: &Plan, baseline: u64, report: &mut Report) -> a
             "server_cpu_s": server_cpu,
             "cpu_percent_per_1000": cpu_per_1000,
             "simulator_cpu_s": simulator_cpu,
-            "simulator_processes": fleet.workers.pids().len(),
+            "simulator_processes": simulator.len(),
+            "simulator_rss": procfs::total_rss(&simulator).unwrap_or(0),
             "server_fds": fds,
         }),
     )?;
