@@ -9,7 +9,8 @@
 //! `/agents` and one `/metrics` request; and the recovery after a restart (SIGKILL, then a new
 //! server on the same ports; then the same after SIGTERM): the time until every agent is back,
 //! by the server's agent gauge and the simulator's live sessions, and the failed attempts on
-//! the way by kind. A trickle of tunnels runs through the restarts.
+//! the way by kind. A trickle of tunnels runs through the restarts. The fleet at rest is
+//! measured in `steady`, the restarts in `restart`, the traffic comes from [`probe`].
 //!
 //! The server runs with its default flags plus what the rig needs: the Unix-socket frontend
 //! (the probes' path); `--proxy-strategies=destHost` (the probes route by address; without
@@ -24,6 +25,8 @@ pub mod connect;
 pub mod counters;
 pub mod identity;
 pub mod probe;
+mod restart;
+mod steady;
 pub mod worker;
 pub mod workers;
 
@@ -38,8 +41,6 @@ use crate::noise::Noise;
 use crate::report::{Check, Outcome, Report};
 use crate::rig::ExtraArgs;
 use crate::route::Route;
-use crate::summary::Summary;
-use counters::Snapshot;
 use probe::Trickle;
 use workers::Workers;
 
@@ -47,17 +48,6 @@ use workers::Workers;
 const AGENTS_GAUGE: &str = "bridgehead_server_agents_connected";
 /// How often the bench looks whether every agent is back.
 const POLL: Duration = Duration::from_millis(100);
-/// How long a SIGTERMed server may take to drain and exit.
-const EXIT_BOUND: Duration = Duration::from_secs(60);
-/// Requests of each admin path timed (the median counts).
-const ADMIN_REQUESTS: usize = 5;
-
-/// Issue 38's targets.
-const TARGET_RECOVERY: Duration = Duration::from_secs(15);
-const TARGET_FAILED_PER_AGENT: f64 = 0.1;
-const TARGET_RSS_PER_AGENT: u64 = 32 * 1024;
-const TARGET_CPU_PER_1000: f64 = 1.0;
-const TARGET_ROUTING_P99: Duration = Duration::from_millis(1);
 
 /// The size and bounds of one fleet run.
 #[derive(Debug, Clone)]
@@ -134,9 +124,9 @@ fn measure(
     let mut pids = fleet.workers.pids();
     pids.push(fleet.server.process.pid());
     let noise = Noise::start(&pids);
-    idle(&mut fleet, plan, baseline_rss, report)?;
-    routing(&mut fleet, plan, runtime, report)?;
-    admin_cost(&fleet, report)?;
+    steady::idle(&mut fleet, plan, baseline_rss, report)?;
+    steady::routing(&mut fleet, plan, runtime, report)?;
+    steady::admin_cost(&fleet, report)?;
     crate::record_noise(report, "fleet (idle, routing, admin)", &noise);
     let before_trickle = fleet.workers.stats()?;
     let trickle = Trickle::start(
@@ -149,7 +139,7 @@ fn measure(
     // give them; a drain does not look at their age.
     let restarts = ["KILL", "TERM"]
         .into_iter()
-        .try_for_each(|signal| restart(&mut fleet, signal, plan, report));
+        .try_for_each(|signal| restart::restart(&mut fleet, signal, plan, report));
     let outcomes = runtime.block_on(trickle.stop());
     let misrouted = fleet.workers.stats()?.since(&before_trickle).misrouted;
     eprintln!(
@@ -279,229 +269,6 @@ fn first_start(fleet: &mut Fleet, plan: &Plan, report: &mut Report) -> anyhow::R
     waited.context("the fleet's first connections")?;
     Ok(())
 }
-
-/// The idle fleet: the server's RSS over its baseline and its CPU, per agent and per 1,000.
-fn idle(fleet: &mut Fleet, plan: &Plan, baseline: u64, report: &mut Report) -> anyhow::Result<()> {
-    let pid = fleet.server.process.pid();
-    let rss = settle(pid);
-    let simulator = fleet.workers.pids();
-    let (server_before, simulator_before) =
-        (procfs::cpu_sample(&[pid])?, procfs::cpu_sample(&simulator)?);
-    let started = Instant::now();
-    std::thread::sleep(plan.idle_window);
-    let wall = started.elapsed().as_secs_f64();
-    let server_cpu = procfs::cpu_sample(&[pid])?.seconds_since(&server_before);
-    let simulator_cpu = procfs::cpu_sample(&simulator)?.seconds_since(&simulator_before);
-    let n = fleet.agents;
-    let per_agent = rss.saturating_sub(baseline) / n.max(1) as u64;
-    let cpu_per_1000 = server_cpu / wall * 100.0 * 1000.0 / n.max(1) as f64;
-    let fds = fleet.server.process.fd_count();
-    eprintln!(
-        "  idle: server RSS {} KiB (baseline {} KiB), {:.1} KiB per agent, CPU {cpu_per_1000:.2} % of a core per 1,000 agents, {fds} fds",
-        rss >> 10,
-        baseline >> 10,
-        per_agent as f64 / 1024.0
-    );
-    report.record(
-        "fleet_idle",
-        json!({
-            "agents": n,
-            "server_rss": rss,
-            "baseline_server_rss": baseline,
-            "bytes_per_agent": per_agent,
-            "window_s": wall,
-            "server_cpu_s": server_cpu,
-            "cpu_percent_per_1000": cpu_per_1000,
-            "simulator_cpu_s": simulator_cpu,
-            "simulator_processes": simulator.len(),
-            "simulator_rss": procfs::total_rss(&simulator).unwrap_or(0),
-            "server_fds": fds,
-        }),
-    )?;
-    report.row(
-        "Fleet: idle agents (server RSS over its baseline, server CPU)",
-        &[
-            "agents",
-            "server RSS",
-            "per agent",
-            "CPU per 1,000 agents",
-            "server fds",
-            "simulator CPU",
-        ],
-        vec![
-            n.to_string(),
-            format!("{} KiB (base {})", rss >> 10, baseline >> 10),
-            format!("{:.1} KiB", per_agent as f64 / 1024.0),
-            format!("{cpu_per_1000:.2} % of a core"),
-            fds.to_string(),
-            format!("{:.0} % of a core", simulator_cpu / wall * 100.0),
-        ],
-    );
-    check(
-        report,
-        format!("fleet: server RSS per idle agent, {n} agents"),
-        format!("{:.1} KiB", per_agent as f64 / 1024.0),
-        "≤ 32 KiB",
-        per_agent <= TARGET_RSS_PER_AGENT,
-    );
-    check(
-        report,
-        format!("fleet: server CPU per 1,000 idle agents, {n} agents"),
-        format!("{cpu_per_1000:.2} % of a core"),
-        "≤ 1 % of a core",
-        cpu_per_1000 <= TARGET_CPU_PER_1000,
-    );
-    Ok(())
-}
-
-/// The RSS of `pid` once two samples a quarter second apart differ by less than 256 KiB (at
-/// most 5 s): the allocations of the connection storm have settled.
-fn settle(pid: u32) -> u64 {
-    let mut last = procfs::rss_bytes(pid).unwrap_or(0);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(250));
-        let now = procfs::rss_bytes(pid).unwrap_or(0);
-        if now.abs_diff(last) < 256 * 1024 {
-            return now;
-        }
-        last = now;
-    }
-    last
-}
-
-/// CONNECTs one after another, each to a random agent by its address: time to the `200`.
-fn routing(
-    fleet: &mut Fleet,
-    plan: &Plan,
-    runtime: &tokio::runtime::Runtime,
-    report: &mut Report,
-) -> anyhow::Result<()> {
-    let before = fleet.workers.stats()?;
-    let (mut times, failures) = runtime.block_on(async {
-        let mut times = Vec::with_capacity(plan.probes);
-        let mut failures = probe::Outcomes::new();
-        for _ in 0..plan.probes {
-            match probe::tunnel(&fleet.route, probe::random_target(plan.agents)).await {
-                Ok(time) => times.push(time),
-                Err(kind) => *failures.entry(kind).or_default() += 1,
-            }
-        }
-        (times, failures)
-    });
-    let seen = fleet.workers.stats()?.since(&before);
-    let summary = Summary::of(&mut times);
-    let n = fleet.agents;
-    eprintln!(
-        "  routing: {} CONNECTs, p50 {:?} p99 {:?}, misrouted {}, failed {}",
-        summary.n,
-        summary.p50,
-        summary.p99,
-        seen.misrouted,
-        probe::outcomes_text(&failures)
-    );
-    report.record(
-        "fleet_routing",
-        json!({
-            "agents": n,
-            "connects": plan.probes,
-            "ok": summary.n,
-            "p50_us": summary.p50.as_secs_f64() * 1e6,
-            "p99_us": summary.p99.as_secs_f64() * 1e6,
-            "max_us": summary.max.as_secs_f64() * 1e6,
-            "misrouted": seen.misrouted,
-            "failures": failures,
-        }),
-    )?;
-    report.row(
-        "Fleet: CONNECT routed by destHost to a random agent (Unix socket, connect to 200)",
-        &[
-            "agents",
-            "CONNECTs",
-            "p50",
-            "p99",
-            "max",
-            "misrouted",
-            "failed",
-        ],
-        vec![
-            n.to_string(),
-            summary.n.to_string(),
-            crate::report::micros(summary.p50),
-            crate::report::micros(summary.p99),
-            crate::report::micros(summary.max),
-            seen.misrouted.to_string(),
-            probe::outcomes_text(&failures),
-        ],
-    );
-    let clean = seen.misrouted == 0 && failures.is_empty() && summary.n > 0;
-    check(
-        report,
-        format!("fleet: routing p99 by destHost, {n} agents"),
-        format!(
-            "{}{}",
-            crate::report::micros(summary.p99),
-            if clean { "" } else { " (with errors)" }
-        ),
-        "≤ 1 ms, no error",
-        clean && summary.p99 <= TARGET_ROUTING_P99,
-    );
-    Ok(())
-}
-
-/// One `/agents` (admin port) and one `/metrics` (health port) with the whole fleet: time,
-/// bytes and the server's CPU, the median of a few.
-fn admin_cost(fleet: &Fleet, report: &mut Report) -> anyhow::Result<()> {
-    let pid = fleet.server.process.pid();
-    for (path, addr) in [
-        ("/agents", fleet.server.admin),
-        ("/metrics", fleet.server.health),
-    ] {
-        let mut times = Vec::with_capacity(ADMIN_REQUESTS);
-        let mut bytes = 0;
-        let before = procfs::cpu_sample(&[pid])?;
-        for _ in 0..ADMIN_REQUESTS {
-            let started = Instant::now();
-            let (status, body) = bridgehead_e2e::client::http_get(addr, path)?;
-            times.push(started.elapsed());
-            if status != 200 {
-                bail!("{path} answered {status}");
-            }
-            bytes = body.len();
-        }
-        let cpu = procfs::cpu_sample(&[pid])?.seconds_since(&before) / ADMIN_REQUESTS as f64;
-        let summary = Summary::of(&mut times);
-        eprintln!(
-            "  {path}: {:?} median, {bytes} bytes, {:.1} ms server CPU",
-            summary.p50,
-            cpu * 1e3
-        );
-        report.record(
-            "fleet_admin",
-            json!({
-                "agents": fleet.agents,
-                "path": path,
-                "median_us": summary.p50.as_secs_f64() * 1e6,
-                "max_us": summary.max.as_secs_f64() * 1e6,
-                "bytes": bytes,
-                "server_cpu_s": cpu,
-            }),
-        )?;
-        report.row(
-            "Fleet: one admin request with every agent connected (no target in issue 38)",
-            &["agents", "path", "time (median)", "bytes", "server CPU"],
-            vec![
-                fleet.agents.to_string(),
-                path.to_owned(),
-                crate::report::micros(summary.p50),
-                bytes.to_string(),
-                format!("{:.2} ms", cpu * 1e3),
-            ],
-        );
-    }
-    Ok(())
-}
-
 /// Adds a check of a fleet target.
 fn check(report: &mut Report, what: String, value: String, target: &str, ok: bool) {
     let _ = report.check(Check {
@@ -512,186 +279,4 @@ fn check(report: &mut Report, what: String, value: String, target: &str, ok: boo
         target: target.to_owned(),
         outcome: Outcome::of(ok),
     });
-}
-
-/// What one restart cost.
-#[derive(Debug)]
-struct Recovery {
-    /// From the signal until the old server exited, and until the new one listened.
-    exited: Duration,
-    listening: Duration,
-    /// From the new server listening until every agent was back (`None`: not within the bound).
-    back: Option<Duration>,
-    /// What the simulator saw from the signal until every agent was back.
-    seen: Snapshot,
-    /// The new server's CPU until every agent was back, and the simulator's since the signal.
-    server_cpu: f64,
-    simulator_cpu: f64,
-    /// CPU seconds neither the servers, the simulator nor the bench used meanwhile, and the
-    /// time they were counted over.
-    foreign_cpu: f64,
-    wall: f64,
-    error: Option<String>,
-}
-
-/// Restarts the server with `signal` (a new process on the same ports once the old one
-/// exited) and measures the way back.
-fn restart(
-    fleet: &mut Fleet,
-    signal: &str,
-    plan: &Plan,
-    report: &mut Report,
-) -> anyhow::Result<()> {
-    if signal == "KILL" {
-        // The agent counts the loss of a session younger than this as a failed attempt and
-        // backs off: let every session become healthy first, as in a fleet that ran a while.
-        let healthy = fleet.back_at + agent::HEALTHY_SESSION + Duration::from_secs(1);
-        std::thread::sleep(healthy.saturating_duration_since(Instant::now()));
-    }
-    eprintln!("  restart: SIG{signal}, then a new server on the same ports");
-    let before = fleet.workers.stats()?;
-    let simulator = fleet.workers.pids();
-    let noise = Noise::start(&simulator);
-    let simulator_before = procfs::cpu_sample(&simulator)?;
-    let started = Instant::now();
-    fleet.server.process.signal(signal)?;
-    fleet.server.process.wait_exit(EXIT_BOUND)?;
-    let exited = started.elapsed();
-    fleet.server = Server::start(&fleet.pki, fleet.options.clone())?;
-    let listening = started.elapsed();
-    let waited = fleet.wait_all_back(plan.recovery_bound);
-    let after = fleet.workers.stats()?;
-    let server_cpu = procfs::cpu_seconds(fleet.server.process.pid()).unwrap_or(f64::NAN);
-    let simulator_cpu = procfs::cpu_sample(&simulator)?.seconds_since(&simulator_before);
-    let (wall, foreign, _) = noise.finish();
-    let recovery = Recovery {
-        exited,
-        listening,
-        back: waited.as_ref().ok().copied(),
-        seen: after.since(&before),
-        server_cpu,
-        simulator_cpu,
-        // The old server's CPU after the signal (its drain) is gone with it and counts here:
-        // a little foreign CPU too many after SIGTERM.
-        foreign_cpu: (foreign - server_cpu).max(0.0),
-        wall,
-        error: waited.err().map(|e| format!("{e:#}")),
-    };
-    report_recovery(report, fleet.agents, signal, &recovery)?;
-    match &recovery.error {
-        // The next restart needs the whole fleet back.
-        Some(error) => bail!("after SIG{signal}: {error}"),
-        None => Ok(()),
-    }
-}
-
-fn report_recovery(
-    report: &mut Report,
-    n: usize,
-    signal: &str,
-    r: &Recovery,
-) -> anyhow::Result<()> {
-    // Linux refuses a connection only where nothing listens (a full backlog drops the SYN
-    // instead): a refused attempt found the restart's gap, not the server's admission. Every
-    // other failed attempt counts.
-    let refused = r.seen.failed_of("refused");
-    let failed = r.seen.failed() - refused;
-    let mut failures = r.seen.clone();
-    failures.failures.remove("refused");
-    let back = r.back.map_or_else(
-        || "not all back".to_owned(),
-        |d| format!("{:.1} s", d.as_secs_f64()),
-    );
-    eprintln!(
-        "  SIG{signal}: old server gone after {:.2} s, new one listening after {:.2} s; all back {back} later; failed attempts {failed} ({}); refused (no server) {refused}; simulator CPU {:.1} s",
-        r.exited.as_secs_f64(),
-        r.listening.as_secs_f64(),
-        failures.failures_text(),
-        r.simulator_cpu
-    );
-    report.record(
-        "fleet_restart",
-        json!({
-            "agents": n,
-            "signal": signal,
-            "exited_s": r.exited.as_secs_f64(),
-            "listening_s": r.listening.as_secs_f64(),
-            "back_s": r.back.map(|d| d.as_secs_f64()),
-            "failed": failed,
-            "failures": failures.failures,
-            "refused_no_server": refused,
-            "simulator_cpu_s": r.simulator_cpu,
-            "attempts": r.seen.attempts,
-            "connected": r.seen.connected,
-            "drained": r.seen.drained,
-            "lost": r.seen.lost,
-            "retry_hints": r.seen.hints,
-            "server_cpu_s": r.server_cpu,
-            "foreign_cpu_s": r.foreign_cpu,
-            "wall_s": r.wall,
-            "error": r.error,
-        }),
-    )?;
-    report.row(
-        "Fleet: recovery after a server restart (new server on the same ports)",
-        &[
-            "agents",
-            "signal",
-            "old gone / new listening",
-            "all back (from new server)",
-            "failed attempts",
-            "by kind",
-            "refused (no server)",
-            "retry hints",
-            "new server CPU",
-            "simulator CPU",
-            "other load",
-        ],
-        vec![
-            n.to_string(),
-            format!("SIG{signal}"),
-            format!(
-                "{:.2} s / {:.2} s",
-                r.exited.as_secs_f64(),
-                r.listening.as_secs_f64()
-            ),
-            back.clone(),
-            failed.to_string(),
-            failures.failures_text(),
-            refused.to_string(),
-            r.seen.hints.to_string(),
-            format!("{:.1} s", r.server_cpu),
-            format!("{:.1} s", r.simulator_cpu),
-            format!("{:.2} cores", r.foreign_cpu / r.wall.max(1e-9)),
-        ],
-    );
-    check_recovery(report, n, signal, r, back, failed);
-    Ok(())
-}
-
-/// The targets of one restart: every agent back within 15 s, fewer than one failed attempt
-/// per ten agents.
-fn check_recovery(
-    report: &mut Report,
-    n: usize,
-    signal: &str,
-    r: &Recovery,
-    back: String,
-    failed: u64,
-) {
-    check(
-        report,
-        format!("fleet: {n} agents back after SIG{signal} and a new server"),
-        back,
-        "≤ 15 s",
-        r.back.is_some_and(|d| d <= TARGET_RECOVERY),
-    );
-    let per_agent = failed as f64 / n.max(1) as f64;
-    check(
-        report,
-        format!("fleet: failed attempts on the way back after SIG{signal}, {n} agents"),
-        format!("{failed} ({per_agent:.2} per agent)"),
-        "< 0.1 per agent",
-        r.back.is_some() && per_agent < TARGET_FAILED_PER_AGENT,
-    );
 }
