@@ -65,6 +65,7 @@ impl Budget {
                 probes: 2_000,
                 recovery_bound: Duration::from_secs(300),
                 trickle_interval: Duration::from_millis(50),
+                stalled: 0,
             },
         }
     }
@@ -95,6 +96,7 @@ impl Budget {
                 probes: 200,
                 recovery_bound: Duration::from_secs(60),
                 trickle_interval: Duration::from_millis(50),
+                stalled: 0,
             },
         }
     }

@@ -26,6 +26,7 @@ pub mod counters;
 pub mod identity;
 pub mod probe;
 mod restart;
+pub mod stalled;
 mod steady;
 pub mod worker;
 pub mod workers;
@@ -66,6 +67,8 @@ pub struct Plan {
     pub recovery_bound: Duration,
     /// One trickle tunnel every this.
     pub trickle_interval: Duration,
+    /// Stalled handshakes held on the agent endpoint through each restart.
+    pub stalled: usize,
 }
 
 /// How the simulated agents prove who they are; the server is started to match (its token
@@ -137,9 +140,9 @@ fn measure(
     );
     // SIGKILL first: it needs sessions past the agent's healthy age, which the phases before
     // give them; a drain does not look at their age.
-    let restarts = ["KILL", "TERM"]
-        .into_iter()
-        .try_for_each(|signal| restart::restart(&mut fleet, signal, plan, report));
+    let restarts = ["KILL", "TERM"].into_iter().try_for_each(|signal| {
+        restart::restart(&mut fleet, signal, plan, runtime.handle(), report)
+    });
     let outcomes = runtime.block_on(trickle.stop());
     let misrouted = fleet.workers.stats()?.since(&before_trickle).misrouted;
     eprintln!(

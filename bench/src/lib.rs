@@ -161,6 +161,10 @@ pub struct Options {
     /// its token flags come from --server-arg.
     #[arg(long, value_enum, value_name = "AUTH")]
     pub fleet_auth: Option<fleet::Auth>,
+    /// `--only fleet`: stalled handshakes (a slowloris: the start of a TLS record, then
+    /// nothing) held on the agent endpoint through each restart [default: 0].
+    #[arg(long, value_name = "N")]
+    pub fleet_stalled: Option<usize>,
     /// Internal: be a fleet simulator process (its spec and commands on stdin).
     #[arg(long, hide = true)]
     pub fleet_worker: bool,
@@ -565,6 +569,7 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
                     fleet::Auth::Cert
                 }),
             tokens: options.fleet_tokens.clone(),
+            stalled: options.fleet_stalled.unwrap_or(budget.fleet.stalled),
             ..budget.fleet.clone()
         };
         fleet::run(&plan, &extra, &runtime, &mut report);

@@ -114,18 +114,15 @@ async fn a_simulated_agent_presents_its_token_and_honours_a_retry_hint_then_back
 }
 
 #[test]
-fn a_small_fleet_comes_back_after_both_restarts_and_carries_routed_tunnels() {
+fn a_small_fleet_comes_back_through_stalled_handshakes_and_carries_routed_tunnels() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("results.jsonl");
     let agents = 40;
+    let stalled = 100;
     let out = Command::new(env!("CARGO_BIN_EXE_bench"))
-        .args([
-            "--quick",
-            "--only",
-            "fleet",
-            "--agents",
-            &agents.to_string(),
-        ])
+        .args(["--quick", "--only", "fleet"])
+        .args(["--agents", &agents.to_string()])
+        .args(["--fleet-stalled", &stalled.to_string()])
         .arg("--json")
         .arg(&json)
         .arg("--out-dir")
@@ -157,6 +154,7 @@ fn a_small_fleet_comes_back_after_both_restarts_and_carries_routed_tunnels() {
         assert_eq!(row["signal"], signal, "{row}");
         assert!(row["back_s"].is_number(), "not all back: {row}");
         assert!(row["connected"].as_u64() >= Some(agents), "{row}");
+        assert!(row["stalled_opened"].as_u64() >= Some(stalled), "{row}");
     }
     // SIGKILL just loses every session; SIGTERM drains them first.
     let (killed, terminated) = (restarts[0], restarts[1]);

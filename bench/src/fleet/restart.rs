@@ -8,6 +8,7 @@ use bridgehead_e2e::{procfs, Server};
 use serde_json::json;
 
 use super::counters::Snapshot;
+use super::stalled::Stalled;
 use super::{agent, check, Fleet, Plan};
 use crate::noise::Noise;
 use crate::report::Report;
@@ -35,6 +36,8 @@ struct Recovery {
     /// time they were counted over.
     foreign_cpu: f64,
     wall: f64,
+    /// Stalled handshakes held through the restart: opened, and closed by the server.
+    stalled: Option<(u64, u64)>,
     error: Option<String>,
 }
 
@@ -44,6 +47,7 @@ pub(super) fn restart(
     fleet: &mut Fleet,
     signal: &str,
     plan: &Plan,
+    runtime: &tokio::runtime::Handle,
     report: &mut Report,
 ) -> anyhow::Result<()> {
     if signal == "KILL" {
@@ -57,6 +61,8 @@ pub(super) fn restart(
     let simulator = fleet.workers.pids();
     let noise = Noise::start(&simulator);
     let simulator_before = procfs::cpu_sample(&simulator)?;
+    let stalled =
+        (plan.stalled > 0).then(|| Stalled::start(runtime, fleet.server.agent_addr, plan.stalled));
     let started = Instant::now();
     fleet.server.process.signal(signal)?;
     fleet.server.process.wait_exit(EXIT_BOUND)?;
@@ -65,6 +71,7 @@ pub(super) fn restart(
     let listening = started.elapsed();
     let waited = fleet.wait_all_back(plan.recovery_bound);
     let after = fleet.workers.stats()?;
+    let stalled = stalled.map(|stalled| runtime.block_on(stalled.stop()));
     let server_cpu = procfs::cpu_seconds(fleet.server.process.pid()).unwrap_or(f64::NAN);
     let simulator_cpu = procfs::cpu_sample(&simulator)?.seconds_since(&simulator_before);
     let (wall, foreign, _) = noise.finish();
@@ -79,6 +86,7 @@ pub(super) fn restart(
         // a little foreign CPU too many after SIGTERM.
         foreign_cpu: (foreign - server_cpu).max(0.0),
         wall,
+        stalled,
         error: waited.err().map(|e| format!("{e:#}")),
     };
     report_recovery(report, fleet.agents, signal, &recovery)?;
@@ -130,6 +138,8 @@ fn report_recovery(
             "drained": r.seen.drained,
             "lost": r.seen.lost,
             "retry_hints": r.seen.hints,
+            "stalled_opened": r.stalled.map(|(opened, _)| opened),
+            "stalled_closed": r.stalled.map(|(_, closed)| closed),
             "server_cpu_s": r.server_cpu,
             "foreign_cpu_s": r.foreign_cpu,
             "wall_s": r.wall,
@@ -147,6 +157,7 @@ fn report_recovery(
             "by kind",
             "refused (no server)",
             "retry hints",
+            "stalled handshakes opened / cut",
             "new server CPU",
             "simulator CPU",
             "other load",
@@ -164,6 +175,10 @@ fn report_recovery(
             failures.failures_text(),
             refused.to_string(),
             r.seen.hints.to_string(),
+            r.stalled.map_or_else(
+                || "-".to_owned(),
+                |(opened, closed)| format!("{opened} / {closed}"),
+            ),
             format!("{:.1} s", r.server_cpu),
             format!("{:.1} s", r.simulator_cpu),
             format!("{:.2} cores", r.foreign_cpu / r.wall.max(1e-9)),
