@@ -153,6 +153,21 @@ fn measure(
         "fleet_trickle",
         json!({ "agents": plan.agents, "outcomes": outcomes, "misrouted": misrouted }),
     )?;
+    report.row(
+        "Fleet: a trickle of tunnels through both restarts (one every interval, 64 bytes echoed)",
+        &[
+            "agents",
+            "interval",
+            "tunnels by outcome",
+            "dials misrouted",
+        ],
+        vec![
+            plan.agents.to_string(),
+            format!("{:?}", plan.trickle_interval),
+            probe::outcomes_text(&outcomes),
+            misrouted.to_string(),
+        ],
+    );
     restarts
 }
 
