@@ -218,7 +218,7 @@ pub enum Measurement {
     /// 2,000 CONNECTs per second for a minute on the Unix socket against a slow agent (awake
     /// 1 s in 5): pending dials bounded, 503s counted, nothing left after. Only when named.
     Burst,
-    /// 10,000 simulated agents (--agents) on one server: recovery after SIGTERM and SIGKILL
+    /// 10,000 simulated agents (--agents) on one server: recovery after SIGKILL and SIGTERM
     /// restarts, server RSS and CPU per idle agent, routing latency by destHost, `/agents`
     /// and `/metrics` cost. In --quick (300 agents) and when named; a full run leaves it out.
     Fleet,
