@@ -27,6 +27,8 @@ pub struct Budget {
     pub side_by_side_rounds: usize,
     /// Tunnel counts of the bulk rows, instead of each measurement's own (`--tunnels`).
     pub bulk_tunnels: Option<Vec<usize>>,
+    /// The fleet's size and bounds (`--agents` sets its size).
+    pub fleet: crate::fleet::Plan,
 }
 
 impl Budget {
@@ -54,6 +56,17 @@ impl Budget {
             burst_seconds: 60,
             side_by_side_rounds: 1,
             bulk_tunnels: None,
+            fleet: crate::fleet::Plan {
+                agents: 10_000,
+                auth: crate::fleet::Auth::Cert,
+                tokens: None,
+                // Three keepalive intervals of the server and of the agents.
+                idle_window: Duration::from_secs(15),
+                probes: 2_000,
+                recovery_bound: Duration::from_secs(300),
+                trickle_interval: Duration::from_millis(50),
+                stalled: 0,
+            },
         }
     }
 
@@ -74,6 +87,17 @@ impl Budget {
             burst_seconds: 3,
             side_by_side_rounds: 1,
             bulk_tunnels: None,
+            fleet: crate::fleet::Plan {
+                agents: 300,
+                auth: crate::fleet::Auth::Cert,
+                tokens: None,
+                // One keepalive interval.
+                idle_window: Duration::from_secs(5),
+                probes: 200,
+                recovery_bound: Duration::from_secs(60),
+                trickle_interval: Duration::from_millis(50),
+                stalled: 0,
+            },
         }
     }
 }

@@ -10,7 +10,8 @@
 //! - Measurements: [`throughput`] (and CPU per GiB), [`setup`], [`latency`] (round trips),
 //!   [`memory`] (idle tunnels), [`stall`] (stalled neighbour), [`stalled`] (memory under
 //!   stalled readers); only when named: [`soak`] (many tunnels for minutes) and [`burst`]
-//!   (a minute of paced CONNECTs against a slow agent);
+//!   (a minute of paced CONNECTs against a slow agent); in `--quick` and when named:
+//!   [`fleet`] (thousands of simulated agents: restarts, idle cost, routing);
 //!   [`summary`] percentiles.
 //! - [`report`] (tables, JSON lines, PASS/MISS), [`plot`] (SVG), [`profile`] (`perf record`)
 //!   with [`flamegraph`] (SVG flame graphs of the recordings).
@@ -28,6 +29,7 @@ pub mod budget;
 pub mod burst;
 pub mod callgrind;
 pub mod flamegraph;
+pub mod fleet;
 pub mod floor;
 pub mod konnectivity;
 pub mod latency;
@@ -147,6 +149,25 @@ pub struct Options {
     /// http://{listen} ws://127.0.0.1:{spare}`. Built by hand: the bench never builds one.
     #[arg(long = "peer", value_name = "NAME=CMD")]
     pub peers: Vec<peer::PeerSpec>,
+    /// Simulated agents of `--only fleet` (default 10,000; 300 with --quick).
+    #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=fleet::identity::MAX_AGENTS as u64))]
+    pub agents: Option<usize>,
+    /// `--only fleet`: a file of bearer tokens, one a line; simulated agent i presents line i
+    /// in `Authorization: Bearer`.
+    #[arg(long, value_name = "FILE")]
+    pub fleet_tokens: Option<PathBuf>,
+    /// `--only fleet`: how the simulated agents authenticate [default: token with
+    /// --fleet-tokens, else cert]; with `token` the server runs without --cluster-ca-cert, and
+    /// its token flags come from --server-arg.
+    #[arg(long, value_enum, value_name = "AUTH")]
+    pub fleet_auth: Option<fleet::Auth>,
+    /// `--only fleet`: stalled handshakes (a slowloris: the start of a TLS record, then
+    /// nothing) held on the agent endpoint through each restart [default: 0].
+    #[arg(long, value_name = "N")]
+    pub fleet_stalled: Option<usize>,
+    /// Internal: be a fleet simulator process (its spec and commands on stdin).
+    #[arg(long, hide = true)]
+    pub fleet_worker: bool,
     /// Internal: serve the bench target in this process (the memory measurement's child).
     #[arg(long, hide = true)]
     pub serve_target: bool,
@@ -197,6 +218,10 @@ pub enum Measurement {
     /// 2,000 CONNECTs per second for a minute on the Unix socket against a slow agent (awake
     /// 1 s in 5): pending dials bounded, 503s counted, nothing left after. Only when named.
     Burst,
+    /// 10,000 simulated agents (--agents) on one server: recovery after SIGKILL and SIGTERM
+    /// restarts, server RSS and CPU per idle agent, routing latency by destHost, `/agents`
+    /// and `/metrics` cost. In --quick (300 agents) and when named; a full run leaves it out.
+    Fleet,
 }
 
 /// Starts every `--peer`, each serving a tunnel to `target` before it is returned.
@@ -218,6 +243,10 @@ async fn start_peers(
 pub fn run(options: &Options) -> anyhow::Result<bool> {
     if options.serve_target {
         Target::serve_standalone(options.target_send_buffer)?;
+        return Ok(true);
+    }
+    if options.fleet_worker {
+        fleet::worker::serve()?;
         return Ok(true);
     }
     if let Some(results) = &options.replot {
@@ -260,10 +289,13 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
     if !options.tunnels.is_empty() {
         budget.bulk_tunnels = Some(options.tunnels.clone());
     }
-    // The soak and the burst take minutes: they run only when named.
+    // The soak and the burst take minutes: they run only when named. So does the fleet at
+    // its full size; its quick size is part of the smoke run.
     let selected = |m: Measurement| {
         options.only.contains(&m)
-            || (options.only.is_empty() && ![Measurement::Soak, Measurement::Burst].contains(&m))
+            || (options.only.is_empty()
+                && ![Measurement::Soak, Measurement::Burst].contains(&m)
+                && (m != Measurement::Fleet || options.quick))
     };
     let extra = options.extra_args();
     let soak_plan = soak::plan(
@@ -524,6 +556,23 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         let noise = Noise::start(&pair.pids());
         runtime.block_on(burst::run(&pair, target.addr, plan, &mut report));
         record_noise(&mut report, "burst", &noise);
+    }
+
+    if selected(Measurement::Fleet) {
+        let plan = fleet::Plan {
+            agents: options.agents.unwrap_or(budget.fleet.agents),
+            auth: options
+                .fleet_auth
+                .unwrap_or(if options.fleet_tokens.is_some() {
+                    fleet::Auth::Token
+                } else {
+                    fleet::Auth::Cert
+                }),
+            tokens: options.fleet_tokens.clone(),
+            stalled: options.fleet_stalled.unwrap_or(budget.fleet.stalled),
+            ..budget.fleet.clone()
+        };
+        fleet::run(&plan, &extra, &runtime, &mut report);
     }
 
     plot::write_all(&report.throughput, &report.setup, &out_dir)?;

@@ -1,0 +1,221 @@
+//! What a simulator process counts, and the snapshot it reports: attempts, sessions, failed
+//! attempts by kind, dials and tunnels. Snapshots of several processes add up; two snapshots
+//! of the same processes subtract into what happened between them.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+/// The live counters of one simulator process, shared by its agents.
+#[derive(Debug, Default)]
+pub struct Counters {
+    attempts: AtomicU64,
+    connected: AtomicU64,
+    up: AtomicU64,
+    drained: AtomicU64,
+    lost: AtomicU64,
+    hints: AtomicU64,
+    dials: AtomicU64,
+    misrouted: AtomicU64,
+    echoed: AtomicU64,
+    /// Failed attempts by kind ([`super::connect::Failure::kind`]); a failure is the slow
+    /// path, so a lock is fine here.
+    failures: Mutex<BTreeMap<String, u64>>,
+}
+
+/// A point-in-time copy of one or more processes' [`Counters`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Connection attempts started.
+    pub attempts: u64,
+    /// Attempts that ended in an upgraded session.
+    pub connected: u64,
+    /// Sessions live now and not draining (a gauge: it does not subtract).
+    pub up: u64,
+    /// Sessions whose server announced DRAIN.
+    pub drained: u64,
+    /// Sessions that ended without a DRAIN first (the server died or cut them).
+    pub lost: u64,
+    /// Retry hints (`Retry-After`) honoured.
+    pub hints: u64,
+    /// Dials the server asked for.
+    pub dials: u64,
+    /// Dials for a host that is not the agent's own: a routing error.
+    pub misrouted: u64,
+    /// Bytes echoed back through tunnels.
+    pub echoed: u64,
+    /// Failed attempts by kind (`refused`, `reset`, `timeout:tls`, `http:503`, ...).
+    pub failures: BTreeMap<String, u64>,
+}
+
+impl Counters {
+    pub fn attempt(&self) {
+        self.attempts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A session is up: counted until [`UpGuard`] drops.
+    pub fn connected(&self) -> UpGuard<'_> {
+        self.connected.fetch_add(1, Ordering::Relaxed);
+        self.up.fetch_add(1, Ordering::Relaxed);
+        UpGuard(self)
+    }
+
+    pub fn drained(&self) {
+        self.drained.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn lost(&self) {
+        self.lost.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn hint(&self) {
+        self.hints.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn dial(&self) {
+        self.dials.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn misrouted(&self) {
+        self.misrouted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn echoed(&self, bytes: usize) {
+        self.echoed.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// One failed attempt of `kind`.
+    pub fn failed(&self, kind: &str) {
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        *failures.entry(kind.to_owned()).or_default() += 1;
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            attempts: self.attempts.load(Ordering::Relaxed),
+            connected: self.connected.load(Ordering::Relaxed),
+            up: self.up.load(Ordering::Relaxed),
+            drained: self.drained.load(Ordering::Relaxed),
+            lost: self.lost.load(Ordering::Relaxed),
+            hints: self.hints.load(Ordering::Relaxed),
+            dials: self.dials.load(Ordering::Relaxed),
+            misrouted: self.misrouted.load(Ordering::Relaxed),
+            echoed: self.echoed.load(Ordering::Relaxed),
+            failures: self
+                .failures
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        }
+    }
+}
+
+/// Keeps a session counted in [`Snapshot::up`] while it lives and is not draining.
+#[derive(Debug)]
+pub struct UpGuard<'a>(&'a Counters);
+
+impl Drop for UpGuard<'_> {
+    fn drop(&mut self) {
+        self.0.up.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Snapshot {
+    /// The sum of several processes' snapshots.
+    pub fn sum<'a>(snapshots: impl IntoIterator<Item = &'a Snapshot>) -> Snapshot {
+        let mut total = Snapshot::default();
+        for s in snapshots {
+            total.attempts += s.attempts;
+            total.connected += s.connected;
+            total.up += s.up;
+            total.drained += s.drained;
+            total.lost += s.lost;
+            total.hints += s.hints;
+            total.dials += s.dials;
+            total.misrouted += s.misrouted;
+            total.echoed += s.echoed;
+            for (kind, n) in &s.failures {
+                *total.failures.entry(kind.clone()).or_default() += n;
+            }
+        }
+        total
+    }
+
+    /// What happened since `earlier` (counters subtract; `up` is this snapshot's).
+    pub fn since(&self, earlier: &Snapshot) -> Snapshot {
+        let mut failures = self.failures.clone();
+        for (kind, n) in failures.iter_mut() {
+            *n -= earlier.failures.get(kind).copied().unwrap_or(0).min(*n);
+        }
+        failures.retain(|_, n| *n > 0);
+        Snapshot {
+            attempts: self.attempts.saturating_sub(earlier.attempts),
+            connected: self.connected.saturating_sub(earlier.connected),
+            up: self.up,
+            drained: self.drained.saturating_sub(earlier.drained),
+            lost: self.lost.saturating_sub(earlier.lost),
+            hints: self.hints.saturating_sub(earlier.hints),
+            dials: self.dials.saturating_sub(earlier.dials),
+            misrouted: self.misrouted.saturating_sub(earlier.misrouted),
+            echoed: self.echoed.saturating_sub(earlier.echoed),
+            failures,
+        }
+    }
+
+    /// Failed attempts of every kind.
+    pub fn failed(&self) -> u64 {
+        self.failures.values().sum()
+    }
+
+    /// Failed attempts of `kind`.
+    pub fn failed_of(&self, kind: &str) -> u64 {
+        self.failures.get(kind).copied().unwrap_or(0)
+    }
+
+    /// `reset 12, timeout:tls 3` (most first), or `none`.
+    pub fn failures_text(&self) -> String {
+        let mut kinds: Vec<(&String, &u64)> = self.failures.iter().collect();
+        kinds.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        if kinds.is_empty() {
+            return "none".to_owned();
+        }
+        kinds
+            .iter()
+            .map(|(kind, n)| format!("{kind} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshots_add_up_and_subtract() {
+        let counters = Counters::default();
+        counters.attempt();
+        counters.failed("refused");
+        let before = counters.snapshot();
+        counters.attempt();
+        counters.attempt();
+        counters.failed("reset");
+        counters.failed("refused");
+        let guard = counters.connected();
+        let after = counters.snapshot();
+        let delta = after.since(&before);
+        assert_eq!(delta.attempts, 2);
+        assert_eq!(delta.connected, 1);
+        assert_eq!(delta.up, 1);
+        assert_eq!(delta.failed(), 2);
+        assert_eq!(delta.failures_text(), "refused 1, reset 1");
+        drop(guard);
+        assert_eq!(counters.snapshot().up, 0);
+        let total = Snapshot::sum([&after, &after]);
+        assert_eq!(total.attempts, 6);
+        assert_eq!(total.failed_of("refused"), 4);
+        assert_eq!(Snapshot::default().failures_text(), "none");
+    }
+}
