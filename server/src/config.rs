@@ -227,7 +227,7 @@ pub struct Cli {
     pub max_handshakes: usize,
     /// Most agents in their TLS handshake and upgrade at once; more wait in the listen
     /// backlog until one finishes or stalls (see --agent-handshake-stall).
-    #[arg(long, env = "BRIDGEHEAD_MAX_AGENT_HANDSHAKES", default_value_t = 1024)]
+    #[arg(long, env = "BRIDGEHEAD_MAX_AGENT_HANDSHAKES", default_value_t = 4096)]
     pub max_agent_handshakes: usize,
     /// An agent whose handshake has owed the server bytes this long may be cut when a newer
     /// connection needs its place; one that keeps sending is never cut for room.
