@@ -343,7 +343,7 @@ fn egress_config(egress: &Egress) -> Option<String> {
     ))
 }
 
-fn kubeconfig_text(url: &str, ca: &Path, cert: &Path, key: &Path) -> String {
+pub(crate) fn kubeconfig_text(url: &str, ca: &Path, cert: &Path, key: &Path) -> String {
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {url}\n    certificate-authority: {}\nusers:\n- name: user\n  user:\n    client-certificate: {}\n    client-key: {}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: user\ncurrent-context: test\n",
         ca.display(),
