@@ -22,6 +22,7 @@ pub mod controllers;
 pub mod images;
 pub mod node;
 pub mod node_host;
+pub mod real_cluster;
 
 use std::path::PathBuf;
 
