@@ -2,13 +2,15 @@
 //! hosts, bridgehead-server run by the control-plane node's kubelet from deploy/'s static pod
 //! manifest, the agents from deploy/'s DaemonSet, both from the image `scripts/image.sh` builds.
 //! kube-apiserver's namespace has no route to a worker node; everything kubectl does with a
-//! pod there goes through Bridgehead, and each test checks what kubectl hands back byte for
+//! pod there goes through Bridgehead, and the test checks what kubectl hands back byte for
 //! byte. Needs root, `scripts/k8s-build.sh` and `scripts/install-test-deps.sh`; skipped loudly
 //! otherwise.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use bridgehead_e2e::kubernetes::real_cluster::{RealCluster, CONTROL_PLANE_HOST, POD_READY};
 use bridgehead_e2e::kubernetes::{self};
@@ -17,124 +19,276 @@ use bridgehead_e2e::netns;
 /// The whole test, cluster start included.
 const TIMEOUT: Duration = Duration::from_secs(600);
 
-/// The workload pod on worker-1: prints five lines, then waits.
-const SHELL_POD: &str = "apiVersion: v1
-kind: Pod
-metadata:
-  name: shell
-  namespace: default
-spec:
-  nodeName: worker-1
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: shell
-    image: bridgehead.invalid/busybox:1
-    imagePullPolicy: Never
-    command: [sh, -c, 'for i in 1 2 3 4 5; do echo log line $i; done; exec sleep 3600']
-";
+/// The test's pods: on each worker a shell that prints five lines and waits, on worker-1 an
+/// echo server (busybox nc running cat for every connection), on worker-2 a ticker printing a
+/// numbered line every 100 ms.
+fn pods() -> String {
+    let mut yaml = String::new();
+    for (name, node, script) in [
+        (
+            "shell-1",
+            "worker-1",
+            "for i in 1 2 3 4 5; do echo log line $i; done; exec sleep 3600",
+        ),
+        (
+            "shell-2",
+            "worker-2",
+            "for i in 1 2 3 4 5; do echo log line $i; done; exec sleep 3600",
+        ),
+        ("echo", "worker-1", "exec nc -ll -p 7000 -e cat"),
+        (
+            "ticker",
+            "worker-2",
+            "i=0; while true; do echo tick $i; i=$((i+1)); usleep 100000; done",
+        ),
+    ] {
+        yaml.push_str(&format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  nodeName: {node}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: bridgehead.invalid/busybox:1\n    imagePullPolicy: Never\n    command: [sh, -c, '{script}']\n"
+        ));
+    }
+    yaml
+}
 
 #[test]
-fn kubectl_logs_and_exec_reach_a_real_pod_through_bridgehead_installed_from_deploy() {
+fn kubectl_reaches_real_pods_on_two_nodes_through_bridgehead_installed_from_deploy() {
     const TEST: &str =
-        "kubectl_logs_and_exec_reach_a_real_pod_through_bridgehead_installed_from_deploy";
+        "kubectl_reaches_real_pods_on_two_nodes_through_bridgehead_installed_from_deploy";
     let Some(binaries) = kubernetes::require_nodes(TEST) else {
         return;
     };
     // with_net only for its root check and timeout; the cluster makes its own hosts.
     netns::with_net(TEST, 1, TIMEOUT, move |_| {
-        let cluster = RealCluster::start(&binaries, 1).unwrap_or_else(|e| panic!("{e:#}"));
-        let worker = &cluster.workers[0];
+        let mut cluster = RealCluster::start(&binaries, 2).unwrap_or_else(|e| panic!("{e:#}"));
 
-        // kube-apiserver's namespace cannot reach the worker's kubelet by itself.
-        let direct = cluster.net.run_in(
-            CONTROL_PLANE_HOST,
-            &[
-                "curl",
-                "-sk",
-                "--max-time",
-                "5",
-                &format!("https://{}:10250/healthz", worker.node_ip),
-            ],
-        );
-        assert!(
-            direct.is_err(),
-            "the control plane reached the worker's kubelet directly: {direct:?}"
-        );
+        // kube-apiserver's namespace cannot reach a worker's kubelet by itself.
+        for worker in &cluster.workers {
+            let direct = cluster.net.run_in(
+                CONTROL_PLANE_HOST,
+                &[
+                    "curl",
+                    "-sk",
+                    "--max-time",
+                    "5",
+                    &format!("https://{}:10250/healthz", worker.node_ip),
+                ],
+            );
+            assert!(
+                direct.is_err(),
+                "the control plane reached {}'s kubelet directly: {direct:?}",
+                worker.name
+            );
+        }
 
-        cluster.control_plane.apply(SHELL_POD).unwrap();
+        cluster.control_plane.apply(&pods()).unwrap();
         let ready = cluster
             .control_plane
             .kubectl(&[
                 "wait",
                 "--for=condition=Ready",
-                "pod/shell",
+                "pod/shell-1",
+                "pod/shell-2",
+                "pod/echo",
+                "pod/ticker",
                 &format!("--timeout={}s", POD_READY.as_secs()),
             ])
             .unwrap();
         assert!(
             ready.status.success(),
-            "pod not Ready: {}\n{}\nkubelet:\n{}",
+            "pods not Ready: {}\n{}",
             String::from_utf8_lossy(&ready.stderr),
             cluster.describe_pods("default"),
-            worker.kubelet_log()
         );
 
         let tunnels_before = tunnels(&cluster);
-        // kubectl logs: the kubelet's containerLogs, through the agent on worker-1.
-        let logs = cluster
-            .control_plane
-            .kubectl_ok(&["logs", "shell"])
-            .unwrap();
-        assert_eq!(
-            logs,
-            "log line 1\nlog line 2\nlog line 3\nlog line 4\nlog line 5\n"
-        );
+        let scratch = tempfile::tempdir().unwrap();
+        for pod in ["shell-1", "shell-2"] {
+            logs(&cluster, pod);
+            exec_stdin_and_status(&cluster, pod);
+        }
+        follow_logs(&cluster);
+        copy_both_ways(&cluster, "shell-1", scratch.path());
+        port_forward(&cluster);
 
-        // kubectl exec -i: 1 MiB of every byte value through cat and back, and the command's
-        // exit status carried back as kubectl's.
-        let input: Vec<u8> = (0..1 << 20)
-            .map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-            .collect();
-        let mut exec = Command::new(&cluster.control_plane.binaries.kubectl)
-            .arg(format!(
-                "--kubeconfig={}",
-                cluster.control_plane.kubeconfig.display()
-            ))
-            .args(["exec", "-i", "shell", "--", "sh", "-c", "cat; exit 3"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdin = exec.stdin.take().unwrap();
-        let feed = {
-            let input = input.clone();
-            std::thread::spawn(move || {
-                stdin.write_all(&input).unwrap();
-            })
-        };
-        let output = exec.wait_with_output().unwrap();
-        feed.join().unwrap();
-        assert_eq!(
-            output.status.code(),
-            Some(3),
-            "kubectl exec: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        assert!(
-            output.stdout == input,
-            "exec's output differs from its input ({} bytes back of {})",
-            output.stdout.len(),
-            input.len()
-        );
-
-        // Both went through the server: it counted tunnels for them.
+        // All of it went through the server: it counted the tunnels.
         let tunnels_after = tunnels(&cluster);
         assert!(
-            tunnels_after >= tunnels_before + 2.0,
+            tunnels_after >= tunnels_before + 9.0,
             "tunnels before {tunnels_before}, after {tunnels_after}"
         );
+
+        // A dropped node leaves nothing behind: no Node object, no cgroup.
+        let worker = cluster.workers.pop().unwrap();
+        let (name, cgroup) = (worker.name.clone(), worker.cgroup_root().to_owned());
+        drop(worker);
+        let node = cluster
+            .control_plane
+            .kubectl(&["get", "node", &name])
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&node.stderr).contains("NotFound"),
+            "{name} still exists: {node:?}"
+        );
+        for hierarchy in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+            let left = hierarchy.path().join(&cgroup);
+            assert!(!left.exists(), "{} left behind", left.display());
+        }
     });
+}
+
+/// `kubectl logs`: the kubelet's containerLogs, through the pod's node's agent.
+fn logs(cluster: &RealCluster, pod: &str) {
+    let logs = cluster.control_plane.kubectl_ok(&["logs", pod]).unwrap();
+    assert_eq!(
+        logs, "log line 1\nlog line 2\nlog line 3\nlog line 4\nlog line 5\n",
+        "{pod}"
+    );
+}
+
+/// `kubectl exec -i`: 1 MiB of every byte value through cat and back, and the command's exit
+/// status carried back as kubectl's.
+fn exec_stdin_and_status(cluster: &RealCluster, pod: &str) {
+    let input = pattern(1 << 20, pod.len() as u32);
+    let mut exec = kubectl(
+        cluster,
+        &["exec", "-i", pod, "--", "sh", "-c", "cat; exit 3"],
+    );
+    let mut stdin = exec.stdin.take().unwrap();
+    let feed = {
+        let input = input.clone();
+        std::thread::spawn(move || stdin.write_all(&input).unwrap())
+    };
+    let output = exec.wait_with_output().unwrap();
+    feed.join().unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "kubectl exec {pod}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.stdout == input,
+        "exec in {pod}: {} bytes back of {}",
+        output.stdout.len(),
+        input.len()
+    );
+}
+
+/// `kubectl logs -f`: the ticker's lines arrive in order while they are written, not at the
+/// end (twenty lines written 100 ms apart cannot arrive in one burst).
+fn follow_logs(cluster: &RealCluster) {
+    let mut follow = kubectl(cluster, &["logs", "-f", "--tail=1", "ticker"]);
+    let mut lines = BufReader::new(follow.stdout.take().unwrap()).lines();
+    let first: u64 = lines
+        .next()
+        .expect("kubectl logs -f ended")
+        .unwrap()
+        .strip_prefix("tick ")
+        .expect("a tick line")
+        .parse()
+        .unwrap();
+    let started = Instant::now();
+    for n in first + 1..=first + 20 {
+        let line = lines.next().expect("kubectl logs -f ended").unwrap();
+        assert_eq!(line, format!("tick {n}"));
+    }
+    let took = started.elapsed();
+    let _ = follow.kill();
+    let _ = follow.wait();
+    assert!(
+        took >= Duration::from_millis(1500),
+        "twenty lines in {took:?}"
+    );
+}
+
+/// `kubectl cp` into the pod (its sha256 there is the file's) and out of it again (the same
+/// bytes), 4 MiB each way.
+fn copy_both_ways(cluster: &RealCluster, pod: &str, scratch: &Path) {
+    let data = pattern(4 << 20, 7);
+    let local = scratch.join("up.bin");
+    std::fs::write(&local, &data).unwrap();
+    cluster
+        .control_plane
+        .kubectl_ok(&[
+            "cp",
+            &local.to_string_lossy(),
+            &format!("{pod}:/tmp/up.bin"),
+        ])
+        .unwrap();
+    let digest = ring::digest::digest(&ring::digest::SHA256, &data);
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    let remote = cluster
+        .control_plane
+        .kubectl_ok(&["exec", pod, "--", "sha256sum", "/tmp/up.bin"])
+        .unwrap();
+    assert_eq!(remote.split_whitespace().next(), Some(hex.as_str()));
+    let back = scratch.join("down.bin");
+    cluster
+        .control_plane
+        .kubectl_ok(&["cp", &format!("{pod}:/tmp/up.bin"), &back.to_string_lossy()])
+        .unwrap();
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "kubectl cp out of {pod}"
+    );
+}
+
+/// `kubectl port-forward` to the echo pod: four connections at once, 1 MiB echoed on each.
+fn port_forward(cluster: &RealCluster) {
+    let mut forward = kubectl(cluster, &["port-forward", "pod/echo", ":7000"]);
+    let mut lines = BufReader::new(forward.stdout.take().unwrap()).lines();
+    let line = lines
+        .next()
+        .expect("kubectl port-forward printed nothing")
+        .unwrap();
+    // "Forwarding from 127.0.0.1:PORT -> 7000"
+    let port: u16 = line
+        .strip_prefix("Forwarding from 127.0.0.1:")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("kubectl port-forward said {line:?}"))
+        .parse()
+        .unwrap();
+    let connections: Vec<_> = (0..4u32)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let data = pattern(1 << 20, i);
+                let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                let mut writer = stream.try_clone().unwrap();
+                let sent = data.clone();
+                let feed = std::thread::spawn(move || writer.write_all(&sent).unwrap());
+                let mut back = vec![0; data.len()];
+                stream.read_exact(&mut back).unwrap();
+                feed.join().unwrap();
+                assert!(back == data, "connection {i}: echo differs");
+            })
+        })
+        .collect();
+    for connection in connections {
+        connection.join().unwrap();
+    }
+    let _ = forward.kill();
+    let _ = forward.wait();
+}
+
+/// `kubectl ARGS` with the admin kubeconfig as a child, stdin, stdout and stderr piped.
+fn kubectl(cluster: &RealCluster, args: &[&str]) -> Child {
+    Command::new(&cluster.control_plane.binaries.kubectl)
+        .arg(format!(
+            "--kubeconfig={}",
+            cluster.control_plane.kubeconfig.display()
+        ))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// `len` bytes of a pattern that takes every byte value, different for each `seed`.
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_add(seed).wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
 }
 
 /// The tunnels the server has opened so far (`bridgehead_server_dials_total{result="ok"}`).

@@ -120,7 +120,7 @@ pub struct NodeHost {
     kubelet: Option<Process>,
     _containerd: Process,
     /// Removed on drop, after the host's processes ([`NodeHost`]'s `Drop` ends them).
-    _cgroups: Cgroups,
+    cgroups: Cgroups,
     kubectl: PathBuf,
     admin_kubeconfig: PathBuf,
     dir: tempfile::TempDir,
@@ -322,7 +322,7 @@ impl NodeHost {
             unshare: host.unshare.take().context("no unshare")?,
             kubelet: Some(kubelet),
             _containerd: containerd,
-            _cgroups: cgroups,
+            cgroups,
             kubectl: control_plane.binaries.kubectl.clone(),
             admin_kubeconfig: control_plane.kubeconfig.clone(),
             dir,
@@ -396,6 +396,12 @@ impl NodeHost {
     /// Runs `command` (a program and its arguments) inside the host and waits for it.
     pub fn run(&self, command: &[&str]) -> anyhow::Result<Output> {
         enter(self.holder_pid, command)
+    }
+
+    /// The cgroup under which kubelet and runc put everything of this node, in every
+    /// hierarchy (`/sys/fs/cgroup/*/<root>`).
+    pub fn cgroup_root(&self) -> &str {
+        &self.cgroups.root
     }
 
     /// The test's folder for this host.
