@@ -36,6 +36,7 @@ fn pods() -> String {
             "for i in 1 2 3 4 5; do echo log line $i; done; exec sleep 3600",
         ),
         ("echo", "worker-1", "exec nc -ll -p 7000 -e cat"),
+        ("attached", "worker-1", "exec cat"),
         (
             "ticker",
             "worker-2",
@@ -43,7 +44,7 @@ fn pods() -> String {
         ),
     ] {
         yaml.push_str(&format!(
-            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  nodeName: {node}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: bridgehead.invalid/busybox:1\n    imagePullPolicy: Never\n    command: [sh, -c, '{script}']\n"
+            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  nodeName: {node}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: bridgehead.invalid/busybox:1\n    imagePullPolicy: Never\n    command: [sh, -c, '{script}']\n    stdin: true\n"
         ));
     }
     yaml
@@ -89,6 +90,7 @@ fn kubectl_reaches_real_pods_on_two_nodes_through_bridgehead_installed_from_depl
                 "pod/shell-2",
                 "pod/echo",
                 "pod/ticker",
+                "pod/attached",
                 &format!("--timeout={}s", POD_READY.as_secs()),
             ])
             .unwrap();
@@ -108,13 +110,16 @@ fn kubectl_reaches_real_pods_on_two_nodes_through_bridgehead_installed_from_depl
         follow_logs(&cluster);
         copy_both_ways(&cluster, "shell-1", scratch.path());
         port_forward(&cluster);
+        attach(&cluster);
 
         // All of it went through the server: it counted the tunnels.
         let tunnels_after = tunnels(&cluster);
         assert!(
-            tunnels_after >= tunnels_before + 9.0,
+            tunnels_after >= tunnels_before + 10.0,
             "tunnels before {tunnels_before}, after {tunnels_after}"
         );
+
+        agent_replaced(&cluster);
 
         // A dropped node leaves nothing behind: no Node object, no cgroup.
         let worker = cluster.workers.pop().unwrap();
@@ -267,6 +272,94 @@ fn port_forward(cluster: &RealCluster) {
     }
     let _ = forward.kill();
     let _ = forward.wait();
+}
+
+/// `kubectl attach -i` to a container running `cat`: what goes in comes out.
+fn attach(cluster: &RealCluster) {
+    let input = pattern(256 << 10, 3);
+    let mut attach = kubectl(cluster, &["attach", "-i", "attached"]);
+    let mut stdin = attach.stdin.take().unwrap();
+    let mut stdout = attach.stdout.take().unwrap();
+    let feed = {
+        let input = input.clone();
+        std::thread::spawn(move || {
+            stdin.write_all(&input).unwrap();
+            // Held open: closing it would end cat (and the pod's container) for good.
+            stdin
+        })
+    };
+    let mut back = vec![0; input.len()];
+    stdout.read_exact(&mut back).unwrap();
+    let _stdin = feed.join().unwrap();
+    assert!(back == input, "attach: the bytes differ");
+    let _ = attach.kill();
+    let _ = attach.wait();
+}
+
+/// The drill of an agent pod deleted: the DaemonSet replaces it, `kubectl exec` into its node
+/// works again within seconds, and a `kubectl logs -f` on another node loses no line.
+fn agent_replaced(cluster: &RealCluster) {
+    let mut follow = kubectl(cluster, &["logs", "-f", "--tail=1", "ticker"]);
+    let mut lines = BufReader::new(follow.stdout.take().unwrap()).lines();
+    let tick = |line: Option<std::io::Result<String>>| -> u64 {
+        let line = line.expect("kubectl logs -f ended").unwrap();
+        line.strip_prefix("tick ")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("not a tick: {line:?}"))
+    };
+    let mut last = tick(lines.next());
+    let agent = cluster
+        .control_plane
+        .kubectl_ok(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/name=bridgehead-agent",
+            "--field-selector=spec.nodeName=worker-1",
+            "-o",
+            "jsonpath={.items[0].metadata.name}",
+        ])
+        .unwrap();
+    let deleted = Instant::now();
+    cluster
+        .control_plane
+        .kubectl_ok(&["delete", "pod", "-n", "kube-system", &agent, "--wait=false"])
+        .unwrap();
+    // Bounded: the replacement announces nothing the test can wait on but a working exec.
+    let mut failures = 0;
+    loop {
+        let exec = cluster
+            .control_plane
+            .kubectl(&["exec", "shell-1", "--", "echo", "back"])
+            .unwrap();
+        if exec.status.success() && exec.stdout == b"back\n" {
+            break;
+        }
+        failures += 1;
+        assert!(
+            deleted.elapsed() < Duration::from_secs(90),
+            "no exec into worker-1 within 90 s of its agent's deletion: {}\n{}",
+            String::from_utf8_lossy(&exec.stderr),
+            cluster.describe_pods("kube-system")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let recovered = deleted.elapsed();
+    // Meanwhile on worker-2: every tick, in order.
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        let next = tick(lines.next());
+        assert_eq!(next, last + 1, "kubectl logs -f on worker-2 lost lines");
+        last = next;
+    }
+    let _ = follow.kill();
+    let _ = follow.wait();
+    let _ = writeln!(
+        std::io::stderr(),
+        "agent on worker-1 deleted: exec into worker-1 worked again after {recovered:?} ({failures} failed tries)"
+    );
 }
 
 /// `kubectl ARGS` with the admin kubeconfig as a child, stdin, stdout and stderr piped.

@@ -13,7 +13,8 @@
 //! - a worker's link: a veth to the control plane's namespace, the node's address
 //!   ([`NodeHost::node_ip`], where kubelet serves) on its loopback and its pods on a bridge
 //!   (`10.244.<index>.0/24`, masqueraded on the way out): the control plane's namespace has
-//!   no route to either, so kube-apiserver reaches the node only through Bridgehead;
+//!   no route to either, so kube-apiserver reaches the node only through Bridgehead; a TCP
+//!   connection to where a host has no route is refused at once (a reset), on every host;
 //! - containerd with its own root, state and socket in the test's folder; the pause, busybox
 //!   and Bridgehead images imported ([`super::images`]); kubelet on cgroupfs (cgroup v1 is what
 //!   these machines have) under a cgroup root of its own.
@@ -261,6 +262,7 @@ impl NodeHost {
         if let Network::Worker { ns, index } = &options.network {
             link(&host, ns, *index, k, control_plane.address, node_ip)?;
         }
+        refuse_elsewhere(&host)?;
 
         let containerd = host.spawn(
             &[
@@ -622,6 +624,35 @@ fn link(
         ],
     ] {
         let command: Vec<&str> = command.iter().map(|s| s.as_ref()).collect();
+        let out = enter(host.holder_pid, &command)?;
+        if !out.status.success() {
+            bail!(
+                "{command:?} in the node host: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Makes a connection to an address this host has no route to fail at once, as a firewall's
+/// reset would, rather than vanish: a default route into an interface that leads nowhere (one
+/// end of a veth pair whose other end is in the same host; the kernels here have no dummy
+/// interfaces), where TCP is answered with a reset. Without it, an agent asked to dial a node it cannot reach (a tunnel
+/// the `default` strategy gave it while the node's own agent is being replaced) waits for the
+/// dial timeout whenever the kernel's rate limit holds back the ICMP unreachable.
+fn refuse_elsewhere(host: &Host) -> anyhow::Result<()> {
+    for command in [
+        "ip link add nowhere type veth peer name nowhere-peer",
+        "ip link set nowhere-peer up",
+        "ip link set nowhere up",
+        "ip route add default dev nowhere",
+        "iptables -A FORWARD -o nowhere -p tcp -j REJECT --reject-with tcp-reset",
+        "iptables -A FORWARD -o nowhere -j DROP",
+        "iptables -A OUTPUT -o nowhere -p tcp -j REJECT --reject-with tcp-reset",
+        "iptables -A OUTPUT -o nowhere -j DROP",
+    ] {
+        let command: Vec<&str> = command.split(' ').collect();
         let out = enter(host.holder_pid, &command)?;
         if !out.status.success() {
             bail!(
