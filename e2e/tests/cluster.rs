@@ -111,6 +111,7 @@ fn kubectl_reaches_real_pods_on_two_nodes_through_bridgehead_installed_from_depl
         copy_both_ways(&cluster, "shell-1", scratch.path());
         port_forward(&cluster);
         attach(&cluster);
+        byte_counters_agree(&cluster);
 
         // All of it went through the server: it counted the tunnels.
         let tunnels_after = tunnels(&cluster);
@@ -294,6 +295,76 @@ fn attach(cluster: &RealCluster) {
     assert!(back == input, "attach: the bytes differ");
     let _ = attach.kill();
     let _ = attach.wait();
+}
+
+/// The server's byte counters equal the sums of the agents' (each agent's metrics scraped on
+/// its health port, from inside its node): every byte of every tunnel is counted once on each
+/// side. Polled (bounded) until a tunnel still winding down has counted its last bytes.
+fn byte_counters_agree(cluster: &RealCluster) {
+    let agents = cluster
+        .control_plane
+        .kubectl_ok(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/name=bridgehead-agent",
+            "-o",
+            "jsonpath={range .items[*]}{.spec.nodeName} {.status.podIP}{\"\\n\"}{end}",
+        ])
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut summed = [0.0; 2];
+        for line in agents.lines() {
+            let (node, ip) = line.split_once(' ').unwrap();
+            let host = std::iter::once(&cluster.control_plane_node)
+                .chain(&cluster.workers)
+                .find(|host| host.name == node)
+                .unwrap_or_else(|| panic!("no node {node}"));
+            let out = host
+                .run(&[
+                    "curl",
+                    "-sS",
+                    "--max-time",
+                    "5",
+                    &format!("http://{ip}:8134/metrics"),
+                ])
+                .unwrap();
+            let metrics = String::from_utf8_lossy(&out.stdout);
+            for (i, direction) in ["to_target", "from_target"].iter().enumerate() {
+                summed[i] += metric(
+                    &metrics,
+                    &format!("bridgehead_agent_bytes_total{{direction=\"{direction}\"}}"),
+                );
+            }
+        }
+        let server = cluster.server_health("/metrics").unwrap();
+        let served = ["to_target", "from_target"].map(|direction| {
+            metric(
+                &server,
+                &format!("bridgehead_server_bytes_total{{direction=\"{direction}\"}}"),
+            )
+        });
+        // At least the 4 MiB copied each way and the 4 MiB echoed through port-forward.
+        assert!(served[0] > (8 << 20) as f64, "server counted {served:?}");
+        if served == summed {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "byte counters differ: server {served:?}, agents {summed:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The value of `series` (its full name with labels) in Prometheus text, 0 when absent.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// The drill of an agent pod deleted: the DaemonSet replaces it, `kubectl exec` into its node
