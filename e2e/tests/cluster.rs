@@ -107,6 +107,7 @@ fn kubectl_reaches_real_pods_on_two_nodes_through_bridgehead_installed_from_depl
             logs(&cluster, pod);
             exec_stdin_and_status(&cluster, pod);
         }
+        exec_with_tty(&cluster, "shell-1");
         follow_logs(&cluster);
         copy_both_ways(&cluster, "shell-1", scratch.path());
         port_forward(&cluster);
@@ -116,10 +117,11 @@ fn kubectl_reaches_real_pods_on_two_nodes_through_bridgehead_installed_from_depl
         // All of it went through the server: it counted the tunnels.
         let tunnels_after = tunnels(&cluster);
         assert!(
-            tunnels_after >= tunnels_before + 10.0,
+            tunnels_after >= tunnels_before + 11.0,
             "tunnels before {tunnels_before}, after {tunnels_after}"
         );
 
+        kubelet_restarted(&mut cluster);
         agent_replaced(&cluster);
 
         // A dropped node leaves nothing behind: no Node object, no cgroup.
@@ -177,6 +179,24 @@ fn exec_stdin_and_status(cluster: &RealCluster, pod: &str) {
         output.stdout.len(),
         input.len()
     );
+}
+
+/// `kubectl exec -it` from a terminal (util-linux `script` gives kubectl a pseudo-terminal):
+/// the command in the pod has a terminal too, and its exit status comes back.
+fn exec_with_tty(cluster: &RealCluster, pod: &str) {
+    let command = format!(
+        "{} --kubeconfig={} exec -it {pod} -- sh -c 'tty; exit 5'",
+        cluster.control_plane.binaries.kubectl.display(),
+        cluster.control_plane.kubeconfig.display()
+    );
+    let output = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("running script (util-linux)");
+    let text = String::from_utf8_lossy(&output.stdout).replace('\r', "");
+    assert_eq!(output.status.code(), Some(5), "exec -it {pod}: {text}");
+    assert!(text.contains("/dev/pts/"), "no terminal in {pod}: {text:?}");
 }
 
 /// `kubectl logs -f`: the ticker's lines arrive in order while they are written, not at the
@@ -365,6 +385,76 @@ fn metric(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
         .unwrap_or(0.0)
+}
+
+/// The drill of a kubelet restarted (worker-2's, killed and started again): a `kubectl logs -f`
+/// through it ends, `kubectl exec` into its node works again within seconds, and its pods kept
+/// running meanwhile.
+fn kubelet_restarted(cluster: &mut RealCluster) {
+    let mut follow = kubectl(cluster, &["logs", "-f", "--tail=1", "ticker"]);
+    let stdout = follow.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    lines_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("kubectl logs -f printed nothing")
+        .unwrap();
+    let restarted = Instant::now();
+    cluster.workers[1].restart_kubelet().unwrap();
+    // The stream through the old kubelet ends: kubectl's output closes.
+    loop {
+        match lines_rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(_) => continue,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                panic!("kubectl logs -f still open 30 s after its kubelet was killed")
+            }
+        }
+    }
+    let ended = restarted.elapsed();
+    let _ = follow.kill();
+    let _ = follow.wait();
+    let mut failures = 0;
+    loop {
+        let exec = cluster
+            .control_plane
+            .kubectl(&["exec", "shell-2", "--", "echo", "back"])
+            .unwrap();
+        if exec.status.success() && exec.stdout == b"back\n" {
+            break;
+        }
+        failures += 1;
+        assert!(
+            restarted.elapsed() < Duration::from_secs(60),
+            "no exec into worker-2 within 60 s of its kubelet's restart: {}\nkubelet:\n{}",
+            String::from_utf8_lossy(&exec.stderr),
+            cluster.workers[1].kubelet_log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let recovered = restarted.elapsed();
+    // The pods ran on: the shell's container is the one that started with the node.
+    let restarts = cluster
+        .control_plane
+        .kubectl_ok(&[
+            "get",
+            "pod",
+            "shell-2",
+            "-o",
+            "jsonpath={.status.containerStatuses[0].restartCount}",
+        ])
+        .unwrap();
+    assert_eq!(restarts, "0");
+    let _ = writeln!(
+        std::io::stderr(),
+        "kubelet on worker-2 restarted: logs -f through it ended after {ended:?}, exec worked again after {recovered:?} ({failures} failed tries)"
+    );
 }
 
 /// The drill of an agent pod deleted: the DaemonSet replaces it, `kubectl exec` into its node

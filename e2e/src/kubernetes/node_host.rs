@@ -119,6 +119,7 @@ pub struct NodeHost {
     /// The `unshare` that started the host.
     unshare: Child,
     kubelet: Option<Process>,
+    kubelet_command: Vec<String>,
     _containerd: Process,
     /// Removed on drop, after the host's processes ([`NodeHost`]'s `Drop` ends them).
     cgroups: Cgroups,
@@ -303,18 +304,20 @@ impl NodeHost {
             }
         }
 
-        let kubelet = host.spawn(
-            &[
-                &control_plane.binaries.kubelet.to_string_lossy(),
-                &format!("--config={}", path("kubelet/config.yaml").display()),
-                &format!("--kubeconfig={}", path("kubelet/kubeconfig").display()),
-                &format!("--root-dir={}", path("kubelet/root").display()),
-                &format!("--cert-dir={}", path("kubelet/pki").display()),
-                &format!("--hostname-override={}", options.name),
-                &format!("--node-ip={node_ip}"),
-            ],
-            &[],
-        )?;
+        let kubelet_command = vec![
+            control_plane
+                .binaries
+                .kubelet
+                .to_string_lossy()
+                .into_owned(),
+            format!("--config={}", path("kubelet/config.yaml").display()),
+            format!("--kubeconfig={}", path("kubelet/kubeconfig").display()),
+            format!("--root-dir={}", path("kubelet/root").display()),
+            format!("--cert-dir={}", path("kubelet/pki").display()),
+            format!("--hostname-override={}", options.name),
+            format!("--node-ip={node_ip}"),
+        ];
+        let kubelet = host.spawn(&strs(&kubelet_command), &[])?;
         let node = NodeHost {
             name: options.name.clone(),
             node_ip,
@@ -323,6 +326,7 @@ impl NodeHost {
             holder_stdin: host.holder_stdin.take(),
             unshare: host.unshare.take().context("no unshare")?,
             kubelet: Some(kubelet),
+            kubelet_command,
             _containerd: containerd,
             cgroups,
             kubectl: control_plane.binaries.kubectl.clone(),
@@ -364,6 +368,18 @@ impl NodeHost {
             }
             std::thread::sleep(Duration::from_millis(250));
         }
+    }
+
+    /// Kills kubelet (SIGKILL) and starts it again with the same flags; its pods keep running
+    /// under containerd meanwhile, as on a real node.
+    pub fn restart_kubelet(&mut self) -> anyhow::Result<()> {
+        if let Some(mut kubelet) = self.kubelet.take() {
+            kill_inner(&mut kubelet);
+        }
+        let mut command = nsenter(self.holder_pid);
+        command.args(&self.kubelet_command);
+        self.kubelet = Some(Process::spawn(command, &[])?.0);
+        Ok(())
     }
 
     /// What kubelet logged so far.
@@ -458,6 +474,10 @@ impl Drop for Host {
             end_host(self.holder_pid, &mut self.holder_stdin, &mut unshare);
         }
     }
+}
+
+fn strs(strings: &[String]) -> Vec<&str> {
+    strings.iter().map(String::as_str).collect()
 }
 
 /// `nsenter` into every namespace of the host whose first process is `pid`.
