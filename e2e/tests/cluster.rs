@@ -123,6 +123,7 @@ fn kubectl_reaches_real_pods_on_two_nodes_through_bridgehead_installed_from_depl
 
         kubelet_restarted(&mut cluster);
         agent_replaced(&cluster);
+        server_replaced(&cluster);
 
         // A dropped node leaves nothing behind: no Node object, no cgroup.
         let worker = cluster.workers.pop().unwrap();
@@ -520,6 +521,78 @@ fn agent_replaced(cluster: &RealCluster) {
     let _ = writeln!(
         std::io::stderr(),
         "agent on worker-1 deleted: exec into worker-1 worked again after {recovered:?} ({failures} failed tries)"
+    );
+}
+
+/// The drill of the server's static pod replaced (its manifest changed, as an upgrade does): a
+/// `kubectl logs -f` through the old server ends within its shutdown grace period and kubelet's,
+/// and `kubectl exec` works again once the new server runs and the agents are back.
+fn server_replaced(cluster: &RealCluster) {
+    let mut follow = kubectl(cluster, &["logs", "-f", "--tail=1", "ticker"]);
+    let stdout = follow.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    lines_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("kubectl logs -f printed nothing")
+        .unwrap();
+    // A new revision of the manifest, written beside it and renamed over it (kubelet skips
+    // dot files), as a configuration tool would.
+    let manifests = cluster.etc_kubernetes().join("manifests");
+    let manifest = manifests.join("konnectivity-server.yaml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let revised = text.replacen(
+        "\n  labels:\n",
+        "\n  annotations:\n    bridgehead.test/revision: \"2\"\n  labels:\n",
+        1,
+    );
+    assert_ne!(
+        revised, text,
+        "the manifest has no metadata.labels to revise beside"
+    );
+    std::fs::write(manifests.join(".konnectivity-server.yaml.new"), revised).unwrap();
+    let replaced = Instant::now();
+    std::fs::rename(manifests.join(".konnectivity-server.yaml.new"), &manifest).unwrap();
+    loop {
+        match lines_rx.recv_timeout(Duration::from_secs(90)) {
+            Ok(_) => continue,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                panic!("kubectl logs -f still open 90 s after the server's manifest changed")
+            }
+        }
+    }
+    let cut = replaced.elapsed();
+    let _ = follow.kill();
+    let _ = follow.wait();
+    let mut failures = 0;
+    loop {
+        let exec = cluster
+            .control_plane
+            .kubectl(&["exec", "shell-2", "--", "echo", "back"])
+            .unwrap();
+        if exec.status.success() && exec.stdout == b"back\n" {
+            break;
+        }
+        failures += 1;
+        assert!(
+            replaced.elapsed() < Duration::from_secs(150),
+            "no exec within 150 s of the server's replacement: {}\n{}",
+            String::from_utf8_lossy(&exec.stderr),
+            cluster.describe_pods("kube-system")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let recovered = replaced.elapsed();
+    let _ = writeln!(
+        std::io::stderr(),
+        "server's static pod replaced: logs -f through it cut after {cut:?}, exec worked again after {recovered:?} ({failures} failed tries)"
     );
 }
 
