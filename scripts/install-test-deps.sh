@@ -17,6 +17,7 @@ wants=(
   "haproxy haproxy"             # e2e/tests/ha.rs, leases.rs: a real load balancer
   "taskset util-linux"          # e2e/tests/runtime.rs: an agent pinned to one CPU
   "unshare util-linux"          # e2e/src/kubernetes/node_host.rs: a node host's namespaces
+  "script bsdutils"             # e2e/tests/cluster.rs: kubectl exec -it from a pseudo-terminal
   "nft nftables"                # e2e/tests/faults.rs: packet loss on a test host's link
   "runc runc"                   # real nodes: the OCI runtime containerd starts containers with
   "containerd containerd"       # real nodes: the CRI runtime kubelet talks to (and ctr, to import images)

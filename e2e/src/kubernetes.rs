@@ -100,6 +100,8 @@ pub fn require_nodes(test: &str) -> Option<Binaries> {
         "/usr/lib/cni/bridge",
         "/bin/busybox",
         "go",
+        "curl",
+        "script",
     ]
     .into_iter()
     .filter(|tool| !on_path(tool))
