@@ -16,4 +16,4 @@ cd "$(dirname "$0")/.."
 scripts/install-test-deps.sh
 scripts/k8s-build.sh >/dev/null
 cargo build -q --workspace --bins
-exec target/debug/cluster "$@"
+exec target/debug/real-cluster "$@"

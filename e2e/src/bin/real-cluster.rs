@@ -1,4 +1,4 @@
-//! `cluster`: a real Kubernetes cluster on this machine with Bridgehead installed from deploy/
+//! `real-cluster`: a real Kubernetes cluster on this machine with Bridgehead installed from deploy/
 //! (the cluster `e2e/tests/cluster.rs` runs: a control plane, a control-plane node running the
 //! server's static pod, workers running the agents' DaemonSet), plus a demo pod, until Ctrl-C.
 //! Run it with `scripts/cluster.sh` (root: it makes namespaces, mounts and cgroups, and removes
@@ -32,7 +32,7 @@ fn main() -> anyhow::Result<()> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--workers" => workers = args.next().unwrap_or_default().parse()?,
-            other => anyhow::bail!("unknown argument {other}; usage: cluster [--workers N]"),
+            other => anyhow::bail!("unknown argument {other}; usage: real-cluster [--workers N]"),
         }
     }
     if workers == 0 {
