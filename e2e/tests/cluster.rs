@@ -123,6 +123,7 @@ fn kubectl_reaches_real_pods_on_two_nodes_through_bridgehead_installed_from_depl
 
         kubelet_restarted(&mut cluster);
         agent_replaced(&cluster);
+        agents_rolled(&cluster);
         server_replaced(&cluster);
 
         // A dropped node leaves nothing behind: no Node object, no cgroup.
@@ -521,6 +522,99 @@ fn agent_replaced(cluster: &RealCluster) {
     let _ = writeln!(
         std::io::stderr(),
         "agent on worker-1 deleted: exec into worker-1 worked again after {recovered:?} ({failures} failed tries)"
+    );
+}
+
+/// The agents' DaemonSet rolled to a new image (the same image under a new tag on every node,
+/// as a registry would serve a new release): the rollout completes, every agent runs the new
+/// image, and exec reaches both workers through the new agents.
+fn agents_rolled(cluster: &RealCluster) {
+    const ROLLED: &str = "docker.io/library/bridgehead:0.1.0-rolled";
+    for host in std::iter::once(&cluster.control_plane_node).chain(&cluster.workers) {
+        let out = host
+            .ctr(&[
+                "images",
+                "tag",
+                "docker.io/library/bridgehead:0.1.0",
+                ROLLED,
+            ])
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "tagging on {}: {}",
+            host.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let started = Instant::now();
+    cluster
+        .control_plane
+        .kubectl_ok(&[
+            "set",
+            "image",
+            "-n",
+            "kube-system",
+            "daemonset/bridgehead-agent",
+            "agent=bridgehead:0.1.0-rolled",
+        ])
+        .unwrap();
+    let rollout = cluster
+        .control_plane
+        .kubectl(&[
+            "rollout",
+            "status",
+            "-n",
+            "kube-system",
+            "daemonset/bridgehead-agent",
+            "--timeout=180s",
+        ])
+        .unwrap();
+    assert!(
+        rollout.status.success(),
+        "rollout: {}\n{}",
+        String::from_utf8_lossy(&rollout.stderr),
+        cluster.describe_pods("kube-system")
+    );
+    let rolled = started.elapsed();
+    let images = cluster
+        .control_plane
+        .kubectl_ok(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/name=bridgehead-agent",
+            "-o",
+            "jsonpath={.items[*].spec.containers[0].image}",
+        ])
+        .unwrap();
+    assert_eq!(
+        images.split_whitespace().collect::<Vec<_>>(),
+        ["bridgehead:0.1.0-rolled"; 3],
+        "{images}"
+    );
+    for pod in ["shell-1", "shell-2"] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let exec = cluster
+                .control_plane
+                .kubectl(&["exec", pod, "--", "echo", "back"])
+                .unwrap();
+            if exec.status.success() && exec.stdout == b"back\n" {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no exec into {pod} within 30 s of the rollout: {}",
+                String::from_utf8_lossy(&exec.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "agents' DaemonSet rolled to a new image in {rolled:?}"
     );
 }
 

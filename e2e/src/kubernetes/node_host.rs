@@ -411,6 +411,15 @@ impl NodeHost {
         text
     }
 
+    /// `ctr -n k8s.io ARGS` against this node's containerd.
+    pub fn ctr(&self, args: &[&str]) -> anyhow::Result<Output> {
+        let socket = self.dir.path().join("containerd.sock");
+        let socket = socket.to_string_lossy();
+        let mut command = vec!["ctr", "--address", &socket, "-n", "k8s.io"];
+        command.extend_from_slice(args);
+        self.run(&command)
+    }
+
     /// Runs `command` (a program and its arguments) inside the host and waits for it.
     pub fn run(&self, command: &[&str]) -> anyhow::Result<Output> {
         enter(self.holder_pid, command)
