@@ -78,6 +78,21 @@ fn kubectl_reaches_real_pods_on_two_nodes_through_bridgehead_installed_from_depl
                 "the control plane reached {}'s kubelet directly: {direct:?}",
                 worker.name
             );
+            // And the kubelet serves only clients kube-apiserver vouches for: what kubectl
+            // gets from it below came with kube-apiserver's client certificate, end to end
+            // through the tunnel.
+            let anonymous = worker
+                .run(&[
+                    "curl",
+                    "-sk",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}",
+                    &format!("https://{}:10250/pods", worker.node_ip),
+                ])
+                .unwrap();
+            assert_eq!(String::from_utf8_lossy(&anonymous.stdout), "401");
         }
 
         cluster.control_plane.apply(&pods()).unwrap();

@@ -190,7 +190,14 @@ impl NodeHost {
         let static_pods = matches!(options.network, Network::ControlPlane { .. });
         write(
             &path("kubelet/config.yaml"),
-            &kubelet_config(dir.path(), &socket, node_ip, &cgroup_root, static_pods),
+            &kubelet_config(
+                dir.path(),
+                &control_plane.ca,
+                &socket,
+                node_ip,
+                &cgroup_root,
+                static_pods,
+            ),
         )?;
         write_node_kubeconfig(control_plane, &options.name, &path("kubelet"))?;
 
@@ -734,13 +741,16 @@ fn cni_config(pod_cidr: &str) -> String {
     )
 }
 
-/// kubelet's configuration for a test node: serving only on the node's address; cgroup v1
+/// kubelet's configuration for a test node: serving only on the node's address, to clients
+/// with a certificate from the cluster CA (kube-apiserver's) whom kube-apiserver authorizes
+/// (webhook), as kubeadm sets a kubelet up; cgroup v1
 /// through cgroupfs under its own root (with per-QoS cgroups: without them kubelet gives the
 /// runtime no parent and containerd puts every node's containers under one shared `/k8s.io`),
 /// without node allocatable enforcement; no swap check, no kernel-default check, no host resolv.conf; eviction and
 /// image garbage collection that never remove the imported images from a shared disk.
 fn kubelet_config(
     dir: &Path,
+    ca: &Path,
     socket: &Path,
     node_ip: Ipv4Addr,
     cgroup_root: &str,
@@ -761,11 +771,13 @@ readOnlyPort: 0
 healthzPort: 0
 authentication:
   anonymous:
-    enabled: true
-  webhook:
     enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: {ca}
 authorization:
-  mode: AlwaysAllow
+  mode: Webhook
 containerRuntimeEndpoint: unix://{socket}
 cgroupDriver: cgroupfs
 cgroupRoot: /{cgroup_root}
@@ -787,6 +799,7 @@ imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 {static_pods}"#,
         socket = socket.display(),
+        ca = ca.display(),
     )
 }
 
