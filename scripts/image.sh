@@ -11,7 +11,7 @@
 #   scripts/image.sh [--bin-dir DIR] [OUT_DIR]
 #
 # --bin-dir holds the built bridgehead-server and bridgehead-agent (default target/release,
-# built here with `cargo build --release` when missing; the tests pass target/debug). Writes
+# built here with `cargo build --release` first; the tests pass target/debug, built already). Writes
 # OUT_DIR/{bridgehead,pause,busybox}.oci.tar (default target/images) and prints each path with
 # its image name. Needs python3, Go (for pause), ldd, and /bin/busybox for the busybox image.
 set -euo pipefail
@@ -26,8 +26,8 @@ out="${1:-$root/target/images}"
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n 1)"
 if [[ -z "$bin_dir" ]]; then
   bin_dir="$root/target/release"
-  [[ -x "$bin_dir/bridgehead-server" && -x "$bin_dir/bridgehead-agent" ]] ||
-    (cd "$root" && cargo build --release -p bridgehead-server -p bridgehead-agent)
+  # Always through cargo: it does nothing when they are fresh, and never packs stale ones.
+  (cd "$root" && cargo build --release -p bridgehead-server -p bridgehead-agent)
 fi
 mkdir -p "$out"
 work="$(mktemp -d)"
