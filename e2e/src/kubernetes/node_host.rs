@@ -23,24 +23,34 @@
 //! kills every process of its PID namespace: containerd, shims, containers), so its mounts and
 //! network namespace go with it, and removes the cgroups made under its root. A test process
 //! killed with SIGKILL leaves those cgroups behind (`/sys/fs/cgroup/*/bh<pid>c<k>`, empty).
+//!
+//! Parts: `host` (the namespaces and running commands in them), `network` (the link, and
+//! refusing what has no route), `config` (containerd's, CNI's and kubelet's files),
+//! `cgroups` (the cgroup root, made and removed).
 
-use std::io::{BufRead, BufReader, Write as _};
+use std::io::Write as _;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+mod cgroups;
+mod config;
+mod host;
+mod network;
+
+use cgroups::Cgroups;
+use config::{cni_config, containerd_config, kubelet_config, write, write_node_kubeconfig};
+use host::{kill_inner, Host};
+use network::{link, refuse_elsewhere};
+
 use super::images::Images;
 use super::ControlPlane;
-use crate::netns::ip;
 use crate::process::{wait_until, Process};
 
-/// How long the host's first process may take to set up its mounts.
-const HOST_STARTUP: Duration = Duration::from_secs(20);
 /// How long containerd may take to answer on its socket.
 const CONTAINERD_STARTUP: Duration = Duration::from_secs(30);
 /// How long kubelet may take from start to a Ready Node.
@@ -61,26 +71,6 @@ const SYSCTLS: [&str; 6] = [
     "kernel.keys.root_maxkeys",
     "kernel.keys.root_maxbytes",
 ];
-
-/// The host's first process: sets up its mounts and host name, prints `ready`, then holds the
-/// namespaces until its standard input closes (the test dropped the host, or died).
-const HOLDER: &str = r#"
-set -e
-dir=$1
-mount -t tmpfs -o mode=0755 tmpfs /run
-mount -t tmpfs -o mode=0755 tmpfs /var/lib
-mount -t tmpfs -o mode=0755 tmpfs /var/log
-mount -t overlay overlay -o "lowerdir=/etc,upperdir=$dir/etc/upper,workdir=$dir/etc/work" /etc
-mkdir -p /etc/kubernetes
-mount --bind "$dir/etc-kubernetes" /etc/kubernetes
-for file in "$dir"/sysctl/*; do
-  mount --bind "$file" "/proc/sys/$(basename "$file" | tr . /)"
-done
-hostname "$2"
-ip link set lo up
-echo ready
-while read -r _; do :; done
-"#;
 
 /// How a node host is networked.
 #[derive(Debug, Clone)]
@@ -112,12 +102,8 @@ pub struct NodeHost {
     pub node_ip: Ipv4Addr,
     /// The node's pod network (what its CNI bridge hands out).
     pub pod_cidr: String,
-    /// The host's first process, seen from the test's PID namespace.
-    holder_pid: u32,
-    /// Closing it ends the host.
-    holder_stdin: Option<ChildStdin>,
-    /// The `unshare` that started the host.
-    unshare: Child,
+    /// The namespaces; ended on drop, before the cgroups are removed.
+    host: Host,
     kubelet: Option<Process>,
     kubelet_command: Vec<String>,
     _containerd: Process,
@@ -201,76 +187,19 @@ impl NodeHost {
         )?;
         write_node_kubeconfig(control_plane, &options.name, &path("kubelet"))?;
 
-        // The host's first process: unshare, in the control plane's network namespace for a
-        // control-plane node (nsenter with only a network namespace to enter execs it).
-        let mut command = match &options.network {
-            Network::Worker { .. } => {
-                let mut command = Command::new("unshare");
-                command.arg("--net");
-                command
-            }
-            Network::ControlPlane { ns } => {
-                let mut command = Command::new("nsenter");
-                command
-                    .arg(format!("--net=/run/netns/{ns}"))
-                    .args(["--", "unshare"]);
-                command
-            }
-        };
-        command
-            .args([
-                "--mount",
-                "--uts",
-                "--ipc",
-                "--pid",
-                "--fork",
-                "--mount-proc",
-            ])
-            .args([
-                "--propagation",
-                "private",
-                "--",
-                "sh",
-                "-c",
-                HOLDER,
-                "holder",
-            ])
-            .arg(dir.path())
-            .arg(&options.name)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut unshare = command
-            .spawn()
-            .context("starting the node host (unshare)")?;
-        let holder_stdin = unshare.stdin.take();
-        let stdout = unshare.stdout.take().context("no stdout")?;
-        let (tx, rx) = mpsc::sync_channel(1);
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(HOST_STARTUP).unwrap_or_default();
-        if line.trim() != "ready" {
-            let _ = unshare.kill();
-            let mut why = String::new();
-            if let Some(mut stderr) = unshare.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut stderr, &mut why);
-            }
-            bail!("node host {} did not start: {line:?} {why}", options.name);
-        }
-        let holder_pid = first_child(unshare.id())?;
-        let mut host = Host {
-            holder_pid,
-            holder_stdin,
-            unshare: Some(unshare),
-        };
+        let host = Host::start(&options.network, dir.path(), &options.name)?;
 
         if let Network::Worker { ns, index } = &options.network {
-            link(&host, ns, *index, k, control_plane.address, node_ip)?;
+            link(
+                host.holder_pid,
+                ns,
+                *index,
+                k,
+                control_plane.address,
+                node_ip,
+            )?;
         }
-        refuse_elsewhere(&host)?;
+        refuse_elsewhere(host.holder_pid)?;
 
         let containerd = host.spawn(
             &[
@@ -290,18 +219,18 @@ impl NodeHost {
             command
         };
         wait_until(CONTAINERD_STARTUP, || {
-            host.run(&ctr(&["version"]))
+            host.run(&strs(&ctr(&["version"])))
                 .is_ok_and(|out| out.status.success())
         })
         .with_context(|| format!("containerd did not start:\n{}", containerd.stderr()))?;
         for archive in [&images.pause, &images.busybox, &images.bridgehead] {
-            let out = host.run(&ctr(&[
+            let out = host.run(&strs(&ctr(&[
                 "-n",
                 "k8s.io",
                 "images",
                 "import",
                 &archive.path.to_string_lossy(),
-            ]))?;
+            ])))?;
             if !out.status.success() {
                 bail!(
                     "importing {}: {}",
@@ -329,9 +258,7 @@ impl NodeHost {
             name: options.name.clone(),
             node_ip,
             pod_cidr,
-            holder_pid: host.holder_pid,
-            holder_stdin: host.holder_stdin.take(),
-            unshare: host.unshare.take().context("no unshare")?,
+            host,
             kubelet: Some(kubelet),
             kubelet_command,
             _containerd: containerd,
@@ -383,9 +310,7 @@ impl NodeHost {
         if let Some(mut kubelet) = self.kubelet.take() {
             kill_inner(&mut kubelet);
         }
-        let mut command = nsenter(self.holder_pid);
-        command.args(&self.kubelet_command);
-        self.kubelet = Some(Process::spawn(command, &[])?.0);
+        self.kubelet = Some(self.host.spawn(&strs(&self.kubelet_command), &[])?);
         Ok(())
     }
 
@@ -429,7 +354,7 @@ impl NodeHost {
 
     /// Runs `command` (a program and its arguments) inside the host and waits for it.
     pub fn run(&self, command: &[&str]) -> anyhow::Result<Output> {
-        enter(self.holder_pid, command)
+        self.host.run(command)
     }
 
     /// The cgroup under which kubelet and runc put everything of this node, in every
@@ -458,375 +383,10 @@ impl Drop for NodeHost {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
-        end_host(self.holder_pid, &mut self.holder_stdin, &mut self.unshare);
-    }
-}
-
-/// The host while it starts: torn down if starting fails half-way.
-struct Host {
-    holder_pid: u32,
-    holder_stdin: Option<ChildStdin>,
-    unshare: Option<Child>,
-}
-
-impl Host {
-    fn run(&self, command: &[String]) -> anyhow::Result<Output> {
-        let command: Vec<&str> = command.iter().map(String::as_str).collect();
-        enter(self.holder_pid, &command)
-    }
-
-    /// Starts `command` inside the host as a [`Process`] (killed on drop: see
-    /// [`kill_inner`]).
-    fn spawn(&self, command: &[&str], wants: &[&str]) -> anyhow::Result<Process> {
-        let mut nsenter = nsenter(self.holder_pid);
-        nsenter.args(command);
-        Ok(Process::spawn(nsenter, wants)?.0)
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        if let Some(mut unshare) = self.unshare.take() {
-            end_host(self.holder_pid, &mut self.holder_stdin, &mut unshare);
-        }
+        self.host.end();
     }
 }
 
 fn strs(strings: &[String]) -> Vec<&str> {
     strings.iter().map(String::as_str).collect()
-}
-
-/// `nsenter` into every namespace of the host whose first process is `pid`.
-fn nsenter(pid: u32) -> Command {
-    let mut command = Command::new("nsenter");
-    command
-        .arg("-t")
-        .arg(pid.to_string())
-        .args(["-m", "-u", "-i", "-n", "-p", "--"]);
-    command
-}
-
-fn enter(pid: u32, command: &[&str]) -> anyhow::Result<Output> {
-    nsenter(pid)
-        .args(command)
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("running {command:?} in node host {pid}"))
-}
-
-/// The one child of `pid` (nsenter and unshare fork the program they run).
-fn first_child(pid: u32) -> anyhow::Result<u32> {
-    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))?;
-    children
-        .split_whitespace()
-        .next()
-        .context("no child process")?
-        .parse()
-        .context("child pid")
-}
-
-/// Kills the program an `nsenter` [`Process`] runs (killing nsenter alone would leave it to the
-/// host's first process), then nsenter.
-fn kill_inner(process: &mut Process) {
-    if let Ok(inner) = first_child(process.pid()) {
-        if let Some(pid) = i32::try_from(inner)
-            .ok()
-            .and_then(rustix::process::Pid::from_raw)
-        {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-        }
-    }
-    process.kill();
-}
-
-/// Ends a host: its first process killed, and with it every process of its PID namespace, and
-/// so its mounts and network namespace.
-fn end_host(holder_pid: u32, holder_stdin: &mut Option<ChildStdin>, unshare: &mut Child) {
-    drop(holder_stdin.take());
-    if let Some(pid) = i32::try_from(holder_pid)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-    {
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-    }
-    let _ = unshare.kill();
-    let _ = unshare.wait();
-}
-
-/// A node's cgroup root in every hierarchy, and everything kubelet and runc make under it;
-/// removed on drop.
-#[derive(Debug)]
-struct Cgroups {
-    root: String,
-}
-
-impl Cgroups {
-    /// Makes the root in every hierarchy (kubelet requires its `cgroupRoot` to exist); a cpuset
-    /// cgroup starts with the machine's CPUs and memory nodes, which its children inherit.
-    fn make(root: &str) -> anyhow::Result<Cgroups> {
-        let cgroups = Cgroups {
-            root: root.to_owned(),
-        };
-        for hierarchy in std::fs::read_dir("/sys/fs/cgroup")?.flatten() {
-            let dir = hierarchy.path().join(root);
-            std::fs::create_dir(&dir)
-                .with_context(|| format!("creating cgroup {}", dir.display()))?;
-            if hierarchy.file_name() == "cpuset" {
-                for file in ["cpuset.cpus", "cpuset.mems"] {
-                    let value = std::fs::read_to_string(hierarchy.path().join(file))?;
-                    std::fs::write(dir.join(file), value)?;
-                }
-            }
-        }
-        Ok(cgroups)
-    }
-}
-
-impl Drop for Cgroups {
-    fn drop(&mut self) {
-        // A cgroup can be removed once the kernel has ended its last process.
-        let _ = wait_until(TEARDOWN, || remove_cgroups(&self.root));
-    }
-}
-
-/// Removes every cgroup under `/sys/fs/cgroup/<hierarchy>/<root>`, deepest first; true when
-/// none is left.
-fn remove_cgroups(root: &str) -> bool {
-    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
-        return true;
-    };
-    let mut clean = true;
-    for hierarchy in hierarchies.flatten() {
-        let top = hierarchy.path().join(root);
-        if top.exists() && !remove_tree(&top) {
-            clean = false;
-        }
-    }
-    clean
-}
-
-fn remove_tree(dir: &Path) -> bool {
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_tree(&entry.path());
-            }
-        }
-    }
-    std::fs::remove_dir(dir).is_ok()
-}
-
-/// The worker's veth: `eth0` (`10.201.<index>.2/30`) in the host, its peer
-/// (`10.201.<index>.1/30`) in the control plane's namespace `ns`; the node's address on the
-/// host's loopback; a route from the host to kube-apiserver's address over the link. The
-/// control plane gets no route to the node's address or its pods.
-fn link(
-    host: &Host,
-    ns: &str,
-    index: u8,
-    k: usize,
-    apiserver: Ipv4Addr,
-    node_ip: Ipv4Addr,
-) -> anyhow::Result<()> {
-    if index == 0 || index > 250 {
-        bail!("a worker's index is 1 to 250, not {index}");
-    }
-    let peer = format!("bh{}k{k}", std::process::id());
-    if peer.len() > 15 {
-        bail!("interface name {peer} is longer than 15 characters");
-    }
-    let holder = host.holder_pid.to_string();
-    let (near, far) = (
-        Ipv4Addr::new(10, 201, index, 1),
-        Ipv4Addr::new(10, 201, index, 2),
-    );
-    ip(&[
-        "link", "add", &peer, "type", "veth", "peer", "name", "eth0", "netns", &holder,
-    ])?;
-    ip(&["link", "set", &peer, "netns", ns])?;
-    ip(&["-n", ns, "addr", "add", &format!("{near}/30"), "dev", &peer])?;
-    ip(&["-n", ns, "link", "set", &peer, "up"])?;
-    for command in [
-        vec!["ip", "addr", "add", &format!("{far}/30"), "dev", "eth0"],
-        vec!["ip", "link", "set", "eth0", "up"],
-        vec!["ip", "addr", "add", &format!("{node_ip}/32"), "dev", "lo"],
-        vec![
-            "ip",
-            "route",
-            "add",
-            &format!("{apiserver}/32"),
-            "via",
-            &near.to_string(),
-        ],
-    ] {
-        let command: Vec<&str> = command.iter().map(|s| s.as_ref()).collect();
-        let out = enter(host.holder_pid, &command)?;
-        if !out.status.success() {
-            bail!(
-                "{command:?} in the node host: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Makes a connection to an address this host has no route to fail at once, as a firewall's
-/// reset would, rather than vanish: a default route into an interface that leads nowhere (one
-/// end of a veth pair whose other end is in the same host; the kernels here have no dummy
-/// interfaces), where TCP is answered with a reset. Without it, an agent asked to dial a node it cannot reach (a tunnel
-/// the `default` strategy gave it while the node's own agent is being replaced) waits for the
-/// dial timeout whenever the kernel's rate limit holds back the ICMP unreachable.
-fn refuse_elsewhere(host: &Host) -> anyhow::Result<()> {
-    for command in [
-        "ip link add nowhere type veth peer name nowhere-peer",
-        "ip link set nowhere-peer up",
-        "ip link set nowhere up",
-        "ip route add default dev nowhere",
-        "iptables -A FORWARD -o nowhere -p tcp -j REJECT --reject-with tcp-reset",
-        "iptables -A FORWARD -o nowhere -j DROP",
-        "iptables -A OUTPUT -o nowhere -p tcp -j REJECT --reject-with tcp-reset",
-        "iptables -A OUTPUT -o nowhere -j DROP",
-    ] {
-        let command: Vec<&str> = command.split(' ').collect();
-        let out = enter(host.holder_pid, &command)?;
-        if !out.status.success() {
-            bail!(
-                "{command:?} in the node host: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-    }
-    Ok(())
-}
-
-/// containerd's configuration: everything under `dir`, the CRI on overlayfs with runc, the
-/// pause image as the sandbox, Debian's CNI plugins. `restrict_oom_score_adj`: the test
-/// machines lack CAP_SYS_RESOURCE, so runc cannot lower a container's oom_score_adj below its
-/// own.
-fn containerd_config(dir: &Path, socket: &Path, pause: &super::images::Archive) -> String {
-    let dir = dir.display();
-    format!(
-        r#"version = 2
-root = "{dir}/containerd/root"
-state = "{dir}/containerd/state"
-[grpc]
-  address = "{socket}"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{dir}/containerd/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{pause}"
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "{dir}/cni"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-"#,
-        socket = socket.display(),
-        pause = pause.name,
-    )
-}
-
-/// A bridge for the node's pods on `pod_cidr`, the bridge the gateway, masquerading what the
-/// pods send off the node (the control plane has no route back to a pod), and host ports.
-fn cni_config(pod_cidr: &str) -> String {
-    format!(
-        r#"{{"cniVersion": "1.0.0", "name": "bridgehead-test", "plugins": [
-  {{"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
-    "ipam": {{"type": "host-local", "ranges": [[{{"subnet": "{pod_cidr}"}}]], "routes": [{{"dst": "0.0.0.0/0"}}]}}}},
-  {{"type": "portmap", "capabilities": {{"portMappings": true}}}}
-]}}
-"#
-    )
-}
-
-/// kubelet's configuration for a test node: serving only on the node's address, to clients
-/// with a certificate from the cluster CA (kube-apiserver's) whom kube-apiserver authorizes
-/// (webhook), as kubeadm sets a kubelet up; cgroup v1
-/// through cgroupfs under its own root (with per-QoS cgroups: without them kubelet gives the
-/// runtime no parent and containerd puts every node's containers under one shared `/k8s.io`),
-/// without node allocatable enforcement; no swap check, no kernel-default check, no host resolv.conf; eviction and
-/// image garbage collection that never remove the imported images from a shared disk.
-fn kubelet_config(
-    dir: &Path,
-    ca: &Path,
-    socket: &Path,
-    node_ip: Ipv4Addr,
-    cgroup_root: &str,
-    static_pods: bool,
-) -> String {
-    let dir = dir.display();
-    let static_pods = if static_pods {
-        "staticPodPath: /etc/kubernetes/manifests\nfileCheckFrequency: 1s\n"
-    } else {
-        ""
-    };
-    format!(
-        r#"apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: {node_ip}
-port: 10250
-readOnlyPort: 0
-healthzPort: 0
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    enabled: true
-  x509:
-    clientCAFile: {ca}
-authorization:
-  mode: Webhook
-containerRuntimeEndpoint: unix://{socket}
-cgroupDriver: cgroupfs
-cgroupRoot: /{cgroup_root}
-cgroupsPerQOS: true
-enforceNodeAllocatable: []
-failCgroupV1: false
-failSwapOn: false
-protectKernelDefaults: false
-resolvConf: ""
-podLogsDir: {dir}/pod-logs
-volumePluginDir: {dir}/volume-plugins
-evictionHard:
-  memory.available: "1Mi"
-  nodefs.available: "1%"
-  nodefs.inodesFree: "1%"
-  imagefs.available: "1%"
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-serializeImagePulls: false
-{static_pods}"#,
-        socket = socket.display(),
-        ca = ca.display(),
-    )
-}
-
-/// The node's kubeconfig (`kubeconfig` in `dir`): `system:node:<name>` in `system:nodes`, a
-/// client certificate from the control plane's CA, as the Node authorizer expects.
-fn write_node_kubeconfig(
-    control_plane: &ControlPlane,
-    name: &str,
-    dir: &Path,
-) -> anyhow::Result<()> {
-    let pair =
-        control_plane
-            .authority()
-            .client(&format!("system:node:{name}"), &["system:nodes"], &[])?;
-    write(&dir.join("node.crt"), &pair.cert_pem)?;
-    write(&dir.join("node.key"), &pair.key_pem)?;
-    write(
-        &dir.join("kubeconfig"),
-        &super::control_plane::kubeconfig_text(
-            &control_plane.url,
-            &control_plane.ca,
-            &dir.join("node.crt"),
-            &dir.join("node.key"),
-        ),
-    )
-}
-
-fn write(path: &Path, text: &str) -> anyhow::Result<()> {
-    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
