@@ -5,6 +5,11 @@
 # skip into a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The system packages the tests use, where this user can install them (root with apt-get);
+# elsewhere the tests that need what is missing skip loudly.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  scripts/install-test-deps.sh
+fi
 cargo build --workspace --bins
 # The real Kubernetes components (kube-apiserver, etcd, kubectl, kube-apiserver's egress
 # dialer) from their Go modules, cached under target/k8s: minutes the first time, nothing after.

@@ -9,13 +9,20 @@
 //! - [`control_plane`]: [`ControlPlane`], the running etcd + kube-apiserver and kubectl.
 //! - [`node`]: [`node::NodeStandIn`], what kube-apiserver reaches on a node.
 //! - [`cluster`]: all of it together, with a bridgehead-server and agents.
+//! - [`node_host`]: [`node_host::NodeHost`], a real node (containerd and kubelet) on a test
+//!   host; [`controllers`]: kube-scheduler and kube-controller-manager beside kube-apiserver;
+//!   [`images`]: the images a real node imports. [`require_nodes`] skips loudly without them.
 //!
 //! Everything runs in namespaces the test created, on their own addresses; kube-apiserver's
 //! resolver is the namespace's loopback, where nothing answers, so no query leaves the test.
 
 pub mod cluster;
 pub mod control_plane;
+pub mod controllers;
+pub mod images;
 pub mod node;
+pub mod node_host;
+pub mod real_cluster;
 
 use std::path::PathBuf;
 
@@ -27,6 +34,9 @@ pub struct Binaries {
     pub kube_apiserver: PathBuf,
     pub kubectl: PathBuf,
     pub etcd: PathBuf,
+    pub kubelet: PathBuf,
+    pub kube_scheduler: PathBuf,
+    pub kube_controller_manager: PathBuf,
     /// kube-apiserver's own egress dialer as a command (`e2e/go/k8s/kubeclient`).
     pub kubeclient: PathBuf,
 }
@@ -39,12 +49,18 @@ impl Binaries {
             kube_apiserver: bin.join("kube-apiserver"),
             kubectl: bin.join("kubectl"),
             etcd: bin.join("etcd"),
+            kubelet: bin.join("kubelet"),
+            kube_scheduler: bin.join("kube-scheduler"),
+            kube_controller_manager: bin.join("kube-controller-manager"),
             kubeclient: bin.join("kubeclient"),
         };
         [
             &binaries.kube_apiserver,
             &binaries.kubectl,
             &binaries.etcd,
+            &binaries.kubelet,
+            &binaries.kube_scheduler,
+            &binaries.kube_controller_manager,
             &binaries.kubeclient,
         ]
         .iter()
@@ -67,4 +83,47 @@ pub fn require(test: &str) -> Option<Binaries> {
         );
     }
     found
+}
+
+/// What a real node needs (see [`node_host`]): root, the binaries, and the node runtime from
+/// the system's packages (`scripts/install-test-deps.sh`); otherwise skips `test` loudly and
+/// returns `None`.
+pub fn require_nodes(test: &str) -> Option<Binaries> {
+    let binaries = require(test)?;
+    let missing: Vec<&str> = [
+        "containerd",
+        "ctr",
+        "runc",
+        "unshare",
+        "nsenter",
+        "iptables",
+        "/usr/lib/cni/bridge",
+        "/bin/busybox",
+        "go",
+        "curl",
+        "script",
+    ]
+    .into_iter()
+    .filter(|tool| !on_path(tool))
+    .collect();
+    if !missing.is_empty() {
+        crate::skip::skip(
+            test,
+            &format!(
+                "no {} for real nodes: run scripts/install-test-deps.sh as root",
+                missing.join(", ")
+            ),
+        );
+        return None;
+    }
+    Some(binaries)
+}
+
+/// Whether `tool` (a command, or an absolute path) exists.
+fn on_path(tool: &str) -> bool {
+    if tool.starts_with('/') {
+        return std::path::Path::new(tool).exists();
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
 }

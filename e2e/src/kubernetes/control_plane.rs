@@ -90,6 +90,11 @@ impl ControlPlane {
         write_pair(dir.path(), "admin", &admin)?;
         let front_proxy = authority.client("front-proxy-client", &[], &[])?;
         write_pair(dir.path(), "front-proxy", &front_proxy)?;
+        // What kube-apiserver shows kubelets (as kubeadm's apiserver-kubelet-client): real
+        // nodes authenticate it against the cluster CA and authorize it by webhook.
+        let kubelet_client =
+            authority.client("kube-apiserver-kubelet-client", &["system:masters"], &[])?;
+        write_pair(dir.path(), "apiserver-kubelet-client", &kubelet_client)?;
         let signing = rcgen::KeyPair::generate().context("service-account key")?;
         write(&path("sa.key"), &signing.serialize_pem())?;
         write(&path("sa.pub"), &signing.public_key_pem())?;
@@ -136,6 +141,11 @@ impl ControlPlane {
             .arg(file("requestheader-client-ca-file", "ca.crt"))
             .arg(file("proxy-client-cert-file", "front-proxy.crt"))
             .arg(file("proxy-client-key-file", "front-proxy.key"))
+            .arg(file(
+                "kubelet-client-certificate",
+                "apiserver-kubelet-client.crt",
+            ))
+            .arg(file("kubelet-client-key", "apiserver-kubelet-client.key"))
             .arg(file("service-account-key-file", "sa.pub"))
             .arg(file("service-account-signing-key-file", "sa.key"))
             .arg(file("cert-dir", "apiserver-certs"));
@@ -343,7 +353,7 @@ fn egress_config(egress: &Egress) -> Option<String> {
     ))
 }
 
-fn kubeconfig_text(url: &str, ca: &Path, cert: &Path, key: &Path) -> String {
+pub(crate) fn kubeconfig_text(url: &str, ca: &Path, cert: &Path, key: &Path) -> String {
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {url}\n    certificate-authority: {}\nusers:\n- name: user\n  user:\n    client-certificate: {}\n    client-key: {}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: user\ncurrent-context: test\n",
         ca.display(),

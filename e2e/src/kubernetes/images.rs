@@ -1,0 +1,82 @@
+//! The images a test node imports: Bridgehead's own (the binaries under test, as
+//! `scripts/image.sh` packs them for a registry-less node), pause and busybox. Built once per
+//! test process into `images/` beside the binaries.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use anyhow::{bail, Context};
+
+/// One OCI archive and the image name it is imported under.
+#[derive(Debug, Clone)]
+pub struct Archive {
+    pub path: PathBuf,
+    pub name: String,
+}
+
+/// The three archives.
+#[derive(Debug, Clone)]
+pub struct Images {
+    /// `docker.io/library/bridgehead:<version>`: what `bridgehead:<version>` in deploy/ names.
+    pub bridgehead: Archive,
+    /// The pod sandbox.
+    pub pause: Archive,
+    /// A shell and tools for the tests' pods.
+    pub busybox: Archive,
+}
+
+impl Images {
+    /// Builds the archives from the binaries this test runs (once per process).
+    pub fn get() -> anyhow::Result<Images> {
+        static BUILT: OnceLock<Result<Images, String>> = OnceLock::new();
+        BUILT
+            .get_or_init(|| Images::build().map_err(|e| format!("{e:#}")))
+            .clone()
+            .map_err(anyhow::Error::msg)
+    }
+
+    fn build() -> anyhow::Result<Images> {
+        // The binaries first: the image holds them.
+        crate::process::binary("bridgehead-server")?;
+        let bin = crate::process::bin_dir();
+        let out = bin.join("images");
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/image.sh");
+        let output = Command::new(&script)
+            .arg("--bin-dir")
+            .arg(&bin)
+            .arg(&out)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running {}", script.display()))?;
+        if !output.status.success() {
+            bail!(
+                "{}: {}",
+                script.display(),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        // One line per archive: its path and its image name.
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let archive = |file: &str| -> anyhow::Result<Archive> {
+            let line = stdout
+                .lines()
+                .find(|line| {
+                    line.split_whitespace()
+                        .next()
+                        .is_some_and(|p| p.ends_with(file))
+                })
+                .with_context(|| format!("{} wrote no {file}: {stdout}", script.display()))?;
+            let (path, name) = line.split_once(' ').context("archive line")?;
+            Ok(Archive {
+                path: path.into(),
+                name: name.trim().to_owned(),
+            })
+        };
+        Ok(Images {
+            bridgehead: archive("/bridgehead.oci.tar")?,
+            pause: archive("/pause.oci.tar")?,
+            busybox: archive("/busybox.oci.tar")?,
+        })
+    }
+}

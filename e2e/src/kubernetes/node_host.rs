@@ -1,0 +1,392 @@
+//! A real Kubernetes node on a test host: containerd (CRI, overlayfs, runc) and kubelet built
+//! from the pinned module, inside namespaces of their own, registered with the test control
+//! plane under a `system:node:<name>` client certificate from its CA.
+//!
+//! The host is a process tree made with `unshare` (mount, PID, UTS, IPC and, for a worker, net
+//! namespaces), entered with `nsenter` rather than `ip netns exec` (which remounts /sys and
+//! hides the cgroup hierarchies). Inside it:
+//! - tmpfs over /run, /var/lib and /var/log (kubelet, containerd's shims and the CNI plugins
+//!   write there whatever their flags say), an overlay over /etc whose changes land in the
+//!   test's folder, and the test's folder for `/etc/kubernetes`;
+//! - files bind-mounted over the sysctls kubelet sets (`vm.overcommit_memory`, `kernel.panic`,
+//!   ...), so the machine keeps its own values;
+//! - a worker's link: a veth to the control plane's namespace, the node's address
+//!   ([`NodeHost::node_ip`], where kubelet serves) on its loopback and its pods on a bridge
+//!   (`10.244.<index>.0/24`, masqueraded on the way out): the control plane's namespace has
+//!   no route to either, so kube-apiserver reaches the node only through Bridgehead; a TCP
+//!   connection to where a host has no route is refused at once (a reset), on every host;
+//! - containerd with its own root, state and socket in the test's folder; the pause, busybox
+//!   and Bridgehead images imported ([`super::images`]); kubelet on cgroupfs (cgroup v1 is what
+//!   these machines have) under a cgroup root of its own.
+//!
+//! Dropped, it stops kubelet, deletes its Node, kills the host's first process (the kernel then
+//! kills every process of its PID namespace: containerd, shims, containers), so its mounts and
+//! network namespace go with it, and removes the cgroups made under its root. A test process
+//! killed with SIGKILL leaves those cgroups behind (`/sys/fs/cgroup/*/bh<pid>c<k>`, empty).
+//!
+//! Parts: `host` (the namespaces and running commands in them), `network` (the link, and
+//! refusing what has no route), `config` (containerd's, CNI's and kubelet's files),
+//! `cgroups` (the cgroup root, made and removed).
+
+use std::io::Write as _;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+mod cgroups;
+mod config;
+mod host;
+mod network;
+
+use cgroups::Cgroups;
+use config::{cni_config, containerd_config, kubelet_config, write, write_node_kubeconfig};
+use host::{kill_inner, Host};
+use network::{link, refuse_elsewhere};
+
+use super::images::Images;
+use super::ControlPlane;
+use crate::process::{wait_until, Process};
+
+/// How long containerd may take to answer on its socket.
+const CONTAINERD_STARTUP: Duration = Duration::from_secs(30);
+/// How long kubelet may take from start to a Ready Node.
+const NODE_READY: Duration = Duration::from_secs(120);
+/// How long the kernel may take to end the host's processes once its first one is killed.
+const TEARDOWN: Duration = Duration::from_secs(20);
+
+/// Numbers links and cgroup roots uniquely within this process.
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// The sysctls kubelet writes (`setupKernelTunables`): each gets a file of the host's own,
+/// holding the machine's value, mounted over it.
+const SYSCTLS: [&str; 6] = [
+    "vm.overcommit_memory",
+    "vm.panic_on_oom",
+    "kernel.panic",
+    "kernel.panic_on_oops",
+    "kernel.keys.root_maxkeys",
+    "kernel.keys.root_maxbytes",
+];
+
+/// How a node host is networked.
+#[derive(Debug, Clone)]
+pub enum Network {
+    /// Its own network namespace, linked by a veth to the control plane's namespace (named
+    /// `ns`); `index` (1 to 250, one per node of a cluster) picks its addresses.
+    Worker { ns: String, index: u8 },
+    /// The control plane's own network namespace (named `ns`), as on a control-plane node:
+    /// its pods on `hostNetwork` (the static pods) sit beside kube-apiserver.
+    ControlPlane { ns: String },
+}
+
+/// What a node host runs.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// The Node's name (and the host's host name).
+    pub name: String,
+    pub network: Network,
+    /// A folder to serve as `/etc/kubernetes` inside the host (static pod manifests in
+    /// `manifests/`, which kubelet then runs); a fresh empty one when `None`.
+    pub etc_kubernetes: Option<PathBuf>,
+}
+
+/// A running node. Torn down on drop (see the module's doc).
+#[derive(Debug)]
+pub struct NodeHost {
+    pub name: String,
+    /// Where kubelet serves (the Node's InternalIP); on a worker, reachable only from inside.
+    pub node_ip: Ipv4Addr,
+    /// The node's pod network (what its CNI bridge hands out).
+    pub pod_cidr: String,
+    /// The namespaces; ended on drop, before the cgroups are removed.
+    host: Host,
+    kubelet: Option<Process>,
+    kubelet_command: Vec<String>,
+    _containerd: Process,
+    /// Removed on drop, after the host's processes ([`NodeHost`]'s `Drop` ends them).
+    cgroups: Cgroups,
+    kubectl: PathBuf,
+    admin_kubeconfig: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl NodeHost {
+    /// Starts the host, containerd (with `images` imported) and kubelet, and waits until the
+    /// Node is Ready in `control_plane`.
+    pub fn start(
+        control_plane: &ControlPlane,
+        images: &Images,
+        options: NodeOptions,
+    ) -> anyhow::Result<NodeHost> {
+        let started = Instant::now();
+        let k = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let dir = tempfile::Builder::new().prefix("bh-node-").tempdir()?;
+        let path = |file: &str| dir.path().join(file);
+        let (node_ip, pod_cidr) = match &options.network {
+            Network::Worker { index, .. } => (
+                Ipv4Addr::new(10, 202, *index, 1),
+                format!("10.244.{index}.0/24"),
+            ),
+            Network::ControlPlane { .. } => (control_plane.address, "10.244.0.0/24".to_owned()),
+        };
+        for folder in [
+            "etc/upper",
+            "etc/work",
+            "sysctl",
+            "cni",
+            "containerd",
+            "kubelet",
+        ] {
+            std::fs::create_dir_all(path(folder))?;
+        }
+        match &options.etc_kubernetes {
+            Some(folder) => std::os::unix::fs::symlink(folder, path("etc-kubernetes"))?,
+            None => std::fs::create_dir_all(path("etc-kubernetes"))?,
+        }
+        for sysctl in SYSCTLS {
+            let live = PathBuf::from("/proc/sys").join(sysctl.replace('.', "/"));
+            let value = std::fs::read_to_string(&live)
+                .with_context(|| format!("reading {}", live.display()))?;
+            write(&path(&format!("sysctl/{sysctl}")), &value)?;
+        }
+        write(
+            &path("etc/upper/hosts"),
+            &format!(
+                "127.0.0.1 localhost\n::1 localhost\n{node_ip} {}\n",
+                options.name
+            ),
+        )?;
+        write(
+            &path("cni/10-bridgehead-test.conflist"),
+            &cni_config(&pod_cidr),
+        )?;
+        let socket = path("containerd.sock");
+        write(
+            &path("containerd.toml"),
+            &containerd_config(dir.path(), &socket, &images.pause),
+        )?;
+        let cgroup_root = format!("bh{pid}c{k}");
+        // Declared before the host, so dropped after it: removed once its processes are gone.
+        let cgroups = Cgroups::make(&cgroup_root)?;
+        let static_pods = matches!(options.network, Network::ControlPlane { .. });
+        write(
+            &path("kubelet/config.yaml"),
+            &kubelet_config(
+                dir.path(),
+                &control_plane.ca,
+                &socket,
+                node_ip,
+                &cgroup_root,
+                static_pods,
+            ),
+        )?;
+        write_node_kubeconfig(control_plane, &options.name, &path("kubelet"))?;
+
+        let host = Host::start(&options.network, dir.path(), &options.name)?;
+
+        if let Network::Worker { ns, index } = &options.network {
+            link(
+                host.holder_pid,
+                ns,
+                *index,
+                k,
+                control_plane.address,
+                node_ip,
+            )?;
+        }
+        refuse_elsewhere(host.holder_pid)?;
+
+        let containerd = host.spawn(
+            &[
+                "containerd",
+                "--config",
+                &path("containerd.toml").to_string_lossy(),
+            ],
+            &[],
+        )?;
+        let ctr = |args: &[&str]| {
+            let mut command = vec![
+                "ctr".to_owned(),
+                "--address".to_owned(),
+                socket.to_string_lossy().into_owned(),
+            ];
+            command.extend(args.iter().map(|a| (*a).to_owned()));
+            command
+        };
+        wait_until(CONTAINERD_STARTUP, || {
+            host.run(&strs(&ctr(&["version"])))
+                .is_ok_and(|out| out.status.success())
+        })
+        .with_context(|| format!("containerd did not start:\n{}", containerd.stderr()))?;
+        for archive in [&images.pause, &images.busybox, &images.bridgehead] {
+            let out = host.run(&strs(&ctr(&[
+                "-n",
+                "k8s.io",
+                "images",
+                "import",
+                &archive.path.to_string_lossy(),
+            ])))?;
+            if !out.status.success() {
+                bail!(
+                    "importing {}: {}",
+                    archive.path.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+
+        let kubelet_command = vec![
+            control_plane
+                .binaries
+                .kubelet
+                .to_string_lossy()
+                .into_owned(),
+            format!("--config={}", path("kubelet/config.yaml").display()),
+            format!("--kubeconfig={}", path("kubelet/kubeconfig").display()),
+            format!("--root-dir={}", path("kubelet/root").display()),
+            format!("--cert-dir={}", path("kubelet/pki").display()),
+            format!("--hostname-override={}", options.name),
+            format!("--node-ip={node_ip}"),
+        ];
+        let kubelet = host.spawn(&strs(&kubelet_command), &[])?;
+        let node = NodeHost {
+            name: options.name.clone(),
+            node_ip,
+            pod_cidr,
+            host,
+            kubelet: Some(kubelet),
+            kubelet_command,
+            _containerd: containerd,
+            cgroups,
+            kubectl: control_plane.binaries.kubectl.clone(),
+            admin_kubeconfig: control_plane.kubeconfig.clone(),
+            dir,
+        };
+        node.wait_ready(control_plane, NODE_READY)?;
+        let _ = writeln!(
+            std::io::stderr(),
+            "node {} Ready after {:?}",
+            node.name,
+            started.elapsed()
+        );
+        Ok(node)
+    }
+
+    /// Waits (bounded poll: kubelet has no readiness line to read) until the Node reports
+    /// Ready.
+    fn wait_ready(&self, control_plane: &ControlPlane, timeout: Duration) -> anyhow::Result<()> {
+        let jsonpath = "{.status.conditions[?(@.type==\"Ready\")].status}";
+        let deadline = Instant::now() + timeout;
+        loop {
+            let out = control_plane.kubectl(&[
+                "get",
+                "node",
+                &self.name,
+                "-o",
+                &format!("jsonpath={jsonpath}"),
+            ])?;
+            if String::from_utf8_lossy(&out.stdout).trim() == "True" {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "node {} not Ready after {timeout:?}; kubelet log:\n{}",
+                    self.name,
+                    self.kubelet_log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Kills kubelet (SIGKILL) and starts it again with the same flags; its pods keep running
+    /// under containerd meanwhile, as on a real node.
+    pub fn restart_kubelet(&mut self) -> anyhow::Result<()> {
+        if let Some(mut kubelet) = self.kubelet.take() {
+            kill_inner(&mut kubelet);
+        }
+        self.kubelet = Some(self.host.spawn(&strs(&self.kubelet_command), &[])?);
+        Ok(())
+    }
+
+    /// What kubelet logged so far.
+    pub fn kubelet_log(&self) -> String {
+        self.kubelet
+            .as_ref()
+            .map(Process::stderr)
+            .unwrap_or_default()
+    }
+
+    /// The last lines of every container log on this node (kubelet's `podLogsDir`), each under
+    /// its file's name: what `crictl logs` would show an operator on the node, also when
+    /// `kubectl logs` cannot reach it.
+    pub fn container_logs(&self) -> String {
+        let mut text = String::new();
+        let mut folders = vec![self.dir.path().join("pod-logs")];
+        while let Some(folder) = folders.pop() {
+            for entry in std::fs::read_dir(&folder).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    folders.push(path);
+                } else if let Ok(log) = std::fs::read_to_string(&path) {
+                    let lines: Vec<&str> = log.lines().collect();
+                    let tail = &lines[lines.len().saturating_sub(20)..];
+                    text.push_str(&format!("== {}\n{}\n", path.display(), tail.join("\n")));
+                }
+            }
+        }
+        text
+    }
+
+    /// `ctr -n k8s.io ARGS` against this node's containerd.
+    pub fn ctr(&self, args: &[&str]) -> anyhow::Result<Output> {
+        let socket = self.dir.path().join("containerd.sock");
+        let socket = socket.to_string_lossy();
+        let mut command = vec!["ctr", "--address", &socket, "-n", "k8s.io"];
+        command.extend_from_slice(args);
+        self.run(&command)
+    }
+
+    /// Runs `command` (a program and its arguments) inside the host and waits for it.
+    pub fn run(&self, command: &[&str]) -> anyhow::Result<Output> {
+        self.host.run(command)
+    }
+
+    /// The cgroup under which kubelet and runc put everything of this node, in every
+    /// hierarchy (`/sys/fs/cgroup/*/<root>`).
+    pub fn cgroup_root(&self) -> &str {
+        &self.cgroups.root
+    }
+
+    /// The test's folder for this host.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for NodeHost {
+    fn drop(&mut self) {
+        // kubelet first, so that it does not register the Node again.
+        if let Some(mut kubelet) = self.kubelet.take() {
+            kill_inner(&mut kubelet);
+        }
+        let _ = Command::new(&self.kubectl)
+            .arg(format!("--kubeconfig={}", self.admin_kubeconfig.display()))
+            .args(["--request-timeout=5s", "delete", "node", &self.name])
+            .args(["--wait=false", "--ignore-not-found"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        self.host.end();
+    }
+}
+
+fn strs(strings: &[String]) -> Vec<&str> {
+    strings.iter().map(String::as_str).collect()
+}

@@ -1,0 +1,248 @@
+//! A real cluster, installed as docs/migrating.md and deploy/ tell an operator: a control plane
+//! (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) whose `cluster` egress goes
+//! to the Unix socket of deploy/server-static-pod's EgressSelectorConfiguration; a
+//! control-plane node whose kubelet runs bridgehead-server from that static pod manifest,
+//! copied unchanged into its `/etc/kubernetes/manifests`; worker nodes; and the agents as
+//! deploy/agent's DaemonSet (`kubectl apply -k` of an overlay that sets only
+//! `--proxy-server-host`, as its kustomization says to). Each node is a [`NodeHost`] running
+//! the image `scripts/image.sh` builds from the binaries under test.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use super::controllers::Controllers;
+use super::images::Images;
+use super::node_host::{Network, NodeHost, NodeOptions};
+use super::{Binaries, ControlPlane, Egress};
+use crate::netns::TestNet;
+
+/// The control plane's test host in [`RealCluster::net`].
+pub const CONTROL_PLANE_HOST: usize = 0;
+/// The control-plane node's name.
+pub const CONTROL_PLANE_NODE: &str = "control-plane";
+/// Where deploy/server-static-pod's EgressSelectorConfiguration puts the server's socket.
+const SOCKET: &str = "/etc/kubernetes/konnectivity-server/konnectivity-server.socket";
+/// How long the agents' DaemonSet may take to have a Ready pod on every node.
+const ROLLOUT: &str = "120s";
+
+/// The running cluster. Torn down on drop, nodes first.
+#[derive(Debug)]
+pub struct RealCluster {
+    /// `worker-1`, `worker-2`, ...
+    pub workers: Vec<NodeHost>,
+    pub control_plane_node: NodeHost,
+    pub controllers: Controllers,
+    pub control_plane: ControlPlane,
+    pub net: TestNet,
+    /// The control-plane node's `/etc/kubernetes`.
+    etc_kubernetes: tempfile::TempDir,
+}
+
+impl RealCluster {
+    /// Starts the control plane, the control-plane node with the server's static pod, `workers`
+    /// worker nodes and the agents' DaemonSet, and waits until an agent is Ready on every node.
+    pub fn start(binaries: &Binaries, workers: u8) -> anyhow::Result<RealCluster> {
+        let images = Images::get()?;
+        let mut net = TestNet::new(1)?;
+        let etc_kubernetes = tempfile::Builder::new().prefix("bh-etc-k8s-").tempdir()?;
+        let socket = etc_kubernetes
+            .path()
+            .join(SOCKET.trim_start_matches("/etc/kubernetes/"));
+        // kube-apiserver reads the EgressSelectorConfiguration deploy/ ships, with the socket
+        // where the control-plane node's /etc/kubernetes really is.
+        let egress = std::fs::read_to_string(
+            deploy().join("server-static-pod/egress-selector-configuration.yaml"),
+        )?;
+        if !egress.contains(SOCKET) {
+            bail!(
+                "deploy/server-static-pod's EgressSelectorConfiguration no longer names {SOCKET}"
+            );
+        }
+        let control_plane = ControlPlane::start(
+            binaries,
+            &mut net,
+            CONTROL_PLANE_HOST,
+            Egress::Uds(socket),
+            &[],
+        )?;
+        let controllers = Controllers::start(&control_plane, &net, CONTROL_PLANE_HOST)?;
+        control_plane.kubectl_ok(&["apply", "-k", &deploy().join("rbac").to_string_lossy()])?;
+        install_server_files(&control_plane, etc_kubernetes.path())?;
+        let ns = net.host(CONTROL_PLANE_HOST).ns_name().to_owned();
+        let control_plane_node = NodeHost::start(
+            &control_plane,
+            &images,
+            NodeOptions {
+                name: CONTROL_PLANE_NODE.into(),
+                network: Network::ControlPlane { ns: ns.clone() },
+                etc_kubernetes: Some(etc_kubernetes.path().to_owned()),
+            },
+        )?;
+        let mut nodes = Vec::new();
+        for index in 1..=workers {
+            nodes.push(NodeHost::start(
+                &control_plane,
+                &images,
+                NodeOptions {
+                    name: format!("worker-{index}"),
+                    network: Network::Worker {
+                        ns: ns.clone(),
+                        index,
+                    },
+                    etc_kubernetes: None,
+                },
+            )?);
+        }
+        let cluster = RealCluster {
+            workers: nodes,
+            control_plane_node,
+            controllers,
+            control_plane,
+            net,
+            etc_kubernetes,
+        };
+        cluster.install_agents()?;
+        Ok(cluster)
+    }
+
+    /// deploy/agent through an overlay that points `--proxy-server-host` at the control
+    /// plane's address; waits for the rollout.
+    fn install_agents(&self) -> anyhow::Result<()> {
+        let overlay = tempfile::Builder::new()
+            .prefix("bh-agent-overlay-")
+            .tempdir()?;
+        // kustomize takes a base only by a relative path.
+        let agent = relative_to(overlay.path(), &deploy().join("agent").canonicalize()?);
+        std::fs::write(
+            overlay.path().join("kustomization.yaml"),
+            format!(
+                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {agent}\npatches:\n- target:\n    kind: DaemonSet\n    name: bridgehead-agent\n  patch: |-\n    - op: test\n      path: /spec/template/spec/containers/0/args/1\n      value: --proxy-server-host=control-plane.example.internal\n    - op: replace\n      path: /spec/template/spec/containers/0/args/1\n      value: --proxy-server-host={address}\n",
+                agent = agent.display(),
+                address = self.control_plane.address,
+            ),
+        )?;
+        self.control_plane
+            .kubectl_ok(&["apply", "-k", &overlay.path().to_string_lossy()])?;
+        let rollout = self.control_plane.kubectl(&[
+            "rollout",
+            "status",
+            "-n",
+            "kube-system",
+            "daemonset/bridgehead-agent",
+            &format!("--timeout={ROLLOUT}"),
+        ])?;
+        if !rollout.status.success() {
+            bail!(
+                "the agents' DaemonSet did not roll out: {}\n{}",
+                String::from_utf8_lossy(&rollout.stderr),
+                self.describe_pods("kube-system")
+            );
+        }
+        Ok(())
+    }
+
+    /// `kubectl get pods -o wide` and their events, for a failure's message.
+    pub fn describe_pods(&self, namespace: &str) -> String {
+        let pods = self
+            .control_plane
+            .kubectl(&["get", "pods", "-o", "wide", "-n", namespace])
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+            .unwrap_or_default();
+        let events = self
+            .control_plane
+            .kubectl(&["get", "events", "-n", namespace])
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+            .unwrap_or_default();
+        let mut logs = self.control_plane_node.container_logs();
+        for worker in &self.workers {
+            logs.push_str(&worker.container_logs());
+        }
+        format!("pods:\n{pods}\nevents:\n{events}\ncontainer logs:\n{logs}")
+    }
+
+    /// GETs `path` from the server's health port (8134 on the control-plane node, from
+    /// deploy/server-static-pod) inside the control plane's namespace.
+    pub fn server_health(&self, path: &str) -> anyhow::Result<String> {
+        let out = self.net.run_in(
+            CONTROL_PLANE_HOST,
+            &[
+                "curl",
+                "-sS",
+                "--max-time",
+                "10",
+                &format!("http://127.0.0.1:8134{path}"),
+            ],
+        )?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The control-plane node's `/etc/kubernetes`, seen from the test.
+    pub fn etc_kubernetes(&self) -> &Path {
+        self.etc_kubernetes.path()
+    }
+}
+
+/// `target` as a path relative to the folder `from` (both absolute, `target` canonical).
+fn relative_to(from: &Path, target: &Path) -> PathBuf {
+    let mut relative = PathBuf::new();
+    for _ in from.components().skip(1) {
+        relative.push("..");
+    }
+    relative.join(target.strip_prefix("/").unwrap_or(target))
+}
+
+/// The workspace's deploy/.
+pub fn deploy() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// What a kubeadm control-plane node holds for the server's static pod: the kube-apiserver's
+/// serving pair in `pki/` (the server's agent endpoint uses it, so agents verify it with the
+/// cluster CA of their ServiceAccount volume), `konnectivity-server.conf` (a kubeconfig for
+/// `system:konnectivity-server`), and the manifest, copied unchanged from deploy/, in
+/// `manifests/`. Keys are 0600 as kubeadm writes them.
+fn install_server_files(control_plane: &ControlPlane, etc: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for folder in ["pki", "manifests", "konnectivity-server"] {
+        std::fs::create_dir_all(etc.join(folder))?;
+    }
+    let cp = control_plane.dir();
+    std::fs::copy(cp.join("apiserver.crt"), etc.join("pki/apiserver.crt"))?;
+    std::fs::copy(cp.join("apiserver.key"), etc.join("pki/apiserver.key"))?;
+    std::fs::set_permissions(
+        etc.join("pki/apiserver.key"),
+        std::fs::Permissions::from_mode(0o600),
+    )?;
+    let pair = control_plane
+        .authority()
+        .client("system:konnectivity-server", &[], &[])?;
+    let ca = std::fs::read(&control_plane.ca)?;
+    let conf = etc.join("konnectivity-server.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: kubernetes\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\nusers:\n- name: system:konnectivity-server\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: konnectivity-server\n  context:\n    cluster: kubernetes\n    user: system:konnectivity-server\ncurrent-context: konnectivity-server\n",
+            url = control_plane.url,
+            ca = base64(&ca),
+            cert = base64(pair.cert_pem.as_bytes()),
+            key = base64(pair.key_pem.as_bytes()),
+        ),
+    )?;
+    std::fs::set_permissions(&conf, std::fs::Permissions::from_mode(0o600))?;
+    std::fs::copy(
+        deploy().join("server-static-pod/konnectivity-server.yaml"),
+        etc.join("manifests/konnectivity-server.yaml"),
+    )
+    .context("copying the server's static pod manifest")?;
+    Ok(())
+}
+
+fn base64(data: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+/// How long a pod of the tests may take to become Ready.
+pub const POD_READY: Duration = Duration::from_secs(120);

@@ -1,0 +1,785 @@
+//! A real cluster on one machine ([`RealCluster`]): kubelet, containerd and runc on node
+//! hosts, bridgehead-server run by the control-plane node's kubelet from deploy/'s static pod
+//! manifest, the agents from deploy/'s DaemonSet, both from the image `scripts/image.sh` builds.
+//! kube-apiserver's namespace has no route to a worker node; everything kubectl does with a
+//! pod there goes through Bridgehead, and the test checks what kubectl hands back byte for
+//! byte. Needs root, `scripts/k8s-build.sh` and `scripts/install-test-deps.sh`; skipped loudly
+//! otherwise.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bridgehead_e2e::kubernetes::real_cluster::{RealCluster, CONTROL_PLANE_HOST, POD_READY};
+use bridgehead_e2e::kubernetes::{self};
+use bridgehead_e2e::netns;
+
+/// The whole test, cluster start included.
+const TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The test's pods: on each worker a shell that prints five lines and waits, on worker-1 an
+/// echo server (busybox nc running cat for every connection), on worker-2 a ticker printing a
+/// numbered line every 100 ms.
+fn pods() -> String {
+    let mut yaml = String::new();
+    for (name, node, script) in [
+        (
+            "shell-1",
+            "worker-1",
+            "for i in 1 2 3 4 5; do echo log line $i; done; exec sleep 3600",
+        ),
+        (
+            "shell-2",
+            "worker-2",
+            "for i in 1 2 3 4 5; do echo log line $i; done; exec sleep 3600",
+        ),
+        ("echo", "worker-1", "exec nc -ll -p 7000 -e cat"),
+        ("attached", "worker-1", "exec cat"),
+        (
+            "ticker",
+            "worker-2",
+            "i=0; while true; do echo tick $i; i=$((i+1)); usleep 100000; done",
+        ),
+    ] {
+        yaml.push_str(&format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  nodeName: {node}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: bridgehead.invalid/busybox:1\n    imagePullPolicy: Never\n    command: [sh, -c, '{script}']\n    stdin: true\n"
+        ));
+    }
+    yaml
+}
+
+#[test]
+fn kubectl_reaches_real_pods_on_two_nodes_through_bridgehead_installed_from_deploy() {
+    const TEST: &str =
+        "kubectl_reaches_real_pods_on_two_nodes_through_bridgehead_installed_from_deploy";
+    let Some(binaries) = kubernetes::require_nodes(TEST) else {
+        return;
+    };
+    // with_net only for its root check and timeout; the cluster makes its own hosts.
+    netns::with_net(TEST, 1, TIMEOUT, move |_| {
+        let mut cluster = RealCluster::start(&binaries, 2).unwrap_or_else(|e| panic!("{e:#}"));
+
+        // kube-apiserver's namespace cannot reach a worker's kubelet by itself.
+        for worker in &cluster.workers {
+            let direct = cluster.net.run_in(
+                CONTROL_PLANE_HOST,
+                &[
+                    "curl",
+                    "-sk",
+                    "--max-time",
+                    "5",
+                    &format!("https://{}:10250/healthz", worker.node_ip),
+                ],
+            );
+            assert!(
+                direct.is_err(),
+                "the control plane reached {}'s kubelet directly: {direct:?}",
+                worker.name
+            );
+            // And the kubelet serves only clients kube-apiserver vouches for: what kubectl
+            // gets from it below came with kube-apiserver's client certificate, end to end
+            // through the tunnel.
+            let anonymous = worker
+                .run(&[
+                    "curl",
+                    "-sk",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}",
+                    &format!("https://{}:10250/pods", worker.node_ip),
+                ])
+                .unwrap();
+            assert_eq!(String::from_utf8_lossy(&anonymous.stdout), "401");
+        }
+
+        cluster.control_plane.apply(&pods()).unwrap();
+        let ready = cluster
+            .control_plane
+            .kubectl(&[
+                "wait",
+                "--for=condition=Ready",
+                "pod/shell-1",
+                "pod/shell-2",
+                "pod/echo",
+                "pod/ticker",
+                "pod/attached",
+                &format!("--timeout={}s", POD_READY.as_secs()),
+            ])
+            .unwrap();
+        assert!(
+            ready.status.success(),
+            "pods not Ready: {}\n{}",
+            String::from_utf8_lossy(&ready.stderr),
+            cluster.describe_pods("default"),
+        );
+
+        let tunnels_before = tunnels(&cluster);
+        let scratch = tempfile::tempdir().unwrap();
+        for pod in ["shell-1", "shell-2"] {
+            logs(&cluster, pod);
+            exec_stdin_and_status(&cluster, pod);
+        }
+        exec_with_tty(&cluster, "shell-1");
+        follow_logs(&cluster);
+        copy_both_ways(&cluster, "shell-1", scratch.path());
+        port_forward(&cluster);
+        attach(&cluster);
+        byte_counters_agree(&cluster);
+
+        // All of it went through the server: it counted the tunnels.
+        let tunnels_after = tunnels(&cluster);
+        assert!(
+            tunnels_after >= tunnels_before + 11.0,
+            "tunnels before {tunnels_before}, after {tunnels_after}"
+        );
+
+        kubelet_restarted(&mut cluster);
+        agent_replaced(&cluster);
+        agents_rolled(&cluster);
+        server_replaced(&cluster);
+
+        // A node host removed: the server loses its agent (and no other), the other worker
+        // still answers, and the host leaves nothing behind: no Node object, no cgroup.
+        let agents = |cluster: &RealCluster| {
+            metric(
+                &cluster.server_health("/metrics").unwrap(),
+                "bridgehead_server_agents_connected",
+            )
+        };
+        // Every agent back with the new server first (bounded).
+        let back = Instant::now();
+        while agents(&cluster) != 3.0 {
+            assert!(
+                back.elapsed() < Duration::from_secs(60),
+                "the server counts {} agents, not 3",
+                agents(&cluster)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let worker = cluster.workers.pop().unwrap();
+        let (name, cgroup) = (worker.name.clone(), worker.cgroup_root().to_owned());
+        let removed = Instant::now();
+        drop(worker);
+        // Bounded: the server learns of a vanished agent from its session, within keepalive.
+        while agents(&cluster) != 2.0 {
+            assert!(
+                removed.elapsed() < Duration::from_secs(60),
+                "the server still counts {} agents 60 s after {name} went",
+                agents(&cluster)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "{name} removed: its agent gone from the server after {:?}",
+            removed.elapsed()
+        );
+        let exec = cluster
+            .control_plane
+            .kubectl_ok(&["exec", "shell-1", "--", "echo", "still"])
+            .unwrap();
+        assert_eq!(exec, "still\n");
+        let node = cluster
+            .control_plane
+            .kubectl(&["get", "node", &name])
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&node.stderr).contains("NotFound"),
+            "{name} still exists: {node:?}"
+        );
+        for hierarchy in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+            let left = hierarchy.path().join(&cgroup);
+            assert!(!left.exists(), "{} left behind", left.display());
+        }
+    });
+}
+
+/// `kubectl logs`: the kubelet's containerLogs, through the pod's node's agent.
+fn logs(cluster: &RealCluster, pod: &str) {
+    let logs = cluster.control_plane.kubectl_ok(&["logs", pod]).unwrap();
+    assert_eq!(
+        logs, "log line 1\nlog line 2\nlog line 3\nlog line 4\nlog line 5\n",
+        "{pod}"
+    );
+}
+
+/// `kubectl exec -i`: 1 MiB of every byte value through cat and back, and the command's exit
+/// status carried back as kubectl's.
+fn exec_stdin_and_status(cluster: &RealCluster, pod: &str) {
+    let input = pattern(1 << 20, pod.len() as u32);
+    let mut exec = kubectl(
+        cluster,
+        &["exec", "-i", pod, "--", "sh", "-c", "cat; exit 3"],
+    );
+    let mut stdin = exec.stdin.take().unwrap();
+    let feed = {
+        let input = input.clone();
+        std::thread::spawn(move || stdin.write_all(&input).unwrap())
+    };
+    let output = exec.wait_with_output().unwrap();
+    feed.join().unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "kubectl exec {pod}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.stdout == input,
+        "exec in {pod}: {} bytes back of {}",
+        output.stdout.len(),
+        input.len()
+    );
+}
+
+/// `kubectl exec -it` from a terminal (util-linux `script` gives kubectl a pseudo-terminal):
+/// the command in the pod has a terminal too, and its exit status comes back.
+fn exec_with_tty(cluster: &RealCluster, pod: &str) {
+    let command = format!(
+        "{} --kubeconfig={} exec -it {pod} -- sh -c 'tty; exit 5'",
+        cluster.control_plane.binaries.kubectl.display(),
+        cluster.control_plane.kubeconfig.display()
+    );
+    let output = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("running script (util-linux)");
+    let text = String::from_utf8_lossy(&output.stdout).replace('\r', "");
+    assert_eq!(output.status.code(), Some(5), "exec -it {pod}: {text}");
+    assert!(text.contains("/dev/pts/"), "no terminal in {pod}: {text:?}");
+}
+
+/// `kubectl logs -f`: the ticker's lines arrive in order while they are written, not at the
+/// end (twenty lines written 100 ms apart cannot arrive in one burst).
+fn follow_logs(cluster: &RealCluster) {
+    let mut follow = kubectl(cluster, &["logs", "-f", "--tail=1", "ticker"]);
+    let mut lines = BufReader::new(follow.stdout.take().unwrap()).lines();
+    let first: u64 = lines
+        .next()
+        .expect("kubectl logs -f ended")
+        .unwrap()
+        .strip_prefix("tick ")
+        .expect("a tick line")
+        .parse()
+        .unwrap();
+    let started = Instant::now();
+    for n in first + 1..=first + 20 {
+        let line = lines.next().expect("kubectl logs -f ended").unwrap();
+        assert_eq!(line, format!("tick {n}"));
+    }
+    let took = started.elapsed();
+    let _ = follow.kill();
+    let _ = follow.wait();
+    assert!(
+        took >= Duration::from_millis(1500),
+        "twenty lines in {took:?}"
+    );
+}
+
+/// `kubectl cp` into the pod (its sha256 there is the file's) and out of it again (the same
+/// bytes), 4 MiB each way.
+fn copy_both_ways(cluster: &RealCluster, pod: &str, scratch: &Path) {
+    let data = pattern(4 << 20, 7);
+    let local = scratch.join("up.bin");
+    std::fs::write(&local, &data).unwrap();
+    cluster
+        .control_plane
+        .kubectl_ok(&[
+            "cp",
+            &local.to_string_lossy(),
+            &format!("{pod}:/tmp/up.bin"),
+        ])
+        .unwrap();
+    let digest = ring::digest::digest(&ring::digest::SHA256, &data);
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    let remote = cluster
+        .control_plane
+        .kubectl_ok(&["exec", pod, "--", "sha256sum", "/tmp/up.bin"])
+        .unwrap();
+    assert_eq!(remote.split_whitespace().next(), Some(hex.as_str()));
+    let back = scratch.join("down.bin");
+    cluster
+        .control_plane
+        .kubectl_ok(&["cp", &format!("{pod}:/tmp/up.bin"), &back.to_string_lossy()])
+        .unwrap();
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "kubectl cp out of {pod}"
+    );
+}
+
+/// `kubectl port-forward` to the echo pod: four connections at once, 1 MiB echoed on each.
+fn port_forward(cluster: &RealCluster) {
+    let mut forward = kubectl(cluster, &["port-forward", "pod/echo", ":7000"]);
+    let mut lines = BufReader::new(forward.stdout.take().unwrap()).lines();
+    let line = lines
+        .next()
+        .expect("kubectl port-forward printed nothing")
+        .unwrap();
+    // "Forwarding from 127.0.0.1:PORT -> 7000"
+    let port: u16 = line
+        .strip_prefix("Forwarding from 127.0.0.1:")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("kubectl port-forward said {line:?}"))
+        .parse()
+        .unwrap();
+    let connections: Vec<_> = (0..4u32)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let data = pattern(1 << 20, i);
+                let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                let mut writer = stream.try_clone().unwrap();
+                let sent = data.clone();
+                let feed = std::thread::spawn(move || writer.write_all(&sent).unwrap());
+                let mut back = vec![0; data.len()];
+                stream.read_exact(&mut back).unwrap();
+                feed.join().unwrap();
+                assert!(back == data, "connection {i}: echo differs");
+            })
+        })
+        .collect();
+    for connection in connections {
+        connection.join().unwrap();
+    }
+    let _ = forward.kill();
+    let _ = forward.wait();
+}
+
+/// `kubectl attach -i` to a container running `cat`: what goes in comes out.
+fn attach(cluster: &RealCluster) {
+    let input = pattern(256 << 10, 3);
+    let mut attach = kubectl(cluster, &["attach", "-i", "attached"]);
+    let mut stdin = attach.stdin.take().unwrap();
+    let mut stdout = attach.stdout.take().unwrap();
+    let feed = {
+        let input = input.clone();
+        std::thread::spawn(move || {
+            stdin.write_all(&input).unwrap();
+            // Held open: closing it would end cat (and the pod's container) for good.
+            stdin
+        })
+    };
+    let mut back = vec![0; input.len()];
+    stdout.read_exact(&mut back).unwrap();
+    let _stdin = feed.join().unwrap();
+    assert!(back == input, "attach: the bytes differ");
+    let _ = attach.kill();
+    let _ = attach.wait();
+}
+
+/// The server's byte counters agree with the sums of the agents' (each agent's metrics scraped
+/// on its health port, from inside its node): every byte of every tunnel is counted on each
+/// side. Not to the byte: a tunnel cut while its target still writes (a `kubectl logs -f`
+/// killed while the ticker prints) leaves a few bytes the agent read and sent after the
+/// server's client had gone, so they agree within one stream window (64 KiB), the agents' count
+/// never below the server's for what came from targets. Polled (bounded) until a tunnel still
+/// winding down has counted its last bytes.
+fn byte_counters_agree(cluster: &RealCluster) {
+    let agents = cluster
+        .control_plane
+        .kubectl_ok(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/name=bridgehead-agent",
+            "-o",
+            "jsonpath={range .items[*]}{.spec.nodeName} {.status.podIP}{\"\\n\"}{end}",
+        ])
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut summed = [0.0; 2];
+        for line in agents.lines() {
+            let (node, ip) = line.split_once(' ').unwrap();
+            let host = std::iter::once(&cluster.control_plane_node)
+                .chain(&cluster.workers)
+                .find(|host| host.name == node)
+                .unwrap_or_else(|| panic!("no node {node}"));
+            let out = host
+                .run(&[
+                    "curl",
+                    "-sS",
+                    "--max-time",
+                    "5",
+                    &format!("http://{ip}:8134/metrics"),
+                ])
+                .unwrap();
+            let metrics = String::from_utf8_lossy(&out.stdout);
+            for (i, direction) in ["to_target", "from_target"].iter().enumerate() {
+                summed[i] += metric(
+                    &metrics,
+                    &format!("bridgehead_agent_bytes_total{{direction=\"{direction}\"}}"),
+                );
+            }
+        }
+        let server = cluster.server_health("/metrics").unwrap();
+        let served = ["to_target", "from_target"].map(|direction| {
+            metric(
+                &server,
+                &format!("bridgehead_server_bytes_total{{direction=\"{direction}\"}}"),
+            )
+        });
+        // At least the 4 MiB copied each way and the 4 MiB echoed through port-forward.
+        assert!(served[0] > (8 << 20) as f64, "server counted {served:?}");
+        const WINDOW: f64 = (64 << 10) as f64;
+        if (served[0] - summed[0]).abs() <= WINDOW
+            && summed[1] >= served[1]
+            && summed[1] - served[1] <= WINDOW
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "byte counters disagree: server {served:?}, agents {summed:?} (to, from target)"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The value of `series` (its full name with labels) in Prometheus text, 0 when absent.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The drill of a kubelet restarted (worker-2's, killed and started again): a `kubectl logs -f`
+/// through it ends, `kubectl exec` into its node works again within seconds, and its pods kept
+/// running meanwhile.
+fn kubelet_restarted(cluster: &mut RealCluster) {
+    let mut follow = kubectl(cluster, &["logs", "-f", "--tail=1", "ticker"]);
+    let stdout = follow.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    lines_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("kubectl logs -f printed nothing")
+        .unwrap();
+    let restarted = Instant::now();
+    cluster.workers[1].restart_kubelet().unwrap();
+    // The stream through the old kubelet ends: kubectl's output closes.
+    loop {
+        match lines_rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(_) => continue,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                panic!("kubectl logs -f still open 30 s after its kubelet was killed")
+            }
+        }
+    }
+    let ended = restarted.elapsed();
+    let _ = follow.kill();
+    let _ = follow.wait();
+    let mut failures = 0;
+    loop {
+        let exec = cluster
+            .control_plane
+            .kubectl(&["exec", "shell-2", "--", "echo", "back"])
+            .unwrap();
+        if exec.status.success() && exec.stdout == b"back\n" {
+            break;
+        }
+        failures += 1;
+        assert!(
+            restarted.elapsed() < Duration::from_secs(60),
+            "no exec into worker-2 within 60 s of its kubelet's restart: {}\nkubelet:\n{}",
+            String::from_utf8_lossy(&exec.stderr),
+            cluster.workers[1].kubelet_log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let recovered = restarted.elapsed();
+    // The pods ran on: the shell's container is the one that started with the node.
+    let restarts = cluster
+        .control_plane
+        .kubectl_ok(&[
+            "get",
+            "pod",
+            "shell-2",
+            "-o",
+            "jsonpath={.status.containerStatuses[0].restartCount}",
+        ])
+        .unwrap();
+    assert_eq!(restarts, "0");
+    let _ = writeln!(
+        std::io::stderr(),
+        "kubelet on worker-2 restarted: logs -f through it ended after {ended:?}, exec worked again after {recovered:?} ({failures} failed tries)"
+    );
+}
+
+/// The drill of an agent pod deleted: the DaemonSet replaces it, `kubectl exec` into its node
+/// works again within seconds, and a `kubectl logs -f` on another node loses no line.
+fn agent_replaced(cluster: &RealCluster) {
+    let mut follow = kubectl(cluster, &["logs", "-f", "--tail=1", "ticker"]);
+    let mut lines = BufReader::new(follow.stdout.take().unwrap()).lines();
+    let tick = |line: Option<std::io::Result<String>>| -> u64 {
+        let line = line.expect("kubectl logs -f ended").unwrap();
+        line.strip_prefix("tick ")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("not a tick: {line:?}"))
+    };
+    let mut last = tick(lines.next());
+    let agent = cluster
+        .control_plane
+        .kubectl_ok(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/name=bridgehead-agent",
+            "--field-selector=spec.nodeName=worker-1",
+            "-o",
+            "jsonpath={.items[0].metadata.name}",
+        ])
+        .unwrap();
+    let deleted = Instant::now();
+    cluster
+        .control_plane
+        .kubectl_ok(&["delete", "pod", "-n", "kube-system", &agent, "--wait=false"])
+        .unwrap();
+    // Bounded: the replacement announces nothing the test can wait on but a working exec.
+    let mut failures = 0;
+    loop {
+        let exec = cluster
+            .control_plane
+            .kubectl(&["exec", "shell-1", "--", "echo", "back"])
+            .unwrap();
+        if exec.status.success() && exec.stdout == b"back\n" {
+            break;
+        }
+        failures += 1;
+        assert!(
+            deleted.elapsed() < Duration::from_secs(90),
+            "no exec into worker-1 within 90 s of its agent's deletion: {}\n{}",
+            String::from_utf8_lossy(&exec.stderr),
+            cluster.describe_pods("kube-system")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let recovered = deleted.elapsed();
+    // Meanwhile on worker-2: every tick, in order.
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        let next = tick(lines.next());
+        assert_eq!(next, last + 1, "kubectl logs -f on worker-2 lost lines");
+        last = next;
+    }
+    let _ = follow.kill();
+    let _ = follow.wait();
+    let _ = writeln!(
+        std::io::stderr(),
+        "agent on worker-1 deleted: exec into worker-1 worked again after {recovered:?} ({failures} failed tries)"
+    );
+}
+
+/// The agents' DaemonSet rolled to a new image (the same image under a new tag on every node,
+/// as a registry would serve a new release): the rollout completes, every agent runs the new
+/// image, and exec reaches both workers through the new agents.
+fn agents_rolled(cluster: &RealCluster) {
+    const ROLLED: &str = "docker.io/library/bridgehead:0.1.0-rolled";
+    for host in std::iter::once(&cluster.control_plane_node).chain(&cluster.workers) {
+        let out = host
+            .ctr(&[
+                "images",
+                "tag",
+                "docker.io/library/bridgehead:0.1.0",
+                ROLLED,
+            ])
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "tagging on {}: {}",
+            host.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let started = Instant::now();
+    cluster
+        .control_plane
+        .kubectl_ok(&[
+            "set",
+            "image",
+            "-n",
+            "kube-system",
+            "daemonset/bridgehead-agent",
+            "agent=bridgehead:0.1.0-rolled",
+        ])
+        .unwrap();
+    let rollout = cluster
+        .control_plane
+        .kubectl(&[
+            "rollout",
+            "status",
+            "-n",
+            "kube-system",
+            "daemonset/bridgehead-agent",
+            "--timeout=180s",
+        ])
+        .unwrap();
+    assert!(
+        rollout.status.success(),
+        "rollout: {}\n{}",
+        String::from_utf8_lossy(&rollout.stderr),
+        cluster.describe_pods("kube-system")
+    );
+    let rolled = started.elapsed();
+    let images = cluster
+        .control_plane
+        .kubectl_ok(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/name=bridgehead-agent",
+            "-o",
+            "jsonpath={.items[*].spec.containers[0].image}",
+        ])
+        .unwrap();
+    assert_eq!(
+        images.split_whitespace().collect::<Vec<_>>(),
+        ["bridgehead:0.1.0-rolled"; 3],
+        "{images}"
+    );
+    for pod in ["shell-1", "shell-2"] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let exec = cluster
+                .control_plane
+                .kubectl(&["exec", pod, "--", "echo", "back"])
+                .unwrap();
+            if exec.status.success() && exec.stdout == b"back\n" {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no exec into {pod} within 30 s of the rollout: {}",
+                String::from_utf8_lossy(&exec.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "agents' DaemonSet rolled to a new image in {rolled:?}"
+    );
+}
+
+/// The drill of the server's static pod replaced (its manifest changed, as an upgrade does): a
+/// `kubectl logs -f` through the old server ends within its shutdown grace period and kubelet's,
+/// and `kubectl exec` works again once the new server runs and the agents are back.
+fn server_replaced(cluster: &RealCluster) {
+    let mut follow = kubectl(cluster, &["logs", "-f", "--tail=1", "ticker"]);
+    let stdout = follow.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    lines_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("kubectl logs -f printed nothing")
+        .unwrap();
+    // A new revision of the manifest, written beside it and renamed over it (kubelet skips
+    // dot files), as a configuration tool would.
+    let manifests = cluster.etc_kubernetes().join("manifests");
+    let manifest = manifests.join("konnectivity-server.yaml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let revised = text.replacen(
+        "\n  labels:\n",
+        "\n  annotations:\n    bridgehead.test/revision: \"2\"\n  labels:\n",
+        1,
+    );
+    assert_ne!(
+        revised, text,
+        "the manifest has no metadata.labels to revise beside"
+    );
+    std::fs::write(manifests.join(".konnectivity-server.yaml.new"), revised).unwrap();
+    let replaced = Instant::now();
+    std::fs::rename(manifests.join(".konnectivity-server.yaml.new"), &manifest).unwrap();
+    loop {
+        match lines_rx.recv_timeout(Duration::from_secs(90)) {
+            Ok(_) => continue,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                panic!("kubectl logs -f still open 90 s after the server's manifest changed")
+            }
+        }
+    }
+    let cut = replaced.elapsed();
+    let _ = follow.kill();
+    let _ = follow.wait();
+    let mut failures = 0;
+    loop {
+        let exec = cluster
+            .control_plane
+            .kubectl(&["exec", "shell-2", "--", "echo", "back"])
+            .unwrap();
+        if exec.status.success() && exec.stdout == b"back\n" {
+            break;
+        }
+        failures += 1;
+        assert!(
+            replaced.elapsed() < Duration::from_secs(150),
+            "no exec within 150 s of the server's replacement: {}\n{}",
+            String::from_utf8_lossy(&exec.stderr),
+            cluster.describe_pods("kube-system")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let recovered = replaced.elapsed();
+    let _ = writeln!(
+        std::io::stderr(),
+        "server's static pod replaced: logs -f through it cut after {cut:?}, exec worked again after {recovered:?} ({failures} failed tries)"
+    );
+}
+
+/// `kubectl ARGS` with the admin kubeconfig as a child, stdin, stdout and stderr piped.
+fn kubectl(cluster: &RealCluster, args: &[&str]) -> Child {
+    Command::new(&cluster.control_plane.binaries.kubectl)
+        .arg(format!(
+            "--kubeconfig={}",
+            cluster.control_plane.kubeconfig.display()
+        ))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// `len` bytes of a pattern that takes every byte value, different for each `seed`.
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_add(seed).wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
+}
+
+/// The tunnels the server has opened so far (`bridgehead_server_dials_total{result="ok"}`).
+fn tunnels(cluster: &RealCluster) -> f64 {
+    let metrics = cluster.server_health("/metrics").unwrap();
+    metrics
+        .lines()
+        .filter(|line| {
+            line.starts_with("bridgehead_server_dials_total{") && line.contains("result=\"ok\"")
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

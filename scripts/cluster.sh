@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# A real Kubernetes cluster on this machine with Bridgehead installed from deploy/, in a few
+# minutes: etcd, kube-apiserver, kube-scheduler and kube-controller-manager in a network
+# namespace; a control-plane node whose kubelet runs bridgehead-server from
+# deploy/server-static-pod; worker nodes (containerd and kubelet in namespaces of their own,
+# which the control plane has no route to) running the agents from deploy/agent; the image
+# built by scripts/image.sh from this tree; a demo pod (a shell serving port 8080) on worker-1.
+# Prints an `export KUBECONFIG=...` line once ready and runs until Ctrl-C, which removes every
+# process, mount, cgroup, namespace and file it made. Needs root; the first run installs the
+# system packages (scripts/install-test-deps.sh) and builds the Kubernetes binaries from their
+# Go modules (scripts/k8s-build.sh, several minutes once, cached after).
+#   scripts/cluster.sh [--workers N]      (default 2)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "cluster.sh needs root (namespaces, mounts, cgroups)" >&2; exit 1; }
+scripts/install-test-deps.sh
+scripts/k8s-build.sh >/dev/null
+cargo build -q --workspace --bins
+exec target/debug/real-cluster "$@"
