@@ -270,7 +270,7 @@ impl Tokens {
             {
                 Outcome::Verified(verified) => {
                     metrics.token_verification("verified", "");
-                    return self.verified(verified).await;
+                    return self.verified(verifier, token, verified).await;
                 }
                 Outcome::Refused(refusal) => {
                     metrics.token_verification("refused", refusal.label());
@@ -308,9 +308,22 @@ impl Tokens {
         self.check(answer)
     }
 
-    /// What a locally verified token says, in a review's shape; with binding and a node the
-    /// watch has not delivered yet, its addresses are read from kube-apiserver.
-    async fn verified(&self, verified: Verified) -> Result<Answer, AuthRefusal> {
+    /// What a locally verified token says, in a review's shape. With binding and a node the
+    /// watch has not delivered: while the verifier starts, the nodes' listing is waited for
+    /// (a returning fleet would otherwise cost a Node GET each); after, the addresses are read
+    /// from kube-apiserver.
+    async fn verified(
+        &self,
+        verifier: &TokenVerifier,
+        token: &str,
+        mut verified: Verified,
+    ) -> Result<Answer, AuthRefusal> {
+        if self.bind_identifiers && verified.node.is_some() && verified.node_addresses.is_none() {
+            verifier.settled(VERIFIER_STARTUP_WAIT).await;
+            if let Outcome::Verified(again) = verifier.verify(token).await {
+                verified = again;
+            }
+        }
         let node = verified.node.as_ref().map(|node| node.name.clone());
         let node_addresses = match (&node, verified.node_addresses.clone()) {
             (Some(node), None) if self.bind_identifiers => Some(

@@ -288,6 +288,21 @@ impl TokenVerifier {
         freshness.keys.is_some() && freshness.watches().is_some()
     }
 
+    /// Waits, at most `wait`, until every part of the start (the nodes' watch included) has
+    /// given its first answer, listed or refused; at once when it has. A server restarted under
+    /// its returning fleet waits here for the nodes rather than read one Node per agent.
+    pub async fn settled(&self, wait: Duration) {
+        let mut settled = self.inner.settled.subscribe();
+        let start = async {
+            while !*settled.borrow_and_update() {
+                if settled.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(wait, start).await;
+    }
+
     /// Waits until [`TokenVerifier::is_ready`] (for tests and startup; it may never be, when
     /// forbidden: bound it with a timeout).
     pub async fn ready(&self) {
