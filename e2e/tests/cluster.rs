@@ -470,36 +470,26 @@ fn kubelet_restarted(cluster: &mut RealCluster) {
     let restarted = Instant::now();
     cluster.workers[1].restart_kubelet().unwrap();
     // The stream through the old kubelet ends: kubectl's output closes.
-    loop {
-        match lines_rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(_) => continue,
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                panic!("kubectl logs -f still open 30 s after its kubelet was killed")
-            }
-        }
-    }
+    wait_for_the_end(
+        &lines_rx,
+        Duration::from_secs(30),
+        "kubectl logs -f still open 30 s after its kubelet was killed",
+    );
     let ended = restarted.elapsed();
     let _ = follow.kill();
     let _ = follow.wait();
-    let mut failures = 0;
-    loop {
-        let exec = cluster
-            .control_plane
-            .kubectl(&["exec", "shell-2", "--", "echo", "back"])
-            .unwrap();
-        if exec.status.success() && exec.stdout == b"back\n" {
-            break;
-        }
-        failures += 1;
-        assert!(
-            restarted.elapsed() < Duration::from_secs(60),
-            "no exec into worker-2 within 60 s of its kubelet's restart: {}\nkubelet:\n{}",
-            String::from_utf8_lossy(&exec.stderr),
-            cluster.workers[1].kubelet_log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let failures = exec_until_it_works(
+        cluster,
+        "shell-2",
+        restarted,
+        Duration::from_secs(60),
+        || {
+            format!(
+                "no exec into worker-2 within 60 s of its kubelet's restart\n{}",
+                cluster.workers[1].kubelet_log()
+            )
+        },
+    );
     let recovered = restarted.elapsed();
     // The pods ran on: the shell's container is the one that started with the node.
     let restarts = cluster
@@ -551,24 +541,13 @@ fn agent_replaced(cluster: &RealCluster) {
         .kubectl_ok(&["delete", "pod", "-n", "kube-system", &agent, "--wait=false"])
         .unwrap();
     // Bounded: the replacement announces nothing the test can wait on but a working exec.
-    let mut failures = 0;
-    loop {
-        let exec = cluster
-            .control_plane
-            .kubectl(&["exec", "shell-1", "--", "echo", "back"])
-            .unwrap();
-        if exec.status.success() && exec.stdout == b"back\n" {
-            break;
-        }
-        failures += 1;
-        assert!(
-            deleted.elapsed() < Duration::from_secs(90),
-            "no exec into worker-1 within 90 s of its agent's deletion: {}\n{}",
-            String::from_utf8_lossy(&exec.stderr),
-            cluster.describe_pods("kube-system")
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let failures =
+        exec_until_it_works(cluster, "shell-1", deleted, Duration::from_secs(90), || {
+            format!(
+                "no exec into worker-1 within 90 s of its agent's deletion\n{}",
+                cluster.describe_pods("kube-system")
+            )
+        });
     let recovered = deleted.elapsed();
     // Meanwhile on worker-2: every tick, in order.
     let until = Instant::now() + Duration::from_secs(1);
@@ -655,22 +634,13 @@ fn agents_rolled(cluster: &RealCluster) {
         "{images}"
     );
     for pod in ["shell-1", "shell-2"] {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let exec = cluster
-                .control_plane
-                .kubectl(&["exec", pod, "--", "echo", "back"])
-                .unwrap();
-            if exec.status.success() && exec.stdout == b"back\n" {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no exec into {pod} within 30 s of the rollout: {}",
-                String::from_utf8_lossy(&exec.stderr)
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        exec_until_it_works(
+            cluster,
+            pod,
+            Instant::now(),
+            Duration::from_secs(30),
+            || format!("no exec into {pod} within 30 s of the rollout"),
+        );
     }
     let _ = writeln!(
         std::io::stderr(),
@@ -713,41 +683,72 @@ fn server_replaced(cluster: &RealCluster) {
     std::fs::write(manifests.join(".konnectivity-server.yaml.new"), revised).unwrap();
     let replaced = Instant::now();
     std::fs::rename(manifests.join(".konnectivity-server.yaml.new"), &manifest).unwrap();
-    loop {
-        match lines_rx.recv_timeout(Duration::from_secs(90)) {
-            Ok(_) => continue,
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                panic!("kubectl logs -f still open 90 s after the server's manifest changed")
-            }
-        }
-    }
+    wait_for_the_end(
+        &lines_rx,
+        Duration::from_secs(90),
+        "kubectl logs -f still open 90 s after the server's manifest changed",
+    );
     let cut = replaced.elapsed();
     let _ = follow.kill();
     let _ = follow.wait();
-    let mut failures = 0;
-    loop {
-        let exec = cluster
-            .control_plane
-            .kubectl(&["exec", "shell-2", "--", "echo", "back"])
-            .unwrap();
-        if exec.status.success() && exec.stdout == b"back\n" {
-            break;
-        }
-        failures += 1;
-        assert!(
-            replaced.elapsed() < Duration::from_secs(150),
-            "no exec within 150 s of the server's replacement: {}\n{}",
-            String::from_utf8_lossy(&exec.stderr),
-            cluster.describe_pods("kube-system")
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let failures = exec_until_it_works(
+        cluster,
+        "shell-2",
+        replaced,
+        Duration::from_secs(150),
+        || {
+            format!(
+                "no exec within 150 s of the server's replacement\n{}",
+                cluster.describe_pods("kube-system")
+            )
+        },
+    );
     let recovered = replaced.elapsed();
     let _ = writeln!(
         std::io::stderr(),
         "server's static pod replaced: logs -f through it cut after {cut:?}, exec worked again after {recovered:?} ({failures} failed tries)"
     );
+}
+
+/// Runs `kubectl exec POD -- echo back` until it works, within `within` of `since`; panics
+/// with `context()` and the last error past that. Returns how many tries failed first.
+fn exec_until_it_works(
+    cluster: &RealCluster,
+    pod: &str,
+    since: Instant,
+    within: Duration,
+    context: impl Fn() -> String,
+) -> usize {
+    let mut failures = 0;
+    loop {
+        let exec = cluster
+            .control_plane
+            .kubectl(&["exec", pod, "--", "echo", "back"])
+            .unwrap();
+        if exec.status.success() && exec.stdout == b"back\n" {
+            return failures;
+        }
+        failures += 1;
+        assert!(
+            since.elapsed() < within,
+            "{}: {}",
+            context(),
+            String::from_utf8_lossy(&exec.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits until the stream feeding `lines` ends (kubectl's output closed), every line before
+/// taken; panics with `what` when it is still open after `within` without a line.
+fn wait_for_the_end<T>(lines: &std::sync::mpsc::Receiver<T>, within: Duration, what: &str) {
+    loop {
+        match lines.recv_timeout(within) {
+            Ok(_) => continue,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what}"),
+        }
+    }
 }
 
 /// `kubectl ARGS` with the admin kubeconfig as a child, stdin, stdout and stderr piped.

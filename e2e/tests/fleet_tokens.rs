@@ -27,21 +27,6 @@ fn repo() -> PathBuf {
         .to_path_buf()
 }
 
-/// kube-apiserver's count of requests for `resource` with `verb`, from its metrics.
-fn requests(cp: &ControlPlane, resource: &str, verb: &str) -> f64 {
-    let metrics = cp.kubectl_ok(&["get", "--raw", "/metrics"]).unwrap();
-    let (resource, verb) = (
-        format!("resource=\"{resource}\""),
-        format!("verb=\"{verb}\""),
-    );
-    metrics
-        .lines()
-        .filter(|line| line.starts_with("apiserver_request_total{"))
-        .filter(|line| line.contains(&resource) && line.contains(&verb))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// Simulated agent `i`'s node and address, as the bench names them (`fleet::identity`).
 fn node(i: usize) -> (String, String) {
     let n = u32::try_from(i + 1).unwrap();
@@ -114,8 +99,8 @@ fn a_fleet_with_pod_bound_tokens_comes_back_without_asking_kube_apiserver() {
         let token_file = dir.path().join("tokens");
         std::fs::write(&token_file, tokens.join("\n") + "\n").unwrap();
 
-        let reviews = requests(&cp, "tokenreviews", "POST");
-        let node_gets = requests(&cp, "nodes", "GET");
+        let reviews = cp.requests("tokenreviews", "POST").unwrap();
+        let node_gets = cp.requests("nodes", "GET").unwrap();
         let out = dir.path().join("bench");
         let run = Command::new(&bench)
             .args(["--quick", "--only", "fleet", "--fleet-auth", "token"])
@@ -149,12 +134,12 @@ fn a_fleet_with_pod_bound_tokens_comes_back_without_asking_kube_apiserver() {
             assert!(restart["error"].is_null(), "{restart}");
         }
         assert_eq!(
-            requests(&cp, "tokenreviews", "POST"),
+            cp.requests("tokenreviews", "POST").unwrap(),
             reviews,
             "agents cost TokenReviews:\n{printed}"
         );
         assert_eq!(
-            requests(&cp, "nodes", "GET"),
+            cp.requests("nodes", "GET").unwrap(),
             node_gets,
             "agents cost Node GETs:\n{printed}"
         );

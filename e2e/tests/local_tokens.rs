@@ -61,21 +61,6 @@ fn agent_pod(cp: &ControlPlane, node: &str, pod: &str) {
     .unwrap();
 }
 
-/// kube-apiserver's count of requests for `resource` with `verb`, from its metrics.
-fn requests(cp: &ControlPlane, resource: &str, verb: &str) -> f64 {
-    let metrics = cp.kubectl_ok(&["get", "--raw", "/metrics"]).unwrap();
-    let (resource, verb) = (
-        format!("resource=\"{resource}\""),
-        format!("verb=\"{verb}\""),
-    );
-    metrics
-        .lines()
-        .filter(|line| line.starts_with("apiserver_request_total{"))
-        .filter(|line| line.contains(&resource) && line.contains(&verb))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// A verifier as the server would start one, with `kubeconfig`; ready when `ready`.
 fn start(
     runtime: &tokio::runtime::Runtime,
@@ -139,8 +124,8 @@ fn verify_locally(binaries: &kubernetes::Binaries, mut net: TestNet) {
     assert_eq!(freshness.watches(), Some(Duration::ZERO));
     assert_eq!(freshness.nodes, Some(Duration::ZERO));
 
-    let reviews = requests(&cp, "tokenreviews", "POST");
-    let node_gets = requests(&cp, "nodes", "GET");
+    let reviews = cp.requests("tokenreviews", "POST").unwrap();
+    let node_gets = cp.requests("nodes", "GET").unwrap();
     let verify = |token: &str| runtime.block_on(verifier.verify(token));
     let Outcome::Verified(verified) = verify(&token) else {
         panic!(
@@ -197,8 +182,8 @@ fn verify_locally(binaries: &kubernetes::Binaries, mut net: TestNet) {
     // A token bound to no pod is TokenReview's.
     let unbound = cp.token(NAMESPACE, ACCOUNT, AUDIENCE, 3600, None).unwrap();
     assert_eq!(verify(&unbound), Outcome::Fallback(Fallback::NotPodBound));
-    assert_eq!(requests(&cp, "tokenreviews", "POST"), reviews);
-    assert_eq!(requests(&cp, "nodes", "GET"), node_gets);
+    assert_eq!(cp.requests("tokenreviews", "POST").unwrap(), reviews);
+    assert_eq!(cp.requests("nodes", "GET").unwrap(), node_gets);
     // The counters do count: one TokenReview made here shows.
     let review = format!(
         "apiVersion: authentication.k8s.io/v1\nkind: TokenReview\nspec:\n  token: {token}\n  audiences: [{AUDIENCE}]\n"
@@ -215,7 +200,7 @@ fn verify_locally(binaries: &kubernetes::Binaries, mut net: TestNet) {
         "{}",
         String::from_utf8_lossy(&answer.stderr)
     );
-    assert_eq!(requests(&cp, "tokenreviews", "POST"), reviews + 1.0);
+    assert_eq!(cp.requests("tokenreviews", "POST").unwrap(), reviews + 1.0);
 
     // The pod goes: its token is refused as soon as the watch says so.
     cp.kubectl_ok(&[
@@ -331,8 +316,8 @@ fn the_server_admits_pod_bound_agents_without_asking_kube_apiserver() {
             )
             .unwrap()
         };
-        let reviews = requests(&cp, "tokenreviews", "POST");
-        let node_gets = requests(&cp, "nodes", "GET");
+        let reviews = cp.requests("tokenreviews", "POST").unwrap();
+        let node_gets = cp.requests("nodes", "GET").unwrap();
         let own = format!("id=agent-1&host=node-1&ipv4={NODE_ADDRESS}");
         let reply = upgrade(&token, &own);
         assert_eq!(reply.status, 101, "{}{}", reply.head, reply.body);
@@ -342,8 +327,8 @@ fn the_server_admits_pod_bound_agents_without_asking_kube_apiserver() {
         let reply = upgrade("not-a-token", "id=x");
         assert_eq!(reply.status, 403, "{}{}", reply.head, reply.body);
         assert!(reply.body.contains("malformed"), "{}", reply.body);
-        assert_eq!(requests(&cp, "tokenreviews", "POST"), reviews);
-        assert_eq!(requests(&cp, "nodes", "GET"), node_gets);
+        assert_eq!(cp.requests("tokenreviews", "POST").unwrap(), reviews);
+        assert_eq!(cp.requests("nodes", "GET").unwrap(), node_gets);
         let verified = server
             .metric("bridgehead_server_token_verifications_total{result=\"verified\",reason=\"\"}")
             .unwrap();
@@ -406,6 +391,6 @@ fn the_server_admits_pod_bound_agents_without_asking_kube_apiserver() {
             server.process.stderr()
         );
         drop(agent);
-        assert_eq!(requests(&cp, "tokenreviews", "POST"), reviews);
+        assert_eq!(cp.requests("tokenreviews", "POST").unwrap(), reviews);
     });
 }

@@ -252,6 +252,22 @@ impl ControlPlane {
     }
 
     /// kubectl with the admin kubeconfig; its stdout, or an error with its stderr.
+    /// kube-apiserver's own count of requests for `resource` with `verb`
+    /// (`apiserver_request_total`), e.g. to show that something asked nothing.
+    pub fn requests(&self, resource: &str, verb: &str) -> anyhow::Result<f64> {
+        let metrics = self.kubectl_ok(&["get", "--raw", "/metrics"])?;
+        let (resource, verb) = (
+            format!("resource=\"{resource}\""),
+            format!("verb=\"{verb}\""),
+        );
+        Ok(metrics
+            .lines()
+            .filter(|line| line.starts_with("apiserver_request_total{"))
+            .filter(|line| line.contains(&resource) && line.contains(&verb))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    }
+
     pub fn kubectl_ok(&self, args: &[&str]) -> anyhow::Result<String> {
         let output = self.kubectl(args)?;
         if !output.status.success() {
