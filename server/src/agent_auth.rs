@@ -286,14 +286,13 @@ impl Tokens {
         let answer = match self.lookup(token, metrics)? {
             Lookup::Ready(answer) => answer,
             Lookup::Pending { due, mut answer } => {
-                match tokio::time::timeout(REVIEW_PATIENCE, answer.wait_for(Option::is_some)).await
-                {
-                    Ok(Ok(answer)) => match answer.as_ref() {
-                        Some(Ok(answer)) => answer.clone(),
-                        Some(Err(error)) => return Err(AuthRefusal::Unavailable(error.clone())),
-                        None => unreachable!("waited for an answer"),
-                    },
-                    Ok(Err(_)) => {
+                let waited =
+                    tokio::time::timeout(REVIEW_PATIENCE, answer.wait_for(Option::is_some)).await;
+                match waited.map(|answer| answer.map(|answer| answer.clone())) {
+                    Ok(Ok(Some(Ok(answer)))) => answer,
+                    Ok(Ok(Some(Err(error)))) => return Err(AuthRefusal::Unavailable(error)),
+                    // The review task ended without an answer (its runtime stopped).
+                    Ok(Ok(None) | Err(_)) => {
                         let error = ApiError::Request("the token review was abandoned".into());
                         return Err(AuthRefusal::Unavailable(error));
                     }
