@@ -545,3 +545,81 @@ fn kube_apiserver_reaches_nodes_through_the_mtls_frontend() {
     let logs = cluster.kubectl(&["logs", "-n", NAMESPACE, &stand_in.pod()]);
     assert_eq!(logs.lines().count(), 3, "{logs}");
 }
+
+/// Token reviews queued behind kube-apiserver's rate limit (0.2 a second here) are never
+/// thrown away: a connection that waits past the server's patience gets `503` with a
+/// `Retry-After`, the review goes on without it, and the agent's next attempt finds the
+/// answer — with no second review of the same token.
+#[test]
+fn a_queued_token_review_outlives_its_connection_and_answers_the_next_attempt() {
+    let test = "a_queued_token_review_outlives_its_connection_and_answers_the_next_attempt";
+    let Some(binaries) = kubernetes::require(test) else {
+        return;
+    };
+    let cluster = Cluster::start_with(
+        &binaries,
+        0,
+        Auth::Tokens { bind: false },
+        &[
+            "--token-verification=review",
+            "--kubeconfig-qps=0.2",
+            "--kubeconfig-burst=1",
+        ],
+    );
+    let cp = &cluster.control_plane;
+    let config =
+        bridgehead_e2e::client::tls::config(&cluster.pki.path("cluster-ca.crt"), None).unwrap();
+    let tokens: Vec<String> = (0..3)
+        .map(|_| {
+            cp.token(AGENT_NAMESPACE, AGENT_ACCOUNT, AUDIENCE, 600, None)
+                .unwrap()
+        })
+        .collect();
+    let addr = cluster.server.agent_addr;
+    let upgrade = move |token: &str, id: &str| {
+        bridgehead_e2e::client::agent_upgrade(
+            config.clone(),
+            addr,
+            Some(token),
+            &format!("id={id}"),
+        )
+        .unwrap()
+    };
+    // The first review takes the burst; the next two queue 5 and 10 s behind it.
+    assert_eq!(upgrade(&tokens[0], "a").status, 101);
+    let queued: Vec<_> = tokens[1..]
+        .iter()
+        .enumerate()
+        .map(|(i, token)| {
+            let (token, upgrade) = (token.clone(), upgrade.clone());
+            std::thread::spawn(move || upgrade(&token, &format!("q{i}")))
+        })
+        .collect();
+    let replies: Vec<_> = queued.into_iter().map(|t| t.join().unwrap()).collect();
+    let (waiting, told_to_wait) = replies
+        .iter()
+        .enumerate()
+        .find(|(_, reply)| reply.status == 503)
+        .unwrap_or_else(|| panic!("no connection was told to come back: {replies:?}"));
+    assert!(
+        told_to_wait.body.contains("queued"),
+        "{}",
+        told_to_wait.body
+    );
+    let retry_after: u64 = told_to_wait
+        .header("retry-after")
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no Retry-After: {}", told_to_wait.head));
+    assert!((1..=30).contains(&retry_after), "Retry-After {retry_after}");
+    // Its next attempt is answered from the review that went on without it.
+    let token = &tokens[1 + waiting];
+    wait_until(Duration::from_secs(30), || {
+        upgrade(token, "again").status == 101
+    })
+    .expect("the queued token never got its answer");
+    let reviewed = cluster
+        .server
+        .metric("bridgehead_server_token_reviews_total{result=\"authenticated\"}")
+        .unwrap();
+    assert_eq!(reviewed, 3.0, "a token was reviewed twice");
+}
