@@ -17,6 +17,22 @@ const STARTUP: Duration = Duration::from_secs(20);
 /// How long an agent may take to register with its server.
 const REGISTRATION: Duration = Duration::from_secs(20);
 
+/// Blocks until SIGINT (Ctrl-C) or SIGTERM: the by-hand programs (`scripts/control-plane.sh`,
+/// `scripts/cluster.sh`) run until then, and clean up after.
+pub fn until_interrupted() -> std::io::Result<()> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            tokio::select! {
+                result = tokio::signal::ctrl_c() => result,
+                _ = term.recv() => Ok(()),
+            }
+        })
+}
+
 /// The directory holding the workspace's binaries (next to this test executable's `deps/`,
 /// or this example's `examples/`).
 pub fn bin_dir() -> PathBuf {

@@ -453,20 +453,7 @@ fn metric(text: &str, series: &str) -> f64 {
 /// through it ends, `kubectl exec` into its node works again within seconds, and its pods kept
 /// running meanwhile.
 fn kubelet_restarted(cluster: &mut RealCluster) {
-    let mut follow = kubectl(cluster, &["logs", "-f", "--tail=1", "ticker"]);
-    let stdout = follow.stdout.take().unwrap();
-    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            if lines_tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    lines_rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("kubectl logs -f printed nothing")
-        .unwrap();
+    let (mut follow, lines_rx) = ticker_lines(cluster);
     let restarted = Instant::now();
     cluster.workers[1].restart_kubelet().unwrap();
     // The stream through the old kubelet ends: kubectl's output closes.
@@ -652,20 +639,7 @@ fn agents_rolled(cluster: &RealCluster) {
 /// `kubectl logs -f` through the old server ends within its shutdown grace period and kubelet's,
 /// and `kubectl exec` works again once the new server runs and the agents are back.
 fn server_replaced(cluster: &RealCluster) {
-    let mut follow = kubectl(cluster, &["logs", "-f", "--tail=1", "ticker"]);
-    let stdout = follow.stdout.take().unwrap();
-    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            if lines_tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    lines_rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("kubectl logs -f printed nothing")
-        .unwrap();
+    let (mut follow, lines_rx) = ticker_lines(cluster);
     // A new revision of the manifest, written beside it and renamed over it (kubelet skips
     // dot files), as a configuration tool would.
     let manifests = cluster.etc_kubernetes().join("manifests");
@@ -708,6 +682,28 @@ fn server_replaced(cluster: &RealCluster) {
         std::io::stderr(),
         "server's static pod replaced: logs -f through it cut after {cut:?}, exec worked again after {recovered:?} ({failures} failed tries)"
     );
+}
+
+/// `kubectl logs -f` of the ticker, its lines on a channel (closed when the stream ends), once
+/// its first line came.
+fn ticker_lines(
+    cluster: &RealCluster,
+) -> (Child, std::sync::mpsc::Receiver<std::io::Result<String>>) {
+    let mut follow = kubectl(cluster, &["logs", "-f", "--tail=1", "ticker"]);
+    let stdout = follow.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    lines_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("kubectl logs -f printed nothing")
+        .unwrap();
+    (follow, lines_rx)
 }
 
 /// Runs `kubectl exec POD -- echo back` until it works, within `within` of `since`; panics

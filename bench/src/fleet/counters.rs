@@ -176,16 +176,7 @@ impl Snapshot {
 
     /// `reset 12, timeout:tls 3` (most first), or `none`.
     pub fn failures_text(&self) -> String {
-        let mut kinds: Vec<(&String, &u64)> = self.failures.iter().collect();
-        kinds.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-        if kinds.is_empty() {
-            return "none".to_owned();
-        }
-        kinds
-            .iter()
-            .map(|(kind, n)| format!("{kind} {n}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        super::probe::outcomes_text(&self.failures)
     }
 }
 

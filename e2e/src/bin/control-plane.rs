@@ -63,17 +63,7 @@ fn main() -> anyhow::Result<()> {
     println!("  curl -s http://{}/agents", cluster.server.admin);
     println!("\nserver log: {}", cluster.server.process.log.display());
     println!("Ctrl-C stops everything and removes it.");
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?
-        .block_on(async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-            tokio::select! {
-                result = tokio::signal::ctrl_c() => result,
-                _ = term.recv() => Ok(()),
-            }
-        })?;
+    bridgehead_e2e::process::until_interrupted()?;
     drop(cluster);
     Ok(())
 }

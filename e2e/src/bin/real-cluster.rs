@@ -73,17 +73,7 @@ fn main() -> anyhow::Result<()> {
         "export KUBECONFIG={}",
         cluster.control_plane.kubeconfig.display()
     );
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?
-        .block_on(async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-            tokio::select! {
-                result = tokio::signal::ctrl_c() => result,
-                _ = term.recv() => Ok(()),
-            }
-        })?;
+    bridgehead_e2e::process::until_interrupted()?;
     drop(cluster);
     Ok(())
 }
