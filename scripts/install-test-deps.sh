@@ -13,6 +13,7 @@ wants=(
   "pgrep procps"                # scripts: ps/pgrep
   "ip iproute2"                 # e2e/src/netns.rs: test hosts in network namespaces
   "python3 python3"             # e2e: targets, the node stand-in
+  "openssl openssl"             # kubeapi's unit tests: RSA keys for signed test tokens (ring makes none)
   "go golang-go"                # scripts/k8s-build.sh (Go >= 1.21 fetches the pinned newer toolchain)
   "haproxy haproxy"             # e2e/tests/ha.rs, leases.rs: a real load balancer
   "taskset util-linux"          # e2e/tests/runtime.rs: an agent pinned to one CPU
