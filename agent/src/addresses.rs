@@ -24,6 +24,8 @@ pub(crate) struct Addresses {
     port: u16,
     every: Duration,
     resolved: Vec<SocketAddr>,
+    /// The `--proxy-server-host` entry each address came from.
+    entries: HashMap<SocketAddr, String>,
     /// The server id that answered at an address.
     known: HashMap<SocketAddr, String>,
     at: Option<Instant>,
@@ -39,6 +41,7 @@ impl Addresses {
             port,
             every,
             resolved: Vec::new(),
+            entries: HashMap::new(),
             known: HashMap::new(),
             at: None,
             cursor: 0,
@@ -52,10 +55,16 @@ impl Addresses {
         }
         self.at = Some(Instant::now());
         let mut found = BTreeSet::new();
+        let mut entries = HashMap::new();
         let mut failed = false;
         for host in &self.hosts {
             match tokio::net::lookup_host((host.as_str(), self.port)).await {
-                Ok(addresses) => found.extend(addresses),
+                Ok(addresses) => {
+                    for address in addresses {
+                        found.insert(address);
+                        entries.entry(address).or_insert_with(|| host.clone());
+                    }
+                }
                 Err(error) => {
                     failed = true;
                     debug!(%host, %error, "resolving a server address");
@@ -73,6 +82,12 @@ impl Addresses {
             self.known.retain(|address, _| found.contains(address));
             self.resolved = found;
         }
+        self.entries = entries;
+    }
+
+    /// The `--proxy-server-host` entry `address` was resolved from.
+    pub(crate) fn entry(&self, address: SocketAddr) -> Option<&str> {
+        self.entries.get(&address).map(String::as_str)
     }
 
     /// Server `server_id` answered at `address`.
@@ -146,6 +161,7 @@ mod tests {
         let b: SocketAddr = "10.0.0.2:8132".parse().unwrap();
         let c: SocketAddr = "10.0.0.3:8132".parse().unwrap();
         assert_eq!(found.next(&[]), Some(a));
+        assert_eq!(found.entry(a), Some("10.0.0.1"));
         assert_eq!(found.next(&[]), Some(b));
         found.learn(b, "s-b");
         let held = ["s-b".to_owned()];

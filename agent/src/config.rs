@@ -329,6 +329,10 @@ pub struct Config {
     pub server_port: u16,
     /// The name verified in the server's certificate.
     pub server_name: ServerName<'static>,
+    /// `--server-name` was given: every server is verified against it. Otherwise a server
+    /// dialed at an address of one of several `--proxy-server-host` entries is verified
+    /// against that entry.
+    pub server_name_given: bool,
     /// CA bundle for the server's certificate.
     pub ca_cert: PathBuf,
     /// Client certificate, if any.
@@ -451,6 +455,7 @@ impl Cli {
         if self.proxy_server_port == 0 {
             bail!("--proxy-server-port must not be 0");
         }
+        let server_name_given = self.server_name.is_some();
         let server_name = self.server_name.as_deref().unwrap_or(&server_host);
         let server_name =
             ServerName::try_from(strip_brackets(server_name).to_owned()).map_err(|_| {
@@ -530,6 +535,7 @@ impl Cli {
             server_hosts,
             server_port: self.proxy_server_port,
             server_name,
+            server_name_given,
             ca_cert: self.ca_cert,
             client_cert,
             identifiers,

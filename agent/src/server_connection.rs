@@ -1,6 +1,7 @@
 //! Reaching a server: TCP, TLS, then the WebSocket upgrade to `/connect?<identifiers>`, which
 //! names the servers the agent already holds and is answered with the server's id and count.
 
+use rustls_pki_types::ServerName;
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -93,12 +94,14 @@ pub(crate) enum ConnectError {
     Subprotocol(Option<String>),
 }
 
-/// Connects to the server at `address` (or, when `None`, the name and port configured) and
-/// upgrades, telling it the ids of the servers in `held`; every step has a timeout.
+/// Connects to the server at `address` (or, when `None`, the name and port configured),
+/// verifies its certificate for `name` (or the configured server name), and upgrades, telling
+/// it the ids of the servers in `held`; every step has a timeout.
 pub(crate) async fn connect_to_server(
     config: &Config,
     held: &[String],
     address: Option<SocketAddr>,
+    name: Option<ServerName<'static>>,
 ) -> Result<Connected, ConnectError> {
     let server = address.map_or_else(|| config.server_authority(), |address| address.to_string());
     let tls = crate::tls::current_client_config(config).map_err(ConnectError::TlsFiles)?;
@@ -129,7 +132,7 @@ pub(crate) async fn connect_to_server(
 
     let tls = tokio::time::timeout(
         HANDSHAKE_TIMEOUT,
-        TlsConnector::from(tls).connect(config.server_name.clone(), tcp),
+        TlsConnector::from(tls).connect(name.unwrap_or_else(|| config.server_name.clone()), tcp),
     )
     .await
     .map_err(|_| ConnectError::TimedOut {

@@ -138,9 +138,15 @@ pub(crate) async fn run(
         let home = shards.home();
         // With several addresses, one whose server the agent holds no session with yet.
         let address = addresses.next(&live);
+        // Each entry of a list is its own server, verified for its own name unless
+        // --server-name says otherwise.
+        let name = address
+            .filter(|_| !config.server_name_given)
+            .and_then(|address| addresses.entry(address))
+            .and_then(|entry| rustls_pki_types::ServerName::try_from(entry.to_owned()).ok());
         let connect = {
             let (config, live) = (config.clone(), live.clone());
-            async move { server_connection::connect_to_server(&config, &live, address).await }
+            async move { server_connection::connect_to_server(&config, &live, address, name).await }
         };
         let attempt = match &home {
             Some(home) => {
