@@ -1,5 +1,5 @@
 //! The health ports (liveness, readiness that follows the agent session, metrics) and the
-//! admin port (/agents), each serving only its own routes.
+//! admin port (/agents, /config), each serving only its own routes.
 
 use bridgehead_e2e::client::{
     http_get, http_request, kube_connect, open_tunnel, tls_connect, IO_TIMEOUT,
@@ -453,5 +453,44 @@ fn certificate_expiry_is_exported_by_role() {
             Some(expected),
             "{series} in:\n{body}"
         );
+    }
+}
+
+#[test]
+fn the_admin_port_shows_the_whole_effective_configuration() {
+    let pki = Pki::new().unwrap();
+    let server = Server::start(
+        &pki,
+        ServerOptions {
+            args: vec![
+                "--dial-timeout=1m30s".into(),
+                "--proxy-strategies=destHost,default".into(),
+                "--max-pending-dials-per-agent=7".into(),
+                "--tunnel-memory-budget=64Mi".into(),
+            ],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(server.get("/config").unwrap().0, 404, "admin port only");
+    let (status, body) = http_get(server.admin, "/config").unwrap();
+    assert_eq!(status, 200);
+    let config: serde_json::Value = serde_json::from_str(&body).unwrap();
+    // What was given, and the defaults beside it, each in its group.
+    assert_eq!(config["routing"]["dial_timeout"], "1m30s");
+    assert_eq!(
+        config["routing"]["strategies"],
+        serde_json::json!(["destHost", "default"])
+    );
+    assert_eq!(config["limits"]["max_pending_dials_per_agent"], 7);
+    assert_eq!(config["limits"]["max_pending_dials"], 1024);
+    assert_eq!(config["memory"]["tunnel_memory_budget"], 64 << 20);
+    assert_eq!(config["agent_endpoint"]["keepalive_time"], "5s");
+    assert_eq!(config["agent_endpoint"]["handshake_stall"], "2s");
+    assert_eq!(config["frontend"]["listener"]["kind"], "tcp");
+    assert_eq!(config["process"]["grace_period"], "30s");
+    assert_eq!(config["logging"]["format"], "text");
+    for group in ["kubernetes", "tls"] {
+        assert!(config[group].is_object(), "{group}: {body}");
     }
 }

@@ -92,13 +92,14 @@ pub struct KlogArgs {
 }
 
 /// Where log lines go and at what level, from klog's flags.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct LogSettings {
     /// The default filter (`info`, `debug`, `trace`); `RUST_LOG` overrides it.
     pub level: &'static str,
     /// Log to this file instead of stderr.
     pub file: Option<LogFile>,
     /// With a file: the least severity also copied to stderr (`None`: nothing).
+    #[serde(serialize_with = "level_name")]
     pub stderr_threshold: Option<tracing::Level>,
 }
 
@@ -112,8 +113,18 @@ impl Default for LogSettings {
     }
 }
 
+fn level_name<S: serde::Serializer>(
+    level: &Option<tracing::Level>,
+    to: S,
+) -> Result<S::Ok, S::Error> {
+    match level {
+        Some(level) => to.collect_str(level),
+        None => to.serialize_none(),
+    }
+}
+
 /// A log file and its size bound.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct LogFile {
     pub path: PathBuf,
     /// In bytes; 0: none.

@@ -57,6 +57,50 @@ pub fn parse(input: &str) -> Result<Duration, DurationError> {
     Ok(Duration::from_secs_f64(total))
 }
 
+/// Writes a duration as [`parse`] reads it: `10s`, `250ms`, `1m30s`, `0`.
+pub fn format(duration: Duration) -> String {
+    if duration.is_zero() {
+        return "0".to_owned();
+    }
+    if duration.subsec_nanos() != 0 {
+        let nanos = duration.as_nanos();
+        return match (nanos % 1_000_000, nanos % 1_000) {
+            (0, _) => format!("{}ms", nanos / 1_000_000),
+            (_, 0) => format!("{}us", nanos / 1_000),
+            _ => format!("{nanos}ns"),
+        };
+    }
+    let secs = duration.as_secs();
+    let mut text = String::new();
+    for (count, unit) in [
+        (secs / 3600, "h"),
+        (secs % 3600 / 60, "m"),
+        (secs % 60, "s"),
+    ] {
+        if count != 0 {
+            text.push_str(&format!("{count}{unit}"));
+        }
+    }
+    text
+}
+
+/// serde's `serialize_with` for a duration field: the [`format`] text, so an effective
+/// configuration reads as its flags are written.
+pub fn serialize<S: serde::Serializer>(duration: &Duration, to: S) -> Result<S::Ok, S::Error> {
+    to.collect_str(&format(*duration))
+}
+
+/// [`serialize`] for an optional duration (`null` when unset).
+pub fn serialize_option<S: serde::Serializer>(
+    duration: &Option<Duration>,
+    to: S,
+) -> Result<S::Ok, S::Error> {
+    match duration {
+        Some(duration) => serialize(duration, to),
+        None => to.serialize_none(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,6 +116,24 @@ mod tests {
         for bad in ["", "10", "s", "10x", "1..5s", "-1s"] {
             let err = parse(bad).unwrap_err();
             assert!(err.to_string().contains("invalid duration"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn formatted_durations_parse_back() {
+        for (duration, text) in [
+            (Duration::ZERO, "0"),
+            (Duration::from_secs(10), "10s"),
+            (Duration::from_secs(90), "1m30s"),
+            (Duration::from_secs(3600), "1h"),
+            (Duration::from_secs(100 * 3600 + 1), "100h1s"),
+            (Duration::from_millis(250), "250ms"),
+            (Duration::from_millis(1500), "1500ms"),
+            (Duration::from_micros(250), "250us"),
+            (Duration::from_nanos(7), "7ns"),
+        ] {
+            assert_eq!(format(duration), text);
+            assert_eq!(parse(text), Ok(duration), "{text}");
         }
     }
 }

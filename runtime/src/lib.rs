@@ -6,6 +6,7 @@
 //! - [`duration`]: durations written as ANP writes them (`10s`, `500ms`, `1m30s`).
 //! - [`logging`]: tracing setup, text or JSON.
 //! - [`tls`]: loading PEM certificates and keys, the one rustls crypto provider.
+//! - [`shutdown`]: the shutdown tree: stop, the grace period, end.
 //! - [`signal`]: SIGTERM/SIGINT into a cancellation token.
 //! - [`health`]: the small HTTP server for `/healthz`, `/readyz`, `/metrics` and friends.
 //! - [`host`]: the host name, for default ids.
@@ -31,6 +32,7 @@ pub mod limits;
 pub mod logging;
 pub mod memory;
 pub mod process_metrics;
+pub mod shutdown;
 pub mod signal;
 pub mod threads;
 pub mod tls;

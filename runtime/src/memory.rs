@@ -15,7 +15,7 @@ use prometheus_client::registry::Registry;
 
 /// `--tunnel-memory-budget`, `--tunnel-receive-buffer`, `--tunnel-unsent-limit` and
 /// `--tunnel-max-window`.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, clap::Args, serde::Serialize)]
 pub struct MemoryArgs {
     /// Most bytes of tunnel data this process holds received but not yet taken by its
     /// sockets (clients or targets that do not read), all tunnels together. As it fills, new

@@ -183,8 +183,8 @@ async fn session(
     // Before authentication: TLS and the upgrade request, bounded in time and cut for room
     // only when the agent has stalled.
     let read = tokio::select! {
-        read = tokio::time::timeout(ctx.agent_handshake_timeout, pre_auth(place.watch(tcp), acceptor)) => {
-            read.unwrap_or(Err(Refused::PreAuthTimeout(ctx.agent_handshake_timeout)))
+        read = tokio::time::timeout(ctx.config.agent_endpoint.handshake_timeout, pre_auth(place.watch(tcp), acceptor)) => {
+            read.unwrap_or(Err(Refused::PreAuthTimeout(ctx.config.agent_endpoint.handshake_timeout)))
         }
         () = place.cut() => Err(Refused::Stalled),
     };
@@ -321,7 +321,7 @@ async fn establish(
             return Err(answer(&mut tls, refused).await);
         }
     };
-    let upgrade = match check_upgrade(&buf[..end], &ctx.server_id) {
+    let upgrade = match check_upgrade(&buf[..end], &ctx.config.routing.server_id) {
         Ok(upgrade) => upgrade,
         Err(refused) => return Err(answer(&mut tls, refused).await),
     };
@@ -344,7 +344,7 @@ async fn establish(
     if upgrade.duplicate {
         // Looking for the other servers behind the address, the agent reached this one
         // again: refuse the new session rather than replace the live one.
-        let refused = Refused::Duplicate(ctx.server_id.clone());
+        let refused = Refused::Duplicate(ctx.config.routing.server_id.clone());
         return Err(answer(&mut tls, refused).await);
     }
     let name = upgrade
@@ -355,7 +355,7 @@ async fn establish(
     let mux = Mux::new(SessionConfig {
         max_streams: ctx.registry.max_tunnels_per_agent(),
         budget: ctx.budget.clone(),
-        max_window: ctx.max_window,
+        max_window: ctx.config.memory.tunnel_max_window,
         ..SessionConfig::new(Role::Server)
     });
     if let Some(home) = home {
@@ -384,10 +384,14 @@ async fn establish(
         old.close("replaced by a new session of the same agent");
     }
     let early = buf.freeze().slice(end..);
-    let accepted =
-        tokio::time::timeout(ctx.handshake_timeout, accept(tls, &upgrade.key, early, ctx))
-            .await
-            .unwrap_or(Err(Refused::AnswerTimeout(ctx.handshake_timeout)));
+    let accepted = tokio::time::timeout(
+        ctx.config.agent_endpoint.answer_timeout,
+        accept(tls, &upgrade.key, early, ctx),
+    )
+    .await
+    .unwrap_or(Err(Refused::AnswerTimeout(
+        ctx.config.agent_endpoint.answer_timeout,
+    )));
     match accepted {
         Ok(ws) => Ok(Established {
             ws,
@@ -415,8 +419,8 @@ async fn accept(
     let accept = format!(
         "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-accept: {}\r\nsec-websocket-protocol: {SUBPROTOCOL}\r\n{SERVER_ID_HEADER}: {}\r\n{SERVER_COUNT_HEADER}: {}\r\n\r\n",
         derive_accept_key(key.as_bytes()),
-        ctx.server_id,
-        ctx.server_count,
+        ctx.config.routing.server_id,
+        ctx.config.routing.server_count,
     );
     tls.write_all(accept.as_bytes())
         .await

@@ -1,7 +1,6 @@
 //! Command line and environment into a validated [`Config`].
 
-use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -16,6 +15,7 @@ use bridgehead_runtime::memory::MemoryArgs;
 use bridgehead_runtime::threads::SessionThreads;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
+use serde::Serialize;
 
 use crate::router::{parse_strategies, Strategy};
 use crate::tls_config::TlsPolicy;
@@ -328,12 +328,55 @@ pub struct Cli {
     pub mode: String,
 }
 
+/// Validated configuration, in the groups an operator thinks in. The shared [`Context`]
+/// holds it once; `/config` shows it whole, as JSON, from this one derived serialisation
+/// (it holds file paths, never what is in them).
+///
+/// [`Context`]: crate::context::Context
+#[derive(Debug, Clone, Serialize)]
+pub struct Config {
+    pub frontend: FrontendConfig,
+    pub agent_endpoint: AgentEndpointConfig,
+    pub routing: RoutingConfig,
+    pub limits: Limits,
+    pub kubernetes: KubernetesConfig,
+    pub tls: TlsPolicy,
+    /// `--tunnel-memory-budget` and the tunnels' socket buffers.
+    pub memory: MemoryArgs,
+    pub logging: LoggingConfig,
+    pub process: ProcessConfig,
+    /// Lines about accepted-and-ignored flags, logged once logging is up.
+    #[serde(skip)]
+    pub notes: Notes,
+}
+
+/// Where CONNECT clients come in, and how long they may take to ask.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FrontendConfig {
+    pub listener: FrontendListen,
+    /// The frontend's and the agents' CA are one (allowed by `--allow-shared-ca`): warned
+    /// about at startup.
+    pub shared_ca: bool,
+    /// `--handshake-timeout`: TLS and the CONNECT head.
+    #[serde(serialize_with = "duration::serialize")]
+    pub handshake_timeout: Duration,
+    /// `--max-handshakes`: CONNECT clients in their handshake at once.
+    pub max_handshakes: usize,
+    /// `--frontend-keepalive-time`: TCP keepalive on CONNECT clients' connections.
+    #[serde(serialize_with = "duration::serialize_option")]
+    pub keepalive: Option<Duration>,
+    /// `--target-bytes-hold`: how long a target's first bytes wait for the client's.
+    #[serde(serialize_with = "duration::serialize")]
+    pub target_bytes_hold: Duration,
+}
+
 /// The frontend's listener kind.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FrontendConfig {
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum FrontendListen {
     /// mTLS over TCP.
     Tcp {
-        bind: std::net::SocketAddr,
+        bind: SocketAddr,
         cert: PathBuf,
         key: PathBuf,
         client_ca: PathBuf,
@@ -344,8 +387,44 @@ pub enum FrontendConfig {
     Unix { path: PathBuf },
 }
 
+/// Where agents connect, how they prove who they are, and how their sessions are kept.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AgentEndpointConfig {
+    pub bind: SocketAddr,
+    /// `--cluster-cert`, `--cluster-key`: what the server presents to agents.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub auth: AgentAuthConfig,
+    /// `--agent-handshake-timeout`: TLS and the upgrade, before authentication.
+    #[serde(serialize_with = "duration::serialize")]
+    pub handshake_timeout: Duration,
+    /// `--handshake-timeout`: writing the upgrade answer once the agent is let in.
+    #[serde(serialize_with = "duration::serialize")]
+    pub answer_timeout: Duration,
+    /// `--max-agent-handshakes`: places in the handshake admission.
+    pub max_handshakes: usize,
+    /// `--agent-handshake-stall`: how long a handshake may owe bytes before its place is
+    /// given to a waiting one.
+    #[serde(serialize_with = "duration::serialize")]
+    pub handshake_stall: Duration,
+    /// `--keepalive-time`: a ping after this much silence; the session ends after three.
+    #[serde(serialize_with = "duration::serialize")]
+    pub keepalive_time: Duration,
+}
+
+impl AgentEndpointConfig {
+    /// The agent sessions' keepalive: a ping every `--keepalive-time`, the session given up
+    /// after three of them without an answer.
+    pub fn keepalive(&self) -> bridgehead_mux::Keepalive {
+        bridgehead_mux::Keepalive {
+            interval: self.keepalive_time,
+            timeout: self.keepalive_time * 3,
+        }
+    }
+}
+
 /// How agents authenticate: a certificate from `cluster_ca`, a token, or both.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AgentAuthConfig {
     pub cluster_ca: Option<PathBuf>,
     pub token: Option<TokenConfig>,
@@ -353,119 +432,129 @@ pub struct AgentAuthConfig {
 }
 
 /// Token authentication of agents.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TokenConfig {
     pub namespace: String,
     pub service_account: String,
     pub audience: String,
+    #[serde(serialize_with = "duration::serialize")]
     pub cache_ttl: Duration,
     /// `--token-verification=local`: verified here first, TokenReview as the fallback.
     pub local: bool,
 }
 
+/// Which agent a CONNECT goes to, and where it goes when none matches.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RoutingConfig {
+    #[serde(serialize_with = "strategy_names")]
+    pub strategies: Vec<Strategy>,
+    pub server_id: String,
+    /// How many servers agents are told there are.
+    pub server_count: u32,
+    /// `--dial-timeout`: how long a CONNECT waits for its agent's dial.
+    #[serde(serialize_with = "duration::serialize")]
+    pub dial_timeout: Duration,
+    /// `--fallback-proxy`: where CONNECTs with no agent go.
+    pub fallback: Option<crate::fallback::FallbackConfig>,
+}
+
+/// The bounds on dials, tunnels and sessions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Limits {
+    pub max_pending_dials: usize,
+    pub max_pending_dials_per_agent: usize,
+    pub max_pending_dials_per_client: usize,
+    pub max_tunnels_per_agent: usize,
+    pub max_sessions_per_identity: usize,
+}
+
+/// The server's Kubernetes client and the Lease it holds.
+#[derive(Debug, Clone, Serialize)]
+pub struct KubernetesConfig {
+    pub client: KubeClientConfig,
+    #[serde(serialize_with = "lease_settings")]
+    pub leases: Option<LeaseSettings>,
+}
+
 /// The server's Kubernetes client: `--kubeconfig` (in-cluster when `None`), pacing.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct KubeClientConfig {
     pub kubeconfig: Option<PathBuf>,
     pub qps: f32,
     pub burst: u32,
 }
 
-/// Validated configuration.
-#[derive(Clone)]
-pub struct Config {
-    pub frontend: FrontendConfig,
-    /// `--fallback-proxy`: where CONNECTs with no agent go.
-    pub fallback: Option<crate::fallback::FallbackConfig>,
-    pub agent_bind: std::net::SocketAddr,
-    pub cluster_cert: PathBuf,
-    pub cluster_key: PathBuf,
-    /// How agents authenticate.
-    pub agent_auth: AgentAuthConfig,
-    /// The frontend's and the agents' CA are one (allowed by `--allow-shared-ca`): warned
-    /// about at startup.
-    pub shared_ca: bool,
-    pub health_bind: std::net::SocketAddr,
-    pub admin_bind: std::net::SocketAddr,
-    pub strategies: Vec<Strategy>,
-    pub server_id: String,
-    pub dial_timeout: Duration,
-    pub handshake_timeout: Duration,
-    pub agent_handshake_timeout: Duration,
-    pub max_handshakes: usize,
-    pub max_agent_handshakes: usize,
-    pub agent_handshake_stall: Duration,
-    pub keepalive: bridgehead_mux::Keepalive,
-    pub max_pending_dials: usize,
-    pub max_tunnels_per_agent: usize,
-    pub max_sessions_per_identity: usize,
-    pub max_pending_dials_per_agent: usize,
-    pub max_pending_dials_per_client: usize,
-    pub grace_period: Duration,
-    pub target_bytes_hold: Duration,
-    pub log_format: LogFormat,
+/// Where log lines go, and which.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LoggingConfig {
+    pub format: LogFormat,
+    pub settings: LogSettings,
+    /// `--log-tunnels`: an info line per tunnel end.
+    pub tunnels: bool,
+}
+
+/// The process: its other listeners, threads and shutdown.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProcessConfig {
+    pub health_bind: SocketAddr,
+    pub admin_bind: SocketAddr,
     pub worker_threads: usize,
-    /// `--session-threads`, resolved: how many session threads to start.
     pub session_threads: usize,
-    /// `--server-count`: announced to agents in the upgrade answer.
-    pub server_count: u32,
-    /// How the server reaches kube-apiserver, when token authentication or Leases need it.
-    pub kube_client: KubeClientConfig,
-    /// `--enable-lease-controller`: where and how this server's Lease is kept.
-    pub leases: Option<LeaseSettings>,
-    /// `--cipher-suites`, `--tls-min-version`.
-    pub tls: TlsPolicy,
-    /// `--frontend-keepalive-time`.
-    pub frontend_keepalive: Option<Duration>,
-    /// `--log-tunnels`.
-    pub log_tunnels: bool,
-    /// `--tunnel-memory-budget`, `--tunnel-receive-buffer`, `--tunnel-unsent-limit`.
-    pub memory: MemoryArgs,
-    /// klog's flags.
-    pub log: LogSettings,
-    /// Startup lines about flags accepted but ignored or mapped.
-    pub notes: Notes,
+    /// `--shutdown-grace-period`: how long open tunnels get to finish.
+    #[serde(serialize_with = "duration::serialize")]
+    pub grace_period: Duration,
+}
+
+fn strategy_names<S: serde::Serializer>(strategies: &[Strategy], to: S) -> Result<S::Ok, S::Error> {
+    to.collect_seq(strategies.iter().map(ToString::to_string))
+}
+
+fn lease_settings<S: serde::Serializer>(
+    leases: &Option<LeaseSettings>,
+    to: S,
+) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Shown<'a> {
+        namespace: &'a str,
+        labels: &'a std::collections::BTreeMap<String, String>,
+        duration: String,
+    }
+    let shown = leases.as_ref().map(|leases| Shown {
+        namespace: &leases.namespace,
+        labels: &leases.labels,
+        duration: duration::format(leases.duration),
+    });
+    shown.serialize(to)
 }
 
 impl Config {
-    /// The certificate files in use, by role, for the expiry metric.
+    /// Every certificate file in use, named for the expiry metric.
     pub fn certificate_files(&self) -> Vec<(&'static str, PathBuf)> {
         let mut files = Vec::new();
-        if let FrontendConfig::Tcp {
+        if let FrontendListen::Tcp {
             cert, client_ca, ..
-        } = &self.frontend
+        } = &self.frontend.listener
         {
             files.push(("frontend", cert.clone()));
             files.push(("frontend-client-ca", client_ca.clone()));
         }
-        files.push(("agent-endpoint", self.cluster_cert.clone()));
-        if let Some(cluster_ca) = &self.agent_auth.cluster_ca {
+        files.push(("agent-endpoint", self.agent_endpoint.cert.clone()));
+        if let Some(cluster_ca) = &self.agent_endpoint.auth.cluster_ca {
             files.push(("agent-client-ca", cluster_ca.clone()));
         }
         files
     }
-}
 
-impl fmt::Debug for Config {
-    // Written out so that adding a secret-bearing field later is a conscious choice.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("frontend", &self.frontend)
-            .field("fallback", &self.fallback.as_ref().map(|f| f.url()))
-            .field("agent_bind", &self.agent_bind)
-            .field("health_bind", &self.health_bind)
-            .field("admin_bind", &self.admin_bind)
-            .field("agent_auth", &self.agent_auth)
-            .field("strategies", &self.strategies)
-            .field("server_id", &self.server_id)
-            .field("dial_timeout", &self.dial_timeout)
-            .finish_non_exhaustive()
+    /// The effective configuration as `/config` shows it.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|error| format!("{error}"))
     }
 }
 
 impl Cli {
-    /// Checks the flags and builds the [`Config`]; the error is one line for the operator.
-    pub fn validate(self) -> anyhow::Result<Config> {
+    /// Checks every flag and gathers them into groups; every error names its flag in one
+    /// line, and every flag error comes before a file is read.
+    pub fn validate(mut self) -> anyhow::Result<Config> {
         let mut notes = Notes::default();
         let log = self
             .klog
@@ -478,58 +567,77 @@ impl Cli {
             &mut notes.0,
         )
         .map_err(anyhow::Error::msg)?;
-        let dial_timeout = if self.dial_timeout.is_zero() {
-            notes.0.push(format!(
-                "--dial-timeout/--backend-dial-timeout 0 (ANP: no timeout): dials stay bounded by the default, {DEFAULT_DIAL_TIMEOUT:?}"
-            ));
-            DEFAULT_DIAL_TIMEOUT
-        } else {
-            self.dial_timeout
-        };
         if self.mode != "http-connect" {
             bail!(
                 "--mode {:?} is not supported: Bridgehead serves http-connect only (kube-apiserver's proxyProtocol: HTTPConnect)",
                 self.mode
             );
         }
-        let fallback = match self.fallback_proxy.as_deref().filter(|url| !url.is_empty()) {
-            Some(url) => {
-                let config = crate::fallback::FallbackConfig::parse(
-                    url,
-                    self.fallback_proxy_ca_cert.clone(),
-                    self.fallback_proxy_client_cert.clone(),
-                    self.fallback_proxy_client_key.clone(),
-                )?;
-                // Its files load now, or the server does not start.
-                crate::fallback::Fallback::new(config.clone())
-                    .map_err(|error| anyhow::anyhow!("--fallback-proxy: {error:#}"))?;
-                Some(config)
+        let limits = self.limits()?;
+        let routing = self.routing(&mut notes)?;
+        let leases = self.leases(&routing.server_id)?;
+        let mut frontend = self.frontend()?;
+        let agent_endpoint = self.agent_endpoint()?;
+        // Files last: every flag error is reported before a file is read.
+        frontend.shared_ca = match (&frontend.listener, &agent_endpoint.auth.cluster_ca) {
+            (FrontendListen::Tcp { client_ca, .. }, Some(cluster_ca)) => {
+                shares_a_ca(client_ca, cluster_ca)?
             }
-            None if self.fallback_proxy_ca_cert.is_some()
-                || self.fallback_proxy_client_cert.is_some()
-                || self.fallback_proxy_client_key.is_some() =>
-            {
-                bail!("--fallback-proxy-ca-cert/-client-cert/-client-key need --fallback-proxy")
-            }
-            None => None,
+            _ => false,
         };
-        let frontend = match self.uds_name {
+        if frontend.shared_ca && !self.allow_shared_ca {
+            bail!("--server-ca-cert and --cluster-ca-cert hold the same CA, so every agent certificate would open CONNECT tunnels: make a two-CA PKI with bridgehead-certs init (frontend-ca.crt, cluster-ca.crt), or pass --allow-shared-ca until you have rolled it out");
+        }
+        Ok(Config {
+            frontend,
+            agent_endpoint,
+            routing,
+            limits,
+            kubernetes: KubernetesConfig {
+                client: KubeClientConfig {
+                    kubeconfig: self.kubeconfig.filter(|path| !path.as_os_str().is_empty()),
+                    qps: self.kubeconfig_qps,
+                    burst: self.kubeconfig_burst,
+                },
+                leases,
+            },
+            tls,
+            memory: self.memory,
+            logging: LoggingConfig {
+                format: self.log_format,
+                settings: log,
+                tunnels: self.log_tunnels.unwrap_or(true),
+            },
+            process: ProcessConfig {
+                health_bind: (self.health_bind_address, self.health_port).into(),
+                admin_bind: (self.admin_bind_address, self.admin_port).into(),
+                worker_threads: self.worker_threads,
+                session_threads: self.session_threads.count(self.worker_threads),
+                grace_period: self.shutdown_grace_period,
+            },
+            notes,
+        })
+    }
+
+    fn frontend(&mut self) -> anyhow::Result<FrontendConfig> {
+        let listener = match self.uds_name.take() {
             Some(path) => {
                 if self.server_port != 0 && self.server_port != 8131 {
                     bail!("--uds-name turns the TCP frontend off; pass --server-port=0 or leave it out");
                 }
-                FrontendConfig::Unix { path }
+                FrontendListen::Unix { path }
             }
             None => {
-                let (Some(cert), Some(key)) = (self.server_cert, self.server_key) else {
+                let (Some(cert), Some(key)) = (self.server_cert.take(), self.server_key.take())
+                else {
                     bail!(
                         "the TCP frontend needs --server-cert and --server-key (or use --uds-name)"
                     );
                 };
-                let Some(client_ca) = self.server_ca_cert else {
+                let Some(client_ca) = self.server_ca_cert.take() else {
                     bail!("the TCP frontend needs --server-ca-cert: CONNECT clients must present a certificate");
                 };
-                FrontendConfig::Tcp {
+                FrontendListen::Tcp {
                     bind: (self.server_bind_address, self.server_port).into(),
                     cert,
                     key,
@@ -543,10 +651,21 @@ impl Cli {
                 }
             }
         };
+        Ok(FrontendConfig {
+            listener,
+            shared_ca: false,
+            handshake_timeout: self.handshake_timeout,
+            max_handshakes: self.max_handshakes,
+            keepalive: self.frontend_keepalive_time.filter(|d| !d.is_zero()),
+            target_bytes_hold: self.target_bytes_hold,
+        })
+    }
+
+    fn agent_endpoint(&mut self) -> anyhow::Result<AgentEndpointConfig> {
         let token = match (
-            self.agent_namespace,
-            self.agent_service_account,
-            self.authentication_audience,
+            self.agent_namespace.take(),
+            self.agent_service_account.take(),
+            self.authentication_audience.take(),
         ) {
             (None, None, None) => None,
             (Some(namespace), Some(service_account), Some(audience)) => Some(TokenConfig {
@@ -561,13 +680,38 @@ impl Cli {
         if token.is_none() && self.cluster_ca_cert.is_none() {
             bail!("agents must authenticate: give --cluster-ca-cert, or token authentication with --agent-namespace, --agent-service-account and --authentication-audience");
         }
-        let agent_auth = AgentAuthConfig {
-            cluster_ca: self.cluster_ca_cert,
-            token,
-            bind_identifiers: self.bind_agent_identifiers,
+        if self.keepalive_time.is_zero() {
+            bail!("--keepalive-time must be above 0");
+        }
+        Ok(AgentEndpointConfig {
+            bind: (self.agent_bind_address, self.agent_port).into(),
+            cert: self.cluster_cert.clone(),
+            key: self.cluster_key.clone(),
+            auth: AgentAuthConfig {
+                cluster_ca: self.cluster_ca_cert.take(),
+                token,
+                bind_identifiers: self.bind_agent_identifiers,
+            },
+            handshake_timeout: self.agent_handshake_timeout,
+            answer_timeout: self.handshake_timeout,
+            max_handshakes: self.max_agent_handshakes,
+            handshake_stall: self.agent_handshake_stall,
+            keepalive_time: self.keepalive_time,
+        })
+    }
+
+    fn routing(&mut self, notes: &mut Notes) -> anyhow::Result<RoutingConfig> {
+        let dial_timeout = if self.dial_timeout.is_zero() {
+            notes.0.push(format!(
+                "--dial-timeout/--backend-dial-timeout 0 (ANP: no timeout): dials stay bounded by the default, {DEFAULT_DIAL_TIMEOUT:?}"
+            ));
+            DEFAULT_DIAL_TIMEOUT
+        } else {
+            self.dial_timeout
         };
+        let fallback = self.fallback()?;
         let strategies = parse_strategies(&self.proxy_strategies).context("--proxy-strategies")?;
-        let server_id = match self.server_id {
+        let server_id = match self.server_id.take() {
             Some(id) => id,
             None => std::env::var("PROXY_SERVER_ID")
                 .ok()
@@ -578,32 +722,64 @@ impl Cli {
         if !(1..=MAX_SERVER_COUNT).contains(&self.server_count) {
             bail!("--server-count must be from 1 to {MAX_SERVER_COUNT}");
         }
-        let leases = if self.enable_lease_controller.unwrap_or(false) {
-            leases::lease_name(&server_id).map_err(anyhow::Error::msg)?;
-            if self.lease_duration < Duration::from_secs(3) {
-                bail!("--lease-duration must be at least 3s (it is renewed every third)");
+        Ok(RoutingConfig {
+            strategies,
+            server_id,
+            server_count: self.server_count,
+            dial_timeout,
+            fallback,
+        })
+    }
+
+    fn fallback(&mut self) -> anyhow::Result<Option<crate::fallback::FallbackConfig>> {
+        let Some(url) = self.fallback_proxy.as_deref().filter(|url| !url.is_empty()) else {
+            if self.fallback_proxy_ca_cert.is_some()
+                || self.fallback_proxy_client_cert.is_some()
+                || self.fallback_proxy_client_key.is_some()
+            {
+                bail!("--fallback-proxy-ca-cert/-client-cert/-client-key need --fallback-proxy");
             }
-            let namespace = self.lease_namespace.trim().to_owned();
-            if namespace.is_empty() {
-                bail!("--lease-namespace is empty");
-            }
-            let labels = parse_labels(&self.lease_label)
-                .map_err(|e| anyhow::anyhow!("--lease-label: {e}"))?;
-            if labels.is_empty() {
-                bail!("--lease-label is empty: agents could not tell this server's Lease from any other");
-            }
-            Some(LeaseSettings {
-                namespace,
-                labels,
-                duration: self.lease_duration,
-            })
-        } else {
-            None
+            return Ok(None);
         };
-        let keepalive_time = self.keepalive_time;
-        if keepalive_time.is_zero() {
-            bail!("--keepalive-time must be above 0");
+        let config = crate::fallback::FallbackConfig::parse(
+            url,
+            self.fallback_proxy_ca_cert.take(),
+            self.fallback_proxy_client_cert.take(),
+            self.fallback_proxy_client_key.take(),
+        )?;
+        // Its files load now, or the server does not start.
+        crate::fallback::Fallback::new(config.clone())
+            .map_err(|error| anyhow::anyhow!("--fallback-proxy: {error:#}"))?;
+        Ok(Some(config))
+    }
+
+    fn leases(&self, server_id: &str) -> anyhow::Result<Option<LeaseSettings>> {
+        if !self.enable_lease_controller.unwrap_or(false) {
+            return Ok(None);
         }
+        leases::lease_name(server_id).map_err(anyhow::Error::msg)?;
+        if self.lease_duration < Duration::from_secs(3) {
+            bail!("--lease-duration must be at least 3s (it is renewed every third)");
+        }
+        let namespace = self.lease_namespace.trim().to_owned();
+        if namespace.is_empty() {
+            bail!("--lease-namespace is empty");
+        }
+        let labels =
+            parse_labels(&self.lease_label).map_err(|e| anyhow::anyhow!("--lease-label: {e}"))?;
+        if labels.is_empty() {
+            bail!(
+                "--lease-label is empty: agents could not tell this server's Lease from any other"
+            );
+        }
+        Ok(Some(LeaseSettings {
+            namespace,
+            labels,
+            duration: self.lease_duration,
+        }))
+    }
+
+    fn limits(&self) -> anyhow::Result<Limits> {
         if self.max_pending_dials == 0
             || self.max_tunnels_per_agent == 0
             || self.max_sessions_per_identity == 0
@@ -614,66 +790,16 @@ impl Cli {
         {
             bail!("--max-pending-dials(-per-agent, -per-client), --max-tunnels-per-agent and --max-sessions-per-identity must be at least 1");
         }
-        // Files last: every flag error is reported before a file is read.
-        let shared_ca = match (&frontend, &agent_auth.cluster_ca) {
-            (FrontendConfig::Tcp { client_ca, .. }, Some(cluster_ca)) => {
-                shares_a_ca(client_ca, cluster_ca)?
-            }
-            _ => false,
-        };
-        if shared_ca && !self.allow_shared_ca {
-            bail!("--server-ca-cert and --cluster-ca-cert hold the same CA, so every agent certificate would open CONNECT tunnels: make a two-CA PKI with bridgehead-certs init (frontend-ca.crt, cluster-ca.crt), or pass --allow-shared-ca until you have rolled it out");
-        }
-        Ok(Config {
-            frontend,
-            fallback,
-            agent_bind: (self.agent_bind_address, self.agent_port).into(),
-            cluster_cert: self.cluster_cert,
-            cluster_key: self.cluster_key,
-            agent_auth,
-            shared_ca,
-            health_bind: (self.health_bind_address, self.health_port).into(),
-            admin_bind: (self.admin_bind_address, self.admin_port).into(),
-            strategies,
-            server_id,
-            dial_timeout,
-            handshake_timeout: self.handshake_timeout,
-            agent_handshake_timeout: self.agent_handshake_timeout,
-            max_handshakes: self.max_handshakes,
-            max_agent_handshakes: self.max_agent_handshakes,
-            agent_handshake_stall: self.agent_handshake_stall,
-            keepalive: bridgehead_mux::Keepalive {
-                interval: keepalive_time,
-                timeout: keepalive_time * 3,
-            },
+        Ok(Limits {
             max_pending_dials: self.max_pending_dials,
-            max_tunnels_per_agent: self.max_tunnels_per_agent,
-            max_sessions_per_identity: self.max_sessions_per_identity,
             max_pending_dials_per_agent: self.max_pending_dials_per_agent,
             max_pending_dials_per_client: self.max_pending_dials_per_client,
-            grace_period: self.shutdown_grace_period,
-            target_bytes_hold: self.target_bytes_hold,
-            log_format: self.log_format,
-            server_count: self.server_count,
-            kube_client: KubeClientConfig {
-                kubeconfig: self.kubeconfig.filter(|path| !path.as_os_str().is_empty()),
-                qps: self.kubeconfig_qps,
-                burst: self.kubeconfig_burst,
-            },
-            leases,
-            tls,
-            frontend_keepalive: self.frontend_keepalive_time.filter(|d| !d.is_zero()),
-            log_tunnels: self.log_tunnels.unwrap_or(true),
-            memory: self.memory,
-            log,
-            notes,
-            worker_threads: self.worker_threads,
-            session_threads: self.session_threads.count(self.worker_threads),
+            max_tunnels_per_agent: self.max_tunnels_per_agent,
+            max_sessions_per_identity: self.max_sessions_per_identity,
         })
     }
 }
 
-/// Whether the CA bundles at `a` and `b` hold a certificate in common.
 fn shares_a_ca(a: &std::path::Path, b: &std::path::Path) -> anyhow::Result<bool> {
     let certs = |path: &std::path::Path| {
         bridgehead_runtime::tls::load_certs(path).with_context(|| path.display().to_string())
@@ -748,7 +874,7 @@ mod tests {
         let with = |extra: &[&str]| validate(&[&tcp[..], extra].concat());
         let config = with(&["--fallback-proxy=unix:///run/konnectivity.sock"]).unwrap();
         assert_eq!(
-            config.fallback,
+            config.routing.fallback,
             Some(crate::fallback::FallbackConfig::Unix(
                 "/run/konnectivity.sock".into()
             ))
@@ -758,7 +884,7 @@ mod tests {
         let key = format!("--fallback-proxy-client-key={}", file("client.key"));
         let config = with(&["--fallback-proxy=https://10.0.0.1:8131", &ca, &cert, &key]).unwrap();
         assert!(matches!(
-            config.fallback,
+            config.routing.fallback,
             Some(crate::fallback::FallbackConfig::Https { .. })
         ));
         for (extra, says) in [
@@ -793,7 +919,7 @@ mod tests {
         let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
         let repeated = [&tcp[..], &["--dial-timeout=1s", "--dial-timeout", "2s"]].concat();
         assert_eq!(
-            validate(&repeated).unwrap().dial_timeout,
+            validate(&repeated).unwrap().routing.dial_timeout,
             Duration::from_secs(2)
         );
     }
@@ -808,10 +934,10 @@ mod tests {
             "{error}"
         );
         let config = validate(&[&args[..], &["--allow-shared-ca"]].concat()).unwrap();
-        assert!(config.shared_ca);
+        assert!(config.frontend.shared_ca);
         let tcp = tcp();
         let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
-        assert!(!validate(&tcp).unwrap().shared_ca);
+        assert!(!validate(&tcp).unwrap().frontend.shared_ca);
     }
 
     /// Unset, each process draws its own id (a restarted server is a new server to agents),
@@ -821,23 +947,29 @@ mod tests {
         let tcp = tcp();
         let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
         let (a, b) = (validate(&tcp).unwrap(), validate(&tcp).unwrap());
-        assert_ne!(a.server_id, b.server_id);
-        let shape: Vec<usize> = a.server_id.split('-').map(str::len).collect();
-        assert_eq!(shape, [8, 4, 4, 4, 12], "{}", a.server_id);
-        assert_eq!(a.server_id.as_bytes()[14], b'4', "{}", a.server_id);
+        assert_ne!(a.routing.server_id, b.routing.server_id);
+        let shape: Vec<usize> = a.routing.server_id.split('-').map(str::len).collect();
+        assert_eq!(shape, [8, 4, 4, 4, 12], "{}", a.routing.server_id);
+        assert_eq!(
+            a.routing.server_id.as_bytes()[14],
+            b'4',
+            "{}",
+            a.routing.server_id
+        );
         let given = validate(&[&tcp[..], &["--server-id=cp-1"]].concat()).unwrap();
-        assert_eq!(given.server_id, "cp-1");
+        assert_eq!(given.routing.server_id, "cp-1");
     }
 
     #[test]
     fn lease_settings() {
         let tcp = tcp();
         let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
-        assert!(validate(&tcp).unwrap().leases.is_none());
+        assert!(validate(&tcp).unwrap().kubernetes.leases.is_none());
         let with = |extra: &[&str]| validate(&[&tcp[..], &["--server-id=cp-1"], extra].concat());
         // ANP's defaults.
         let leases = with(&["--enable-lease-controller"])
             .unwrap()
+            .kubernetes
             .leases
             .unwrap();
         assert_eq!(leases.namespace, "kube-system");
@@ -853,12 +985,14 @@ mod tests {
             "--lease-duration=6s",
         ])
         .unwrap()
+        .kubernetes
         .leases
         .unwrap();
         assert_eq!((leases.namespace.as_str(), leases.labels.len()), ("bh", 2));
         assert_eq!(leases.duration, Duration::from_secs(6));
         assert!(with(&["--enable-lease-controller=false"])
             .unwrap()
+            .kubernetes
             .leases
             .is_none());
         for (args, want) in [
@@ -878,14 +1012,16 @@ mod tests {
         let tcp = tcp();
         let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
         let config = validate(&tcp).unwrap();
-        assert_eq!(config.strategies, vec![Strategy::Default]);
-        assert_eq!(config.dial_timeout, Duration::from_secs(10));
-        assert!(matches!(config.frontend, FrontendConfig::Tcp { bind, .. } if bind.port() == 8131));
+        assert_eq!(config.routing.strategies, vec![Strategy::Default]);
+        assert_eq!(config.routing.dial_timeout, Duration::from_secs(10));
+        assert!(
+            matches!(config.frontend.listener, FrontendListen::Tcp { bind, .. } if bind.port() == 8131)
+        );
         // ANP's spelling for a Unix-socket frontend: --server-port=0 alongside --uds-name.
         let config = validate(&["--uds-name=/run/b.sock", "--server-port=0"]).unwrap();
         assert_eq!(
-            config.frontend,
-            FrontendConfig::Unix {
+            config.frontend.listener,
+            FrontendListen::Unix {
                 path: "/run/b.sock".into()
             }
         );
@@ -897,8 +1033,8 @@ mod tests {
             .concat(),
         )
         .unwrap();
-        assert_eq!(config.strategies, vec![Strategy::DestHost]);
-        assert_eq!(config.dial_timeout, Duration::from_secs(90));
+        assert_eq!(config.routing.strategies, vec![Strategy::DestHost]);
+        assert_eq!(config.routing.dial_timeout, Duration::from_secs(90));
     }
 
     #[test]

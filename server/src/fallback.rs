@@ -30,7 +30,8 @@ use crate::router::Target;
 const BUFFER: usize = 64 * 1024;
 
 /// How the fallback proxy is reached, as validated from the flags.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum FallbackConfig {
     /// `unix:///path`: plain HTTP CONNECT on a Unix socket.
     Unix(PathBuf),

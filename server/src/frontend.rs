@@ -159,14 +159,14 @@ pub async fn serve_tcp(
                 if let Err(error) = ctx.socket_tuning.apply_accepted(&tcp) {
                     debug!(%error, "setting the socket's buffer options");
                 }
-                if let Some(idle) = ctx.frontend_keepalive {
+                if let Some(idle) = ctx.config.frontend.keepalive {
                     if let Err(error) = bridgehead_runtime::limits::tcp_keepalive(&tcp, idle) {
                         debug!(%error, "setting TCP keepalive");
                     }
                 }
                 let handshake = TlsStream::accept(tls, tcp);
                 let tls = tokio::select! {
-                    done = tokio::time::timeout(ctx.handshake_timeout, handshake) => match done {
+                    done = tokio::time::timeout(ctx.config.frontend.handshake_timeout, handshake) => match done {
                         Ok(Ok(tls)) => tls,
                         Ok(Err(error)) => return debug!(%error, "TLS handshake failed"),
                         Err(_) => return debug!("TLS handshake timed out"),

@@ -32,7 +32,7 @@ pub fn admin(ctx: &Arc<Context>, config: &str, path: &str) -> Reply {
     match path {
         "/agents" => {
             let body = serde_json::json!({
-                "server_id": ctx.server_id,
+                "server_id": ctx.config.routing.server_id,
                 "agents": ctx.registry.views(),
             });
             Reply::with_type(StatusCode::OK, "application/json", format!("{body:#}\n"))

@@ -44,16 +44,15 @@ pub mod tls_config;
 
 use std::io::Write;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use bridgehead_kubeapi::serviceaccount::{TokenVerifier, VerifierSettings};
+use bridgehead_runtime::shutdown::{Lifecycle, CLOSE_TIMEOUT};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
-pub use config::{Cli, Config, FrontendConfig};
+pub use config::{Cli, Config, FrontendConfig, FrontendListen};
 
 use context::Context;
 
@@ -76,25 +75,26 @@ pub struct Listeners {
 impl Listeners {
     /// Binds what `config` asks for (port 0 binds an ephemeral port).
     pub async fn bind(config: &Config) -> anyhow::Result<Listeners> {
-        let frontend = match &config.frontend {
-            FrontendConfig::Tcp { bind, .. } => FrontendListener::Tcp(
+        let frontend = match &config.frontend.listener {
+            FrontendListen::Tcp { bind, .. } => FrontendListener::Tcp(
                 TcpListener::bind(bind)
                     .await
                     .with_context(|| format!("binding the frontend on {bind}"))?,
             ),
-            FrontendConfig::Unix { path } => {
+            FrontendListen::Unix { path } => {
                 FrontendListener::Unix(frontend::bind_unix(path)?, path.clone())
             }
         };
-        let agent =
-            bridgehead_runtime::limits::listen_with_backlog(config.agent_bind, AGENT_BACKLOG)
-                .with_context(|| format!("binding the agent endpoint on {}", config.agent_bind))?;
-        let health = TcpListener::bind(config.health_bind)
+        let agent_bind = config.agent_endpoint.bind;
+        let agent = bridgehead_runtime::limits::listen_with_backlog(agent_bind, AGENT_BACKLOG)
+            .with_context(|| format!("binding the agent endpoint on {agent_bind}"))?;
+        let process = &config.process;
+        let health = TcpListener::bind(process.health_bind)
             .await
-            .with_context(|| format!("binding the health port on {}", config.health_bind))?;
-        let admin = TcpListener::bind(config.admin_bind)
+            .with_context(|| format!("binding the health port on {}", process.health_bind))?;
+        let admin = TcpListener::bind(process.admin_bind)
             .await
-            .with_context(|| format!("binding the admin port on {}", config.admin_bind))?;
+            .with_context(|| format!("binding the admin port on {}", process.admin_bind))?;
         Ok(Listeners {
             frontend,
             agent,
@@ -109,9 +109,6 @@ impl Listeners {
 /// `net.core.somaxconn`).
 const AGENT_BACKLOG: u32 = 65_535;
 
-/// After the grace period, how long the agent sessions get to close.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// Serves until `shutdown`, then stops accepting, lets open tunnels finish within the grace
 /// period, and closes every agent session.
 pub async fn run(
@@ -120,19 +117,109 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     bridgehead_runtime::tls::install_crypto_provider();
+    let lifecycle = Lifecycle::new();
+    let (ctx, kube, verifier) = start(config, lifecycle.stop()).await?;
+    let config = &ctx.config;
+    let strategies: Vec<String> = config
+        .routing
+        .strategies
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    info!(
+        server_id = %config.routing.server_id,
+        server_count = config.routing.server_count,
+        strategies = %strategies.join(","),
+        "starting"
+    );
+    let agent_addr = listeners.agent.local_addr()?;
+    serve_frontend(listeners.frontend, &ctx, &lifecycle)?;
     let cluster_tls = tls_config::ReloadingConfig::load(
         "agent endpoint",
-        &config.cluster_cert,
-        &config.cluster_key,
-        config.agent_auth.cluster_ca.as_deref(),
+        &config.agent_endpoint.cert,
+        &config.agent_endpoint.key,
+        config.agent_endpoint.auth.cluster_ca.as_deref(),
         &config.tls,
     )
     .context("agent endpoint TLS")?;
-    if config.shared_ca {
+    announce("agent endpoint", &agent_addr.to_string());
+    lifecycle.spawn(cluster_tls.clone().watch(lifecycle.stop().clone()));
+    lifecycle.spawn(agent_endpoint::serve(
+        listeners.agent,
+        cluster_tls,
+        ctx.clone(),
+        lifecycle.stop().clone(),
+        lifecycle.end().clone(),
+        lifecycle.tasks().clone(),
+    ));
+    serve_health_and_admin(listeners.health, listeners.admin, &ctx, &lifecycle)?;
+    if let Some(verifier) = verifier {
+        lifecycle.spawn(
+            ctx.revocation
+                .clone()
+                .run(verifier, lifecycle.stop().clone()),
+        );
+    }
+    if let (Some(settings), Some(api)) = (&config.kubernetes.leases, &kube) {
+        let name = bridgehead_kubeapi::leases::lease_name(&config.routing.server_id)
+            .map_err(anyhow::Error::msg)?;
+        let lease_ctx = ctx.clone();
+        // Stopped with the listeners: a draining server is no longer counted.
+        lifecycle.spawn(bridgehead_kubeapi::leases::hold(
+            api.clone(),
+            settings.clone(),
+            config.routing.server_id.clone(),
+            name,
+            lifecycle.stop().clone(),
+            move |event| lease_ctx.metrics.lease(event),
+        ));
+    }
+
+    shutdown.cancelled().await;
+    let grace = config.process.grace_period;
+    info!(
+        ?grace,
+        tunnels = ctx.tunnels.len(),
+        "shutting down: no new connections, waiting for open tunnels"
+    );
+    lifecycle.stop().cancel();
+    for session in ctx.registry.sessions() {
+        session.drain();
+    }
+    ctx.tunnels.close();
+    let drained = lifecycle.drain(grace, ctx.tunnels.wait()).await;
+    // Counted now: the end below cuts what is left.
+    let cut = ctx.tunnels.len();
+    let closed = lifecycle.close(ctx.tunnels.wait()).await;
+    match (drained, closed.in_time) {
+        (true, true) => info!("shutdown complete: every tunnel finished"),
+        (false, _) => warn!(
+            tunnels = cut,
+            "shutdown complete: tunnels still open at the end of the grace period were cut"
+        ),
+        (true, false) => warn!(
+            tasks = closed.left,
+            "shutdown complete: agent sessions did not close within {CLOSE_TIMEOUT:?}"
+        ),
+    }
+    Ok(())
+}
+
+/// The shared context and what it needs started first: the Kubernetes client (for tokens
+/// and Leases) and the token verifier, whose watches stop with `stop`.
+async fn start(
+    config: Config,
+    stop: &CancellationToken,
+) -> anyhow::Result<(
+    Arc<Context>,
+    Option<Arc<kubernetes::KubeApi>>,
+    Option<TokenVerifier>,
+)> {
+    if config.frontend.shared_ca {
         warn!("--server-ca-cert and --cluster-ca-cert hold the same CA (--allow-shared-ca): every agent certificate is also a valid CONNECT client certificate; make a two-CA PKI with bridgehead-certs init");
     }
-    let kube = if config.agent_auth.token.is_some() || config.leases.is_some() {
-        let client = &config.kube_client;
+    let kube = if config.agent_endpoint.auth.token.is_some() || config.kubernetes.leases.is_some() {
+        let client = &config.kubernetes.client;
         Some(Arc::new(
             kubernetes::KubeApi::connect(client.kubeconfig.as_deref(), client.qps, client.burst)
                 .await
@@ -141,16 +228,14 @@ pub async fn run(
     } else {
         None
     };
-    let (agent_auth, verifier) = agent_auth(&config.agent_auth, kube.clone(), &shutdown)?;
-    let shards = bridgehead_runtime::threads::Shards::start("session", config.session_threads)
+    let (agent_auth, verifier) = agent_auth(&config.agent_endpoint.auth, kube.clone(), stop)?;
+    let threads = config.process.session_threads;
+    let shards = bridgehead_runtime::threads::Shards::start("session", threads)
         .context("starting the session threads")?;
-    if config.session_threads > 0 {
-        info!(
-            threads = config.session_threads,
-            "agent sessions run on threads of their own"
-        );
+    if threads > 0 {
+        info!(threads, "agent sessions run on threads of their own");
     }
-    let fallback = match &config.fallback {
+    let fallback = match &config.routing.fallback {
         Some(fallback) => {
             let fallback = fallback::Fallback::new(fallback.clone()).context("--fallback-proxy")?;
             info!(fallback = %fallback.url(), "CONNECTs that no agent matches go to the fallback proxy");
@@ -158,37 +243,32 @@ pub async fn run(
         }
         None => None,
     };
-    let mut ctx = Context::new(&config, agent_auth, shards, fallback);
+    let mut ctx = Context::new(config, agent_auth, shards, fallback);
     if let Some(verifier) = &verifier {
         ctx.metrics.watch_token_verifier(verifier.clone());
     }
-    let ctx = Arc::new(ctx);
     ctx.metrics
         .set_ready_backends(&ctx.registry.ready_backends());
-    let connections = TaskTracker::new();
-    let sessions = TaskTracker::new();
-    let session_token = CancellationToken::new();
-    let background = TaskTracker::new();
+    Ok((Arc::new(ctx), kube, verifier))
+}
 
-    let strategies: Vec<String> = config.strategies.iter().map(ToString::to_string).collect();
-    info!(
-        server_id = %config.server_id,
-        server_count = config.server_count,
-        strategies = %strategies.join(","),
-        "starting"
-    );
-    let agent_addr = listeners.agent.local_addr()?;
-    let health_addr = listeners.health.local_addr()?;
-    let admin_addr = listeners.admin.local_addr()?;
-    match listeners.frontend {
+/// Serves CONNECT clients on the frontend listener until the stop; each connection's task
+/// is work the grace period waits for (and its tunnel, wherever it runs, is `ctx.tunnels`').
+fn serve_frontend(
+    listener: FrontendListener,
+    ctx: &Arc<Context>,
+    lifecycle: &Lifecycle,
+) -> anyhow::Result<()> {
+    let stop = lifecycle.stop().clone();
+    match listener {
         FrontendListener::Tcp(listener) => {
-            let FrontendConfig::Tcp {
+            let FrontendListen::Tcp {
                 cert,
                 key,
                 client_ca,
                 allowed_clients,
                 ..
-            } = &config.frontend
+            } = &ctx.config.frontend.listener
             else {
                 anyhow::bail!("a TCP frontend listener needs a TCP frontend configuration");
             };
@@ -197,112 +277,58 @@ pub async fn run(
                 cert,
                 key,
                 Some(client_ca),
-                &config.tls,
+                &ctx.config.tls,
             )
             .context("frontend TLS")?;
-            background.spawn(tls.clone().watch(shutdown.clone()));
+            lifecycle.spawn(tls.clone().watch(stop.clone()));
             announce("frontend", &listener.local_addr()?.to_string());
-            background.spawn(frontend::serve_tcp(
+            lifecycle.spawn(frontend::serve_tcp(
                 listener,
                 tls,
                 allowed_clients.as_slice().into(),
                 ctx.clone(),
-                shutdown.clone(),
-                connections.clone(),
+                stop,
+                lifecycle.work().clone(),
             ));
         }
         FrontendListener::Unix(listener, path) => {
             announce("frontend", &format!("unix:{}", path.display()));
-            background.spawn(frontend::serve_unix(
+            lifecycle.spawn(frontend::serve_unix(
                 listener,
                 ctx.clone(),
-                shutdown.clone(),
-                connections.clone(),
+                stop,
+                lifecycle.work().clone(),
             ));
         }
     }
-    announce("agent endpoint", &agent_addr.to_string());
-    announce("health", &health_addr.to_string());
-    announce("admin", &admin_addr.to_string());
-    background.spawn(cluster_tls.clone().watch(shutdown.clone()));
-    if let Some(verifier) = verifier {
-        background.spawn(ctx.revocation.clone().run(verifier, shutdown.clone()));
-    }
-    background.spawn(agent_endpoint::serve(
-        listeners.agent,
-        cluster_tls,
-        ctx.clone(),
-        shutdown.clone(),
-        session_token.clone(),
-        sessions.clone(),
-    ));
+    Ok(())
+}
+
+/// `/healthz`, `/readyz`, `/metrics` on the health port; `/agents`, `/config` on the admin
+/// port. Both stop with the listeners.
+fn serve_health_and_admin(
+    health: TcpListener,
+    admin: TcpListener,
+    ctx: &Arc<Context>,
+    lifecycle: &Lifecycle,
+) -> anyhow::Result<()> {
+    announce("health", &health.local_addr()?.to_string());
+    announce("admin", &admin.local_addr()?.to_string());
     let health_ctx = ctx.clone();
-    background.spawn(bridgehead_runtime::health::serve(
-        listeners.health,
+    lifecycle.spawn(bridgehead_runtime::health::serve(
+        health,
         move |path| health::route(&health_ctx, path),
-        shutdown.clone(),
-        TaskTracker::new(),
+        lifecycle.stop().clone(),
+        lifecycle.tasks().clone(),
     ));
     let admin_ctx = ctx.clone();
-    let admin_config = format!("{config:#?}");
-    background.spawn(bridgehead_runtime::health::serve_admin(
-        listeners.admin,
-        move |path| health::admin(&admin_ctx, &admin_config, path),
-        shutdown.clone(),
-        TaskTracker::new(),
+    let shown = ctx.config.to_json();
+    lifecycle.spawn(bridgehead_runtime::health::serve_admin(
+        admin,
+        move |path| health::admin(&admin_ctx, &shown, path),
+        lifecycle.stop().clone(),
+        lifecycle.tasks().clone(),
     ));
-
-    if let (Some(settings), Some(api)) = (&config.leases, &kube) {
-        let name = bridgehead_kubeapi::leases::lease_name(&config.server_id)
-            .map_err(anyhow::Error::msg)?;
-        let lease_ctx = ctx.clone();
-        // Stopped with the listeners: a draining server is no longer counted.
-        background.spawn(bridgehead_kubeapi::leases::hold(
-            api.clone(),
-            settings.clone(),
-            config.server_id.clone(),
-            name,
-            shutdown.clone(),
-            move |event| lease_ctx.metrics.lease(event),
-        ));
-    }
-
-    shutdown.cancelled().await;
-    info!(grace = ?config.grace_period, tunnels = ctx.tunnels.len(), "shutting down: no new connections, waiting for open tunnels");
-    for session in ctx.registry.sessions() {
-        session.drain();
-    }
-    connections.close();
-    ctx.tunnels.close();
-    let drained = tokio::time::timeout(config.grace_period, async {
-        connections.wait().await;
-        ctx.tunnels.wait().await;
-    })
-    .await
-    .is_ok();
-    // Counted now: closing the sessions below ends what is left.
-    let cut = ctx.tunnels.len();
-    session_token.cancel();
-    sessions.close();
-    background.close();
-    let closed = tokio::time::timeout(CLOSE_TIMEOUT, async {
-        sessions.wait().await;
-        ctx.tunnels.wait().await;
-        background.wait().await;
-    })
-    .await
-    .is_ok();
-    match (drained, closed) {
-        (true, true) => info!("shutdown complete: every tunnel finished"),
-        (false, _) => warn!(
-            tunnels = cut,
-            "shutdown complete: tunnels still open at the end of the grace period were cut"
-        ),
-        (true, false) => warn!(
-            sessions = sessions.len(),
-            "shutdown complete: agent sessions did not close within {CLOSE_TIMEOUT:?}"
-        ),
-    }
     Ok(())
 }
 

@@ -17,12 +17,26 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 /// The TLS versions and TLS 1.2 cipher suites both endpoints accept.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct TlsPolicy {
     /// TLS 1.3 only (`--tls-min-version=VersionTLS13`).
     pub tls13_only: bool,
     /// The TLS 1.2 suites allowed; `None`: rustls' defaults (all of them are ECDHE AEAD).
+    #[serde(serialize_with = "suite_names")]
     pub tls12_suites: Option<Vec<CipherSuite>>,
+}
+
+fn suite_names<S: serde::Serializer>(
+    suites: &Option<Vec<CipherSuite>>,
+    to: S,
+) -> Result<S::Ok, S::Error> {
+    let names = suites.as_ref().map(|suites| {
+        suites
+            .iter()
+            .map(|suite| format!("{suite:?}"))
+            .collect::<Vec<_>>()
+    });
+    serde::Serialize::serialize(&names, to)
 }
 
 /// Go's names of the TLS 1.2 suites rustls implements (with Go's older aliases).

@@ -155,7 +155,8 @@ async fn open<S: ClientSocket>(
     ctx: &Context,
 ) -> Result<Opened, Failure> {
     let (target, early) =
-        match tokio::time::timeout(ctx.handshake_timeout, head::read(socket)).await {
+        match tokio::time::timeout(ctx.config.frontend.handshake_timeout, head::read(socket)).await
+        {
             Ok(Head::Connect(target, early)) => (target, early),
             Ok(Head::Refused(refusal)) => return Err(refusal.into()),
             Ok(Head::Closed) => return Err(Failure::Gone("client left before sending a request")),
@@ -178,7 +179,7 @@ async fn open<S: ClientSocket>(
     let mut early = BytesMut::from(early);
     let (via, agent) = match ctx.registry.route(&target.host) {
         Ok(candidates) => tokio::select! {
-            dialed = dial::dial(candidates, &target, ctx.dial_timeout) => {
+            dialed = dial::dial(candidates, &target, ctx.config.routing.dial_timeout) => {
                 let (stream, agent) = dialed?;
                 (Via::Agent(stream), agent)
             }
@@ -192,7 +193,7 @@ async fn open<S: ClientSocket>(
                 return Err(Refusal::from(no_agent).into());
             };
             let relayed = tokio::select! {
-                relayed = fallback.relay(&target, ctx.dial_timeout) => relayed,
+                relayed = fallback.relay(&target, ctx.config.routing.dial_timeout) => relayed,
                 () = client_gone(socket, &mut early) => {
                     return Err(Failure::Gone("client left while the fallback proxy dialed"));
                 }
@@ -282,7 +283,7 @@ async fn tunnel<S: ClientSocket>(
     let mut moved = Moved::default();
     // A target that speaks first waits for the client's first byte, or the hold time (unless
     // the client already sent bytes behind its head).
-    let hold = Some(ctx.target_bytes_hold).filter(|_| early.is_empty());
+    let hold = Some(ctx.config.frontend.target_bytes_hold).filter(|_| early.is_empty());
     let meter = BytesMeter(&ctx.metrics);
     let result = match via {
         Via::Agent(stream) => {
@@ -316,7 +317,7 @@ async fn tunnel<S: ClientSocket>(
             format!("reset: {error}")
         }
     };
-    if ctx.log_tunnels {
+    if ctx.config.logging.tunnels {
         info!(
             target: "bridgehead::tunnel",
             %target,

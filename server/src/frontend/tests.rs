@@ -143,28 +143,22 @@ fn context_with_dial_timeout(registry: Registry, dial_timeout: Duration) -> Arc<
     let budget = bridgehead_proto::budget::Budget::unlimited();
     let earned = Arc::new(bridgehead_runtime::memory::EarnedTotal::new(0));
     let metrics = Metrics::new(&budget, &earned);
+    let mut config = crate::test_util::test_config();
+    config.routing.dial_timeout = dial_timeout;
     Arc::new(Context {
+        config,
         registry,
         admission: Admission::new(16, 16, metrics.dials_pending.clone()),
         metrics,
         agent_auth: AgentAuth::new(false, None, false),
-        server_id: "test".to_owned(),
-        server_count: 1,
-        dial_timeout,
-        handshake_timeout: TEST_TIMEOUT,
-        agent_handshake_timeout: TEST_TIMEOUT,
+        keepalive: Keepalive::default(),
         frontend_handshakes: Handshakes::new(16),
         agent_admission: crate::agent_admission::AgentAdmission::new(16, TEST_TIMEOUT),
         refusal_log: RateLimit::new(10),
-        keepalive: Keepalive::default(),
         tunnels: TaskTracker::new(),
-        target_bytes_hold: Duration::ZERO,
-        frontend_keepalive: None,
-        log_tunnels: true,
         budget,
         socket_tuning: Default::default(),
         earned,
-        max_window: bridgehead_proto::session::DEFAULT_MAX_WINDOW,
         shards: Shards::none(),
         fallback: None,
         revocation: Default::default(),
