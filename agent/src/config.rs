@@ -18,6 +18,7 @@ use bridgehead_runtime::threads::SessionThreads;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 use rustls_pki_types::ServerName;
+use serde::Serialize;
 
 pub use crate::tls::ClientCert;
 
@@ -304,7 +305,7 @@ pub struct Cli {
 }
 
 /// Where the agent's server count comes from besides the servers' answers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LeaseCounting {
     /// `--lease-namespace`.
     pub namespace: String,
@@ -316,18 +317,54 @@ pub struct LeaseCounting {
     pub max_with_answers: bool,
 }
 
-/// The validated configuration. It holds file paths, never key material or tokens: the files
-/// are read when connecting, so rotated certificates and tokens are picked up on reconnect.
-#[derive(Debug, Clone)]
+/// The validated configuration, in the groups an operator thinks in; `/config` shows it whole,
+/// as JSON, from this one derived serialisation. It holds file paths, never key material or
+/// tokens: the files are read when connecting, so rotated certificates and tokens are picked
+/// up on reconnect.
+#[derive(Debug, Clone, Serialize)]
 pub struct Config {
-    /// The server's host (the first of `server_hosts`), without brackets around an IPv6
-    /// literal.
-    pub server_host: String,
+    /// What the agent announces, `id` included.
+    #[serde(serialize_with = "query")]
+    pub identifiers: AgentIdentifiers,
+    pub servers: ServersConfig,
+    pub tls: TlsConfig,
+    pub sessions: SessionsConfig,
+    pub destinations: DestinationsConfig,
+    /// `--tunnel-memory-budget`, `--tunnel-receive-buffer`, `--tunnel-unsent-limit`.
+    pub memory: MemoryArgs,
+    pub logging: LoggingConfig,
+    pub process: ProcessConfig,
+    /// Startup lines about flags accepted but ignored or mapped.
+    #[serde(skip)]
+    pub notes: Notes,
+}
+
+/// Where the servers are, and how many the agent looks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ServersConfig {
+    /// The server's host (the first of `hosts`), without brackets around an IPv6 literal.
+    pub host: String,
     /// Every host `--proxy-server-host` names, resolved to find the servers.
-    pub server_hosts: Vec<String>,
-    /// The server's agent port.
-    pub server_port: u16,
+    pub hosts: Vec<String>,
+    /// The servers' agent port.
+    pub port: u16,
+    /// How often the agent looks for servers it lacks.
+    #[serde(serialize_with = "duration::serialize")]
+    pub sync_interval: Duration,
+    /// Longest delay between attempts.
+    #[serde(serialize_with = "duration::serialize")]
+    pub sync_interval_cap: Duration,
+    /// `--sync-forever`.
+    pub sync_forever: bool,
+    /// `--count-server-leases`.
+    pub lease_counting: Option<LeaseCounting>,
+}
+
+/// How the agent proves who it is and checks the server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TlsConfig {
     /// The name verified in the server's certificate.
+    #[serde(serialize_with = "server_name")]
     pub server_name: ServerName<'static>,
     /// `--server-name` was given: every server is verified against it. Otherwise a server
     /// dialed at an address of one of several `--proxy-server-host` entries is verified
@@ -337,53 +374,85 @@ pub struct Config {
     pub ca_cert: PathBuf,
     /// Client certificate, if any.
     pub client_cert: Option<ClientCert>,
-    /// What the agent announces, `id` included.
-    pub identifiers: AgentIdentifiers,
     /// Bearer token file, if any.
     pub token_path: Option<PathBuf>,
+    /// `--alpn-proto`.
+    pub alpn: Vec<String>,
+}
+
+/// How each session with a server is kept and ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SessionsConfig {
+    /// `--keepalive-time`: a ping after this much silence; the session ends after three.
+    #[serde(serialize_with = "duration::serialize")]
+    pub keepalive_time: Duration,
+    /// How long a drain may take on shutdown.
+    #[serde(serialize_with = "duration::serialize")]
+    pub drain_grace_period: Duration,
+    /// `--max-tunnels`: streams per session.
+    pub max_tunnels: usize,
+}
+
+impl SessionsConfig {
+    /// Session keepalive: a ping every `--keepalive-time`, the session given up after
+    /// [`KEEPALIVE_MISSES`] of them without an answer.
+    pub fn keepalive(&self) -> Keepalive {
+        Keepalive {
+            interval: self.keepalive_time,
+            timeout: self.keepalive_time * KEEPALIVE_MISSES,
+        }
+    }
+}
+
+/// Where the server may ask the agent to dial.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DestinationsConfig {
+    /// `--allowed-destinations`.
+    #[serde(serialize_with = "rules")]
+    pub allowed: Vec<Rule>,
+    /// `--denied-destinations`.
+    #[serde(serialize_with = "rules")]
+    pub denied: Vec<Rule>,
+}
+
+/// Where log lines go.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LoggingConfig {
+    pub format: LogFormat,
+    /// klog's flags.
+    pub settings: LogSettings,
+}
+
+/// The process: its listeners and threads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProcessConfig {
     /// Where the health server binds.
     pub health_address: SocketAddr,
     /// Where the admin server binds.
     pub admin_address: SocketAddr,
-    /// Session keepalive.
-    pub keepalive: Keepalive,
-    /// How often the agent looks for servers it lacks.
-    pub sync_interval: Duration,
-    /// Longest delay between attempts.
-    pub sync_interval_cap: Duration,
-    /// `--sync-forever`.
-    pub sync_forever: bool,
-    /// How long a drain may take on shutdown.
-    pub drain_grace_period: Duration,
-    /// Log line format.
-    pub log_format: LogFormat,
     /// `--worker-threads`.
     pub worker_threads: usize,
     /// `--session-threads`, resolved: how many session threads to start.
     pub session_threads: usize,
-    /// `--allowed-destinations`.
-    pub allowed_destinations: Vec<Rule>,
-    /// `--denied-destinations`.
-    pub denied_destinations: Vec<Rule>,
-    /// `--count-server-leases`.
-    pub lease_counting: Option<LeaseCounting>,
-    /// `--alpn-proto`.
-    pub alpn: Vec<String>,
-    /// `--tunnel-memory-budget`, `--tunnel-receive-buffer`, `--tunnel-unsent-limit`.
-    pub memory: MemoryArgs,
-    /// `--max-tunnels`: streams per session.
-    pub max_tunnels: usize,
-    /// klog's flags.
-    pub log: LogSettings,
-    /// Startup lines about flags accepted but ignored or mapped.
-    pub notes: Notes,
+}
+
+fn query<S: serde::Serializer>(identifiers: &AgentIdentifiers, to: S) -> Result<S::Ok, S::Error> {
+    to.collect_str(&identifiers.to_query())
+}
+
+fn server_name<S: serde::Serializer>(name: &ServerName<'_>, to: S) -> Result<S::Ok, S::Error> {
+    to.collect_str(&name.to_str())
+}
+
+fn rules<S: serde::Serializer>(rules: &[Rule], to: S) -> Result<S::Ok, S::Error> {
+    to.collect_seq(rules.iter().map(ToString::to_string))
 }
 
 impl Config {
     /// The certificate files in use, by role, for the expiry metric.
     pub fn certificate_files(&self) -> Vec<(&'static str, PathBuf)> {
-        let mut files = vec![("server-ca", self.ca_cert.clone())];
-        if let Some(pair) = &self.client_cert {
+        let mut files = vec![("server-ca", self.tls.ca_cert.clone())];
+        if let Some(pair) = &self.tls.client_cert {
             files.push(("client", pair.cert.clone()));
         }
         files
@@ -405,8 +474,8 @@ impl Config {
             .chain(self.identifiers.ipv6.iter().map(|ip| IpAddr::V6(*ip)))
             .collect();
         Policy::new(
-            self.allowed_destinations.clone(),
-            self.denied_destinations.clone(),
+            self.destinations.allowed.clone(),
+            self.destinations.denied.clone(),
             own_ports,
             own_addresses,
         )
@@ -415,14 +484,19 @@ impl Config {
 
     /// `host:port` of the server, with brackets around an IPv6 literal: for URLs and logs.
     pub fn server_authority(&self) -> String {
-        HostPort(&self.server_host, self.server_port).to_string()
+        HostPort(&self.servers.host, self.servers.port).to_string()
+    }
+
+    /// The effective configuration as `/config` shows it.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|error| format!("{error}"))
     }
 }
 
 impl Cli {
     /// Checks everything that can be checked before binding: identifiers, the certificate
     /// pair, durations, and that the TLS files load.
-    pub fn into_config(self) -> anyhow::Result<Config> {
+    pub fn into_config(mut self) -> anyhow::Result<Config> {
         let mut notes = Notes::default();
         let log = self
             .klog
@@ -434,65 +508,54 @@ impl Cli {
             "probe-interval",
             "readiness follows each session as it opens, drains and ends; nothing is polled",
         );
-        let alpn: Vec<String> = self
-            .alpn_proto
-            .iter()
-            .map(|p| p.trim().to_owned())
-            .filter(|p| !p.is_empty())
-            .collect();
-        if let Some(bad) = alpn.iter().find(|p| p.len() > 255) {
-            bail!("--alpn-proto: {bad:?} is longer than 255 bytes");
+        let servers = self.servers()?;
+        let tls = self.tls(&servers.host)?;
+        let identifiers = self.identifiers()?;
+        let sessions = self.sessions()?;
+        let config = Config {
+            identifiers,
+            servers,
+            tls,
+            sessions,
+            destinations: DestinationsConfig {
+                allowed: parse_rules(&self.allowed_destinations)
+                    .context("--allowed-destinations")?,
+                denied: parse_rules(&self.denied_destinations).context("--denied-destinations")?,
+            },
+            logging: LoggingConfig {
+                format: self.log_format,
+                settings: log,
+            },
+            process: ProcessConfig {
+                health_address: SocketAddr::new(self.health_bind_address, self.health_server_port),
+                admin_address: SocketAddr::new(self.admin_bind_address, self.admin_server_port),
+                worker_threads: self.worker_threads,
+                session_threads: self.session_threads.count(self.worker_threads),
+            },
+            memory: self.memory,
+            notes,
+        };
+        // Fail now, not on the first connect, if the token file or the CA or the client pair
+        // does not load. The token is read again for every connection (kubelet rotates it).
+        let tls = &config.tls;
+        if let Some(path) = &tls.token_path {
+            crate::token::bearer(path).context("--service-account-token-path")?;
         }
-        let server_hosts: Vec<String> = self
+        crate::tls::client_config(&tls.ca_cert, tls.client_cert.as_ref(), &tls.alpn)?;
+        Ok(config)
+    }
+
+    fn servers(&mut self) -> anyhow::Result<ServersConfig> {
+        let hosts: Vec<String> = self
             .proxy_server_host
             .split(',')
             .map(|host| strip_brackets(host.trim()).to_owned())
             .collect();
-        if server_hosts.iter().any(String::is_empty) {
+        if hosts.iter().any(String::is_empty) {
             bail!("--proxy-server-host is empty, or has an empty entry");
         }
-        let server_host = server_hosts[0].clone();
         if self.proxy_server_port == 0 {
             bail!("--proxy-server-port must not be 0");
-        }
-        let server_name_given = self.server_name.is_some();
-        let server_name = self.server_name.as_deref().unwrap_or(&server_host);
-        let server_name =
-            ServerName::try_from(strip_brackets(server_name).to_owned()).map_err(|_| {
-                anyhow::anyhow!(
-                    "invalid --server-name {server_name:?}: not a DNS name or IP address"
-                )
-            })?;
-
-        let mut identifiers = AgentIdentifiers::parse(&self.agent_identifiers)
-            .context("invalid --agent-identifiers")?;
-        identifiers
-            .reject_unknown()
-            .context("invalid --agent-identifiers")?;
-        let agent_id = match (self.agent_id, identifiers.id.take()) {
-            (Some(_), Some(_)) => {
-                bail!("--agent-identifiers sets id= and --agent-id is given too; keep one")
-            }
-            (Some(id), None) | (None, Some(id)) => id,
-            (None, None) => default_agent_id(),
-        };
-        identifiers.id = Some(agent_id);
-        // Round trip through the parser so the id is validated by the same rules the server
-        // applies.
-        AgentIdentifiers::parse(&identifiers.to_query()).context("invalid --agent-id")?;
-
-        let client_cert = match (self.agent_cert, self.agent_key) {
-            (Some(cert), Some(key)) => Some(ClientCert { cert, key }),
-            (None, None) => None,
-            (Some(_), None) => bail!("--agent-cert needs --agent-key"),
-            (None, Some(_)) => bail!("--agent-key needs --agent-cert"),
-        };
-
-        if self.keepalive_time.is_zero() {
-            bail!("--keepalive-time must be above 0");
-        }
-        if self.max_tunnels == 0 {
-            bail!("--max-tunnels must be above 0");
         }
         if self.sync_interval.is_zero() {
             bail!("--sync-interval must be above 0");
@@ -504,70 +567,109 @@ impl Cli {
                 self.sync_interval
             );
         }
-
-        let lease_counting = if self.count_server_leases.unwrap_or(false) {
-            // `--lease-label` is the old spelling; given, it stands (ANP: the same variable).
-            let selector = self
-                .lease_label
-                .unwrap_or(self.lease_label_selector)
-                .trim()
-                .to_owned();
-            check_selector(&selector)
-                .map_err(|e| anyhow::anyhow!("--lease-label-selector: {e}"))?;
-            if self.lease_namespace.trim().is_empty() {
-                bail!("--lease-namespace is empty");
-            }
-            Some(LeaseCounting {
-                namespace: self.lease_namespace.trim().to_owned(),
-                selector,
-                kubeconfig: self.kubeconfig.filter(|path| !path.as_os_str().is_empty()),
-                max_with_answers: self.server_count_source == "max",
-            })
-        } else {
-            None
-        };
-        let config = Config {
-            alpn,
-            log,
-            notes,
-            lease_counting,
-            server_host,
-            server_hosts,
-            server_port: self.proxy_server_port,
-            server_name,
-            server_name_given,
-            ca_cert: self.ca_cert,
-            client_cert,
-            identifiers,
-            token_path: self.service_account_token_path,
-            health_address: SocketAddr::new(self.health_bind_address, self.health_server_port),
-            admin_address: SocketAddr::new(self.admin_bind_address, self.admin_server_port),
-            keepalive: Keepalive {
-                interval: self.keepalive_time,
-                timeout: self.keepalive_time * KEEPALIVE_MISSES,
-            },
+        Ok(ServersConfig {
+            host: hosts[0].clone(),
+            hosts,
+            port: self.proxy_server_port,
             sync_interval: self.sync_interval,
             sync_interval_cap: self.sync_interval_cap,
             sync_forever: self.sync_forever.unwrap_or(false),
-            drain_grace_period: self.drain_grace_period,
-            log_format: self.log_format,
-            memory: self.memory,
-            max_tunnels: self.max_tunnels,
-            worker_threads: self.worker_threads,
-            session_threads: self.session_threads.count(self.worker_threads),
-            allowed_destinations: parse_rules(&self.allowed_destinations)
-                .context("--allowed-destinations")?,
-            denied_destinations: parse_rules(&self.denied_destinations)
-                .context("--denied-destinations")?,
-        };
-        // Fail now, not on the first connect, if the token file or the CA or the client pair
-        // does not load. The token is read again for every connection (kubelet rotates it).
-        if let Some(path) = &config.token_path {
-            crate::token::bearer(path).context("--service-account-token-path")?;
+            lease_counting: self.lease_counting()?,
+        })
+    }
+
+    fn lease_counting(&mut self) -> anyhow::Result<Option<LeaseCounting>> {
+        if !self.count_server_leases.unwrap_or(false) {
+            return Ok(None);
         }
-        // Fail now, not on the first connect, if the CA or the client pair does not load.
-        crate::tls::client_config(&config.ca_cert, config.client_cert.as_ref(), &config.alpn)?;
-        Ok(config)
+        // `--lease-label` is the old spelling; given, it stands (ANP: the same variable).
+        let selector = self
+            .lease_label
+            .take()
+            .unwrap_or_else(|| self.lease_label_selector.clone())
+            .trim()
+            .to_owned();
+        check_selector(&selector).map_err(|e| anyhow::anyhow!("--lease-label-selector: {e}"))?;
+        if self.lease_namespace.trim().is_empty() {
+            bail!("--lease-namespace is empty");
+        }
+        Ok(Some(LeaseCounting {
+            namespace: self.lease_namespace.trim().to_owned(),
+            selector,
+            kubeconfig: self
+                .kubeconfig
+                .take()
+                .filter(|path| !path.as_os_str().is_empty()),
+            max_with_answers: self.server_count_source == "max",
+        }))
+    }
+
+    fn tls(&mut self, server_host: &str) -> anyhow::Result<TlsConfig> {
+        let alpn: Vec<String> = self
+            .alpn_proto
+            .iter()
+            .map(|p| p.trim().to_owned())
+            .filter(|p| !p.is_empty())
+            .collect();
+        if let Some(bad) = alpn.iter().find(|p| p.len() > 255) {
+            bail!("--alpn-proto: {bad:?} is longer than 255 bytes");
+        }
+        let server_name_given = self.server_name.is_some();
+        let server_name = self.server_name.as_deref().unwrap_or(server_host);
+        let server_name =
+            ServerName::try_from(strip_brackets(server_name).to_owned()).map_err(|_| {
+                anyhow::anyhow!(
+                    "invalid --server-name {server_name:?}: not a DNS name or IP address"
+                )
+            })?;
+        let client_cert = match (self.agent_cert.take(), self.agent_key.take()) {
+            (Some(cert), Some(key)) => Some(ClientCert { cert, key }),
+            (None, None) => None,
+            (Some(_), None) => bail!("--agent-cert needs --agent-key"),
+            (None, Some(_)) => bail!("--agent-key needs --agent-cert"),
+        };
+        Ok(TlsConfig {
+            server_name,
+            server_name_given,
+            ca_cert: self.ca_cert.clone(),
+            client_cert,
+            token_path: self.service_account_token_path.take(),
+            alpn,
+        })
+    }
+
+    fn identifiers(&mut self) -> anyhow::Result<AgentIdentifiers> {
+        let mut identifiers = AgentIdentifiers::parse(&self.agent_identifiers)
+            .context("invalid --agent-identifiers")?;
+        identifiers
+            .reject_unknown()
+            .context("invalid --agent-identifiers")?;
+        let agent_id = match (self.agent_id.take(), identifiers.id.take()) {
+            (Some(_), Some(_)) => {
+                bail!("--agent-identifiers sets id= and --agent-id is given too; keep one")
+            }
+            (Some(id), None) | (None, Some(id)) => id,
+            (None, None) => default_agent_id(),
+        };
+        identifiers.id = Some(agent_id);
+        // Round trip through the parser so the id is validated by the same rules the server
+        // applies.
+        AgentIdentifiers::parse(&identifiers.to_query()).context("invalid --agent-id")?;
+        Ok(identifiers)
+    }
+
+    fn sessions(&self) -> anyhow::Result<SessionsConfig> {
+        if self.keepalive_time.is_zero() {
+            bail!("--keepalive-time must be above 0");
+        }
+        if self.max_tunnels == 0 {
+            bail!("--max-tunnels must be above 0");
+        }
+        Ok(SessionsConfig {
+            keepalive_time: self.keepalive_time,
+            drain_grace_period: self.drain_grace_period,
+            max_tunnels: self.max_tunnels,
+        })
     }
 }
 

@@ -64,8 +64,8 @@ impl Listeners {
                 .map_err(|e| anyhow::anyhow!("binding the {what} to {address}: {e}"))
         };
         Ok(Listeners {
-            health: bind(config.health_address, "health server").await?,
-            admin: bind(config.admin_address, "admin server").await?,
+            health: bind(config.process.health_address, "health server").await?,
+            admin: bind(config.process.admin_address, "admin server").await?,
         })
     }
 }
@@ -113,7 +113,7 @@ pub async fn run(
     ));
     let admin_routes = {
         let health = health.clone();
-        let shown = format!("{config:#?}");
+        let shown = config.to_json();
         move |path: &str| health.admin(path, &shown)
     };
     let admin_server = tokio::spawn(serve_admin(
@@ -125,7 +125,7 @@ pub async fn run(
 
     let policy =
         Arc::new(config.destination_policy(vec![health_address.port(), admin_address.port()]));
-    let count = match &config.lease_counting {
+    let count = match &config.servers.lease_counting {
         Some(leases) => {
             let api = bridgehead_kubeapi::KubeApi::connect(leases.kubeconfig.as_deref(), 0.0, 0)
                 .await
@@ -146,11 +146,12 @@ pub async fn run(
         }
         None => ServerCount::new(),
     };
-    let shards = bridgehead_runtime::threads::Shards::start("session", config.session_threads)
-        .context("starting the session threads")?;
-    if config.session_threads > 0 {
+    let shards =
+        bridgehead_runtime::threads::Shards::start("session", config.process.session_threads)
+            .context("starting the session threads")?;
+    if config.process.session_threads > 0 {
         info!(
-            threads = config.session_threads,
+            threads = config.process.session_threads,
             "sessions run on threads of their own"
         );
     }

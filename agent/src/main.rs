@@ -35,10 +35,10 @@ fn main() -> ExitCode {
         Err(error) => usage_error(format!("{error:#}")),
     };
     let runtime = match start_process(
-        config.log_format,
-        &config.log,
+        config.logging.format,
+        &config.logging.settings,
         &config.notes,
-        config.worker_threads,
+        config.process.worker_threads,
     ) {
         Ok(runtime) => runtime,
         Err(error) => {

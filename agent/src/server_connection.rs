@@ -109,7 +109,7 @@ pub(crate) async fn connect_to_server(
     let connect = async {
         match address {
             Some(address) => TcpStream::connect(address).await,
-            None => TcpStream::connect((config.server_host.as_str(), config.server_port)).await,
+            None => TcpStream::connect((config.servers.host.as_str(), config.servers.port)).await,
         }
     };
     let tcp = tokio::time::timeout(TCP_CONNECT_TIMEOUT, connect)
@@ -132,7 +132,8 @@ pub(crate) async fn connect_to_server(
 
     let tls = tokio::time::timeout(
         HANDSHAKE_TIMEOUT,
-        TlsConnector::from(tls).connect(name.unwrap_or_else(|| config.server_name.clone()), tcp),
+        TlsConnector::from(tls)
+            .connect(name.unwrap_or_else(|| config.tls.server_name.clone()), tcp),
     )
     .await
     .map_err(|_| ConnectError::TimedOut {
@@ -243,7 +244,7 @@ fn upgrade_request(
             headers.insert(CONNECTED_SERVERS_HEADER, value);
         }
     }
-    if let Some(path) = &config.token_path {
+    if let Some(path) = &config.tls.token_path {
         headers.insert(
             AUTHORIZATION,
             crate::token::bearer(path).map_err(ConnectError::Token)?,

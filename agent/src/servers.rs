@@ -70,14 +70,17 @@ pub(crate) async fn run(
     let (events_tx, mut events) = mpsc::channel(EVENTS);
     let mut held: BTreeMap<u64, Held> = BTreeMap::new();
     let mut next_key: u64 = 0;
-    let mut schedule = Schedule::new(config.sync_interval, config.sync_interval_cap);
+    let mut schedule = Schedule::new(
+        config.servers.sync_interval,
+        config.servers.sync_interval_cap,
+    );
     let mut rng = StdRng::from_os_rng();
     let mut next_attempt = tokio::time::Instant::now();
     let mut attempts: u64 = 0;
     let mut addresses = Addresses::new(
-        config.server_hosts.clone(),
-        config.server_port,
-        config.sync_interval,
+        config.servers.hosts.clone(),
+        config.servers.port,
+        config.servers.sync_interval,
     );
 
     loop {
@@ -124,7 +127,7 @@ pub(crate) async fn run(
             .filter(|s| !s.draining)
             .map(|s| s.server_id.clone())
             .collect();
-        if !config.sync_forever && live.len() >= wanted as usize {
+        if !config.servers.sync_forever && live.len() >= wanted as usize {
             next_attempt = tokio::time::Instant::now() + schedule.after_success(&mut rng);
             continue;
         }
@@ -141,7 +144,7 @@ pub(crate) async fn run(
         // Each entry of a list is its own server, verified for its own name unless
         // --server-name says otherwise.
         let name = address
-            .filter(|_| !config.server_name_given)
+            .filter(|_| !config.tls.server_name_given)
             .and_then(|address| addresses.entry(address))
             .and_then(|entry| rustls_pki_types::ServerName::try_from(entry.to_owned()).ok());
         let connect = {

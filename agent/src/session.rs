@@ -40,7 +40,7 @@ pub(crate) async fn run(
 ) -> SessionEnd {
     let mux = Mux::new(SessionConfig {
         budget: health.budget().clone(),
-        max_streams: config.max_tunnels,
+        max_streams: config.sessions.max_tunnels,
         max_window: config.memory.tunnel_max_window,
         ..SessionConfig::new(Role::Agent)
     });
@@ -51,13 +51,13 @@ pub(crate) async fn run(
     // The driver and what waits beside it (the server's dials, a shutdown, the server's
     // drain), each polled only when its own waker fired: not all four on every frame.
     let result = {
-        let mut driver = pin!(mux.run(ws, config.keepalive, stop.clone()));
+        let mut driver = pin!(mux.run(ws, config.sessions.keepalive(), stop.clone()));
         let mut accept = pin!(then_wait(accept_loop(&mux, &tracker, health, policy)));
         let mut drain = pin!(then_wait(drain_on_shutdown(
             &mux,
             &tracker,
             shutdown,
-            config.drain_grace_period,
+            config.sessions.drain_grace_period,
             &stop,
         )));
         let mut server_drain = pin!(then_wait(async {

@@ -8,7 +8,7 @@ use bridgehead_runtime::tls;
 use rustls::ClientConfig;
 
 /// A client certificate and its key.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ClientCert {
     /// PEM certificate chain.
     pub cert: PathBuf,
@@ -61,7 +61,8 @@ static LAST_GOOD: std::sync::Mutex<Vec<(TlsFiles, Arc<ClientConfig>)>> =
 /// half done, a broken file), the error is logged and the last configuration that loaded is
 /// used; with none, the error is returned.
 pub(crate) fn current_client_config(config: &crate::Config) -> anyhow::Result<Arc<ClientConfig>> {
-    client_config_or_last(&config.ca_cert, config.client_cert.as_ref(), &config.alpn)
+    let tls = &config.tls;
+    client_config_or_last(&tls.ca_cert, tls.client_cert.as_ref(), &tls.alpn)
 }
 
 fn client_config_or_last(

@@ -40,18 +40,18 @@ fn defaults() {
     let f = Files::new();
     let ca = f.file("cluster-ca.crt");
     let config = parse(&["--ca-cert", &ca, "--agent-id", "a1"]).unwrap();
-    assert_eq!(config.server_host, "127.0.0.1");
-    assert_eq!(config.server_port, 8132);
+    assert_eq!(config.servers.host, "127.0.0.1");
+    assert_eq!(config.servers.port, 8132);
     assert_eq!(config.server_authority(), "127.0.0.1:8132");
-    assert_eq!(config.health_address.to_string(), "0.0.0.0:8093");
-    assert_eq!(config.keepalive.interval, Duration::from_secs(5));
-    assert_eq!(config.keepalive.timeout, Duration::from_secs(15));
-    assert_eq!(config.sync_interval, Duration::from_secs(1));
+    assert_eq!(config.process.health_address.to_string(), "0.0.0.0:8093");
+    assert_eq!(config.sessions.keepalive().interval, Duration::from_secs(5));
+    assert_eq!(config.sessions.keepalive().timeout, Duration::from_secs(15));
+    assert_eq!(config.servers.sync_interval, Duration::from_secs(1));
     // ANP's defaults: 1s, growing to 10s.
-    assert_eq!(config.sync_interval_cap, Duration::from_secs(10));
-    assert!(!config.sync_forever);
-    assert_eq!(config.drain_grace_period, Duration::from_secs(30));
-    assert_eq!(config.max_tunnels, 10_000);
+    assert_eq!(config.servers.sync_interval_cap, Duration::from_secs(10));
+    assert!(!config.servers.sync_forever);
+    assert_eq!(config.sessions.drain_grace_period, Duration::from_secs(30));
+    assert_eq!(config.sessions.max_tunnels, 10_000);
     assert_eq!(config.agent_id(), "a1");
     for (flag, expected) in [
         ("--sync-forever", true),
@@ -59,11 +59,11 @@ fn defaults() {
         ("--sync-forever=false", false),
     ] {
         let config = parse(&["--ca-cert", &ca, flag]).unwrap();
-        assert_eq!(config.sync_forever, expected, "{flag}");
+        assert_eq!(config.servers.sync_forever, expected, "{flag}");
     }
     assert_eq!(config.identifiers.to_query(), "id=a1");
-    assert!(config.client_cert.is_none());
-    assert!(config.token_path.is_none());
+    assert!(config.tls.client_cert.is_none());
+    assert!(config.tls.token_path.is_none());
 }
 
 #[test]
@@ -78,10 +78,10 @@ fn several_server_addresses() {
     ])
     .unwrap();
     assert_eq!(
-        config.server_hosts,
+        config.servers.hosts,
         ["10.0.0.1", "fd00::1", "servers.example"]
     );
-    assert_eq!(config.server_host, "10.0.0.1");
+    assert_eq!(config.servers.host, "10.0.0.1");
 }
 
 #[test]
@@ -89,14 +89,16 @@ fn lease_counting() {
     let f = Files::new();
     let ca = f.file("cluster-ca.crt");
     let with = |extra: &[&str]| parse(&[&["--ca-cert", &ca][..], extra].concat());
-    assert!(with(&[]).unwrap().lease_counting.is_none());
+    assert!(with(&[]).unwrap().servers.lease_counting.is_none());
     assert!(with(&["--count-server-leases=false"])
         .unwrap()
+        .servers
         .lease_counting
         .is_none());
     // ANP's defaults.
     let leases = with(&["--count-server-leases"])
         .unwrap()
+        .servers
         .lease_counting
         .unwrap();
     assert_eq!(leases.namespace, "kube-system");
@@ -111,6 +113,7 @@ fn lease_counting() {
         "--server-count-source=max",
     ])
     .unwrap()
+    .servers
     .lease_counting
     .unwrap();
     assert_eq!(leases.namespace, "bh");
@@ -123,6 +126,7 @@ fn lease_counting() {
     // The deprecated spelling still works.
     let leases = with(&["--count-server-leases", "--lease-label=app=old"])
         .unwrap()
+        .servers
         .lease_counting
         .unwrap();
     assert_eq!(leases.selector, "app=old");
@@ -172,19 +176,22 @@ fn identifiers_and_server_name() {
         config.identifiers.to_query(),
         "id=node-1&host=node1&ipv4=10.0.0.5&ipv6=fd00%3A%3A5&cidr=10.244.1.0%2F24&default-route=true"
     );
-    assert_eq!(config.server_host, "::1");
-    assert_eq!(config.server_hosts, ["::1"]);
+    assert_eq!(config.servers.host, "::1");
+    assert_eq!(config.servers.hosts, ["::1"]);
     assert_eq!(config.server_authority(), "[::1]:8132");
     assert!(
         matches!(
-            config.server_name,
+            config.tls.server_name,
             rustls_pki_types::ServerName::IpAddress(_)
         ),
         "{:?}",
-        config.server_name
+        config.tls.server_name
     );
-    assert_eq!(config.keepalive.timeout, Duration::from_millis(1500));
-    assert!(config.client_cert.is_some());
+    assert_eq!(
+        config.sessions.keepalive().timeout,
+        Duration::from_millis(1500)
+    );
+    assert!(config.tls.client_cert.is_some());
 }
 
 #[test]
@@ -360,5 +367,5 @@ fn a_missing_or_empty_token_file_is_an_error_at_startup() {
     std::fs::write(&good, "a-token\n").unwrap();
     let good = good.display().to_string();
     let config = parse(&["--ca-cert", &ca, "--service-account-token-path", &good]).unwrap();
-    assert_eq!(config.token_path.as_deref(), Some(Path::new(&good)));
+    assert_eq!(config.tls.token_path.as_deref(), Some(Path::new(&good)));
 }

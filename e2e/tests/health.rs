@@ -493,4 +493,34 @@ fn the_admin_port_shows_the_whole_effective_configuration() {
     for group in ["kubernetes", "tls"] {
         assert!(config[group].is_object(), "{group}: {body}");
     }
+
+    let agent = Agent::start(
+        &pki,
+        &server,
+        AgentOptions {
+            id: Some("edge-1".into()),
+            args: vec![
+                "--sync-interval-cap=20s".into(),
+                "--denied-destinations=10.0.0.0/8".into(),
+            ],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (status, body) = http_get(agent.admin, "/config").unwrap();
+    assert_eq!(status, 200);
+    let config: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(config["identifiers"], "id=edge-1");
+    assert_eq!(config["servers"]["sync_interval_cap"], "20s");
+    // The harness's own pace.
+    assert_eq!(config["servers"]["sync_interval"], "100ms");
+    assert_eq!(
+        config["destinations"]["denied"],
+        serde_json::json!(["10.0.0.0/8"])
+    );
+    assert_eq!(config["sessions"]["max_tunnels"], 10_000);
+    assert_eq!(config["tls"]["token_path"], serde_json::Value::Null);
+    for group in ["memory", "logging", "process"] {
+        assert!(config[group].is_object(), "{group}: {body}");
+    }
 }
