@@ -260,6 +260,91 @@ struct Anp {
     ready_backends: Family<StrategyLabel, Gauge>,
 }
 
+impl Default for Anp {
+    fn default() -> Anp {
+        Anp {
+            dial_duration: Histogram::new(ANP_LATENCY_BUCKETS),
+            dial_failures: LegacyCounter::with_label("reason"),
+            culled_leases: LegacyCounter::single(),
+            connection_duration: Histogram::new(ANP_CONNECTION_BUCKETS),
+            http_connections: Gauge::default(),
+            ready_backends: Family::default(),
+        }
+    }
+}
+
+impl Anp {
+    /// konnectivity's series under its names in `registry`: its own, and the twins of
+    /// Bridgehead's that `own` already counts.
+    fn register(registry: &mut Registry, own: &Metrics) -> Anp {
+        let r = registry;
+        let anp = Anp::default();
+        r.register(
+            "dial_duration_seconds",
+            "Latency of dial to the remote endpoint in seconds",
+            anp.dial_duration.clone(),
+        );
+        r.register("dial_failure_count", "Number of dial failures observed (reason: no_agent, error_response, backend_dial_timeout, backend_close, frontend_close)", anp.dial_failures.clone());
+        r.register("connection_duration_seconds", "Duration in seconds a proxied end-to-end connection was established (post-dial) before being closed", anp.connection_duration.clone());
+        r.register(
+            "http_connections",
+            "Number of current HTTP CONNECT connections",
+            anp.http_connections.clone(),
+        );
+        r.register(
+            "ready_backend_connections",
+            "Number of agents connected to the proxy server (deprecated in ANP for ready_backends)",
+            own.agents_connected.clone(),
+        );
+        r.register(
+            "ready_backends",
+            "Number of usable agents connected to the proxy server, per proxy strategy",
+            anp.ready_backends.clone(),
+        );
+        r.register(
+            "pending_backend_dials",
+            "Current number of pending backend dial requests",
+            own.dials_pending.clone(),
+        );
+        r.register(
+            "established_connections",
+            "Current number of established end-to-end connections (post-dial)",
+            own.tunnels_open.clone(),
+        );
+        r.register(
+            "culled_leases_count",
+            "Count of expired leases that the lease garbage collection controller has culled",
+            anp.culled_leases.clone(),
+        );
+        anp
+    }
+}
+
+/// Registers `metric` under `name` and hands it back.
+fn registered<M>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M
+where
+    M: prometheus_client::registry::Metric + Clone,
+{
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+/// Creates the series of every label value up front, so that rates and ratios over them
+/// have data (zero) on a fleet where nothing went wrong yet.
+fn preset<L, M>(family: &Family<L, M>, labels: impl IntoIterator<Item = L>)
+where
+    L: Clone + std::hash::Hash + Eq,
+    M: Default,
+{
+    for label in labels {
+        let _ = family.get_or_create(&label);
+    }
+}
+
+fn results(values: impl IntoIterator<Item = &'static str>) -> impl Iterator<Item = ResultLabel> {
+    values.into_iter().map(|result| ResultLabel { result })
+}
+
 impl Metrics {
     /// The server's metrics, `budget`'s and `earned`'s among them.
     pub fn new(
@@ -279,87 +364,73 @@ impl Metrics {
         registry.register_collector(Box::new(bridgehead_runtime::memory::EarnedCollector(
             earned.clone(),
         )));
-        let agents_connected = Gauge::default();
-        let tunnels_open = Gauge::default();
-        let dials_pending = Gauge::default();
-        let dials_pending_limit = Gauge::default();
-        let dials = Family::<ResultLabel, Counter>::default();
-        let agent_handshakes = Family::<ResultLabel, Counter>::default();
-        let fallback_dials = Family::<ResultLabel, Counter>::default();
-        let fallback_tunnels_open = Gauge::default();
-        let dial_duration = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
-        let bytes = Family::<DirectionLabel, Counter>::default();
-        let token_reviews = Family::<ResultLabel, Counter>::default();
-        let token_verifications = Family::<VerificationLabel, Counter>::default();
-        let handshakes_refused = Family::<ListenerLabel, Counter>::default();
-        let lease_renewals = Family::<ResultLabel, Counter>::default();
-        let leases_removed = Counter::default();
         let send_waits = bridgehead_runtime::memory::SendWaits::default();
         send_waits.register(registry);
-        registry.register(
-            "lease_renewals",
-            "This server's Lease created or renewed (result: ok, error), with --enable-lease-controller",
-            lease_renewals.clone(),
+        let mut metrics = Metrics::own(registry, send_waits);
+        metrics.anp = Anp::register(
+            root.sub_registry_with_prefix("konnectivity_network_proxy_server"),
+            &metrics,
         );
-        registry.register(
+        metrics.registry = root;
+        metrics
+    }
+
+    /// Bridgehead's own series, registered in `registry` (konnectivity's left empty).
+    fn own(registry: &mut Registry, send_waits: bridgehead_runtime::memory::SendWaits) -> Metrics {
+        let r = registry;
+        let lease_renewals = registered(r, "lease_renewals", "This server's Lease created or renewed (result: ok, error), with --enable-lease-controller", Family::default());
+        let leases_removed = registered(
+            r,
             "leases_removed",
             "Expired Leases of other servers deleted, with --enable-lease-controller",
-            leases_removed.clone(),
+            Counter::default(),
         );
-        registry.register(
+        let agents_connected = registered(
+            r,
             "agents_connected",
             "Agents with a live session",
-            agents_connected.clone(),
+            Gauge::default(),
         );
-        registry.register(
+        let tunnels_open = registered(
+            r,
             "tunnels_open",
             "Tunnels open through this server",
-            tunnels_open.clone(),
+            Gauge::default(),
         );
-        registry.register(
+        let dials_pending = registered(
+            r,
             "dials_pending",
             "Dials waiting for an agent's answer",
-            dials_pending.clone(),
+            Gauge::default(),
         );
-        registry.register(
+        let dials_pending_limit = registered(
+            r,
             "dials_pending_limit",
             "--max-pending-dials: past it new CONNECTs get 503",
-            dials_pending_limit.clone(),
+            Gauge::default(),
         );
-        registry.register("dials", "CONNECT requests by result", dials.clone());
-        registry.register(
-            "agent_handshakes",
-            "Agent connections by how their handshake ended: ok, tls_error, unauthorized (401), forbidden (403), refused (another status), timed_out, stalled (cut for room), closed, duplicate (a server the agent holds already)",
-            agent_handshakes.clone(),
-        );
-        registry.register(
-            "fallback_dials",
-            "CONNECTs no agent matched, relayed to --fallback-proxy, by result: ok, refused (it answered another status), unreachable, timed_out, bad_answer",
-            fallback_dials.clone(),
-        );
-        registry.register(
+        let dials = registered(r, "dials", "CONNECT requests by result", Family::default());
+        let agent_handshakes = registered(r, "agent_handshakes", "Agent connections by how their handshake ended: ok, tls_error, unauthorized (401), forbidden (403), refused (another status), timed_out, stalled (cut for room), closed, duplicate (a server the agent holds already)", Family::default());
+        let fallback_dials = registered(r, "fallback_dials", "CONNECTs no agent matched, relayed to --fallback-proxy, by result: ok, refused (it answered another status), unreachable, timed_out, bad_answer", Family::default());
+        let fallback_tunnels_open = registered(
+            r,
             "fallback_tunnels_open",
             "Tunnels open through --fallback-proxy (counted in tunnels_open too)",
-            fallback_tunnels_open.clone(),
+            Gauge::default(),
         );
-        // Every label value from the start, so that rates and ratios over them have data
-        // (zero) on a fleet where nothing went wrong yet.
-        for result in DialResult::ALL {
-            let _ = dials.get_or_create(&ResultLabel {
-                result: result.as_str(),
-            });
-        }
-        for result in AgentHandshake::ALL {
-            let _ = agent_handshakes.get_or_create(&ResultLabel {
-                result: result.as_str(),
-            });
-        }
-        registry.register(
+        preset(&dials, results(DialResult::ALL.map(DialResult::as_str)));
+        preset(
+            &agent_handshakes,
+            results(AgentHandshake::ALL.map(AgentHandshake::as_str)),
+        );
+        let dial_duration = registered(
+            r,
             "dial_duration_seconds",
             "Time from CONNECT to the agent's dial answer",
-            dial_duration.clone(),
+            Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
         );
-        registry.register("bytes", "Bytes carried by tunnels", bytes.clone());
+        let bytes: Family<DirectionLabel, Counter> =
+            registered(r, "bytes", "Bytes carried by tunnels", Family::default());
         let direction = |d: Direction| {
             bytes
                 .get_or_create(&DirectionLabel {
@@ -367,91 +438,21 @@ impl Metrics {
                 })
                 .clone()
         };
-        let (bytes_to_target, bytes_from_target) = (
-            direction(Direction::ToTarget),
-            direction(Direction::FromTarget),
+        let token_reviews = registered(r, "token_reviews", "Agent token checks by result: authenticated, rejected (by kube-apiserver), error (no answer), cached", Family::default());
+        let token_verifications = registered(r, "token_verifications", "Agent tokens checked locally (--token-verification=local) by result: verified, refused (reason: why, as kube-apiserver would refuse it), fallback (reason: why it went to TokenReview)", Family::default());
+        let handshakes_refused = registered(r, "handshakes_refused", "Handshakes cut because their listener had its limit in progress and a newer connection came (listener: frontend, agent)", Family::default());
+        preset(
+            &token_reviews,
+            results(["authenticated", "rejected", "error", "cached"]),
         );
-        registry.register(
-            "token_reviews",
-            "Agent token checks by result: authenticated, rejected (by kube-apiserver), error (no answer), cached",
-            token_reviews.clone(),
-        );
-        registry.register(
-            "token_verifications",
-            "Agent tokens checked locally (--token-verification=local) by result: verified, refused (reason: why, as kube-apiserver would refuse it), fallback (reason: why it went to TokenReview)",
-            token_verifications.clone(),
-        );
-        registry.register(
-            "handshakes_refused",
-            "Handshakes cut because their listener had its limit in progress and a newer connection came (listener: frontend, agent)",
-            handshakes_refused.clone(),
-        );
-        for result in ["authenticated", "rejected", "error", "cached"] {
-            let _ = token_reviews.get_or_create(&ResultLabel { result });
-        }
-        for result in ["ok", "error"] {
-            let _ = lease_renewals.get_or_create(&ResultLabel { result });
-        }
-        for listener in ["frontend", "agent"] {
-            let _ = handshakes_refused.get_or_create(&ListenerLabel { listener });
-        }
-        let anp = Anp {
-            dial_duration: Histogram::new(ANP_LATENCY_BUCKETS),
-            dial_failures: LegacyCounter::with_label("reason"),
-            culled_leases: LegacyCounter::single(),
-            connection_duration: Histogram::new(ANP_CONNECTION_BUCKETS),
-            http_connections: Gauge::default(),
-            ready_backends: Family::default(),
-        };
-        let konnectivity = root.sub_registry_with_prefix("konnectivity_network_proxy_server");
-        konnectivity.register(
-            "dial_duration_seconds",
-            "Latency of dial to the remote endpoint in seconds",
-            anp.dial_duration.clone(),
-        );
-        konnectivity.register(
-            "dial_failure_count",
-            "Number of dial failures observed (reason: no_agent, error_response, backend_dial_timeout, backend_close, frontend_close)",
-            anp.dial_failures.clone(),
-        );
-        konnectivity.register(
-            "connection_duration_seconds",
-            "Duration in seconds a proxied end-to-end connection was established (post-dial) before being closed",
-            anp.connection_duration.clone(),
-        );
-        konnectivity.register(
-            "http_connections",
-            "Number of current HTTP CONNECT connections",
-            anp.http_connections.clone(),
-        );
-        konnectivity.register(
-            "ready_backend_connections",
-            "Number of agents connected to the proxy server (deprecated in ANP for ready_backends)",
-            agents_connected.clone(),
-        );
-        konnectivity.register(
-            "ready_backends",
-            "Number of usable agents connected to the proxy server, per proxy strategy",
-            anp.ready_backends.clone(),
-        );
-        konnectivity.register(
-            "pending_backend_dials",
-            "Current number of pending backend dial requests",
-            dials_pending.clone(),
-        );
-        konnectivity.register(
-            "established_connections",
-            "Current number of established end-to-end connections (post-dial)",
-            tunnels_open.clone(),
-        );
-        konnectivity.register(
-            "culled_leases_count",
-            "Count of expired leases that the lease garbage collection controller has culled",
-            anp.culled_leases.clone(),
+        preset(&lease_renewals, results(["ok", "error"]));
+        preset(
+            &handshakes_refused,
+            ["frontend", "agent"].map(|listener| ListenerLabel { listener }),
         );
         Metrics {
-            registry: root,
-            anp,
+            registry: Registry::default(),
+            anp: Anp::default(),
             agents_connected,
             tunnels_open,
             dials_pending,
@@ -461,8 +462,8 @@ impl Metrics {
             fallback_dials,
             fallback_tunnels_open,
             dial_duration,
-            bytes_to_target,
-            bytes_from_target,
+            bytes_to_target: direction(Direction::ToTarget),
+            bytes_from_target: direction(Direction::FromTarget),
             token_reviews,
             token_verifications,
             handshakes_refused,
