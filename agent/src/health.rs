@@ -102,6 +102,115 @@ pub(crate) struct Metrics {
 const ANP_LATENCY_BUCKETS: [f64; 9] =
     [0.000001, 0.00001, 0.0001, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
 
+impl Metrics {
+    /// Every series at zero, with the series of each label value created up front (so
+    /// that rates over them have data on an agent where nothing went wrong yet).
+    fn new() -> Metrics {
+        let bytes = Family::<Label, Counter>::default();
+        let direction = |direction| bytes.get_or_create(&[("direction", direction)]).clone();
+        let (bytes_from_target, bytes_to_target) =
+            (direction("from_target"), direction("to_target"));
+        let metrics = Metrics {
+            connected: Gauge::default(),
+            server_sessions: Family::default(),
+            open_server_connections: Gauge::default(),
+            known_servers: Gauge::default(),
+            streams_open: Gauge::default(),
+            dials: Family::default(),
+            // 1 ms .. ~16 s.
+            dial_duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            bytes_from_target,
+            bytes_to_target,
+            bytes,
+            reconnects: Counter::default(),
+            send_waits: Default::default(),
+            anp_dial_duration: Histogram::new(ANP_LATENCY_BUCKETS),
+            anp_dial_failures: Family::default(),
+            anp_server_failures: LegacyCounter::with_label("direction"),
+        };
+        for result in DIAL_RESULTS {
+            let _ = metrics.dials.get_or_create(&[("result", result)]);
+        }
+        for state in ["active", "draining"] {
+            let _ = metrics.server_sessions.get_or_create(&[("state", state)]);
+        }
+        metrics.known_servers.set(1);
+        metrics
+    }
+
+    /// Bridgehead's series, under `bridgehead_agent_`.
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "connected",
+            "1 while at least one session with a server is up and not draining",
+            self.connected.clone(),
+        );
+        r.register(
+            "server_sessions",
+            "Sessions with servers, by state",
+            self.server_sessions.clone(),
+        );
+        r.register(
+            "known_servers",
+            "How many servers the agent looks for (the server count)",
+            self.known_servers.clone(),
+        );
+        r.register(
+            "streams_open",
+            "Tunnels currently open",
+            self.streams_open.clone(),
+        );
+        r.register(
+            "dials",
+            "Dials the servers asked for, by result",
+            self.dials.clone(),
+        );
+        r.register_with_unit(
+            "dial_duration",
+            "Time to resolve and connect a target",
+            Unit::Seconds,
+            self.dial_duration.clone(),
+        );
+        r.register("bytes", "Bytes carried, by direction", self.bytes.clone());
+        r.register(
+            "reconnects",
+            "Attempts to reach a server after the first",
+            self.reconnects.clone(),
+        );
+        self.send_waits.register(r);
+    }
+
+    /// konnectivity's series under its names (`konnectivity_network_proxy_agent_`).
+    fn register_anp(&self, r: &mut Registry) {
+        r.register(
+            "open_server_connections",
+            "Current number of open server connections",
+            self.open_server_connections.clone(),
+        );
+        r.register(
+            "known_server_count",
+            "Current number of servers the agent knows of",
+            self.known_servers.clone(),
+        );
+        r.register(
+            "open_endpoint_connections",
+            "Current number of open endpoint connections",
+            self.streams_open.clone(),
+        );
+        r.register(
+            "dial_duration_seconds",
+            "Latency of dial to the remote endpoint in seconds",
+            self.anp_dial_duration.clone(),
+        );
+        r.register(
+            "endpoint_dial_failure",
+            "Number of failures dialing the remote endpoint, by reason (timeout, unknown)",
+            self.anp_dial_failures.clone(),
+        );
+        r.register("server_connection_failure_count", "Sessions with a server that failed, by direction (to_server: writing failed; from_server: reading, keepalive or protocol)", self.anp_server_failures.clone());
+    }
+}
+
 impl Health {
     /// The health state of an agent of `server`, its metrics showing `budget`, what target
     /// sockets earned of `earned` and when each of `certificates` (role, file) expires.
@@ -112,39 +221,7 @@ impl Health {
         certificates: Vec<(&'static str, std::path::PathBuf)>,
     ) -> Health {
         let earned = Arc::new(earned);
-        let mut metrics = Metrics {
-            connected: Gauge::default(),
-            server_sessions: Family::default(),
-            open_server_connections: Gauge::default(),
-            known_servers: Gauge::default(),
-            streams_open: Gauge::default(),
-            dials: Family::default(),
-            // 1 ms .. ~16 s.
-            dial_duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
-            bytes: Family::default(),
-            bytes_from_target: Counter::default(),
-            bytes_to_target: Counter::default(),
-            reconnects: Counter::default(),
-            send_waits: Default::default(),
-            anp_dial_duration: Histogram::new(ANP_LATENCY_BUCKETS),
-            anp_dial_failures: Family::default(),
-            anp_server_failures: LegacyCounter::with_label("direction"),
-        };
-        for result in DIAL_RESULTS {
-            let _ = metrics.dials.get_or_create(&[("result", result)]);
-        }
-        metrics.bytes_from_target = metrics
-            .bytes
-            .get_or_create(&[("direction", "from_target")])
-            .clone();
-        metrics.bytes_to_target = metrics
-            .bytes
-            .get_or_create(&[("direction", "to_target")])
-            .clone();
-        for state in ["active", "draining"] {
-            let _ = metrics.server_sessions.get_or_create(&[("state", state)]);
-        }
-        metrics.known_servers.set(1);
+        let metrics = Metrics::new();
         let mut root = Registry::default();
         root.register_collector(Box::new(
             bridgehead_runtime::process_metrics::ProcessCollector,
@@ -161,80 +238,9 @@ impl Health {
         registry.register_collector(Box::new(bridgehead_runtime::memory::EarnedCollector(
             earned.clone(),
         )));
-        registry.register(
-            "connected",
-            "1 while at least one session with a server is up and not draining",
-            metrics.connected.clone(),
-        );
-        registry.register(
-            "server_sessions",
-            "Sessions with servers, by state",
-            metrics.server_sessions.clone(),
-        );
-        registry.register(
-            "known_servers",
-            "How many servers the agent looks for (the server count)",
-            metrics.known_servers.clone(),
-        );
-        registry.register(
-            "streams_open",
-            "Tunnels currently open",
-            metrics.streams_open.clone(),
-        );
-        registry.register(
-            "dials",
-            "Dials the servers asked for, by result",
-            metrics.dials.clone(),
-        );
-        registry.register_with_unit(
-            "dial_duration",
-            "Time to resolve and connect a target",
-            Unit::Seconds,
-            metrics.dial_duration.clone(),
-        );
-        registry.register(
-            "bytes",
-            "Bytes carried, by direction",
-            metrics.bytes.clone(),
-        );
-        registry.register(
-            "reconnects",
-            "Attempts to reach a server after the first",
-            metrics.reconnects.clone(),
-        );
-        metrics.send_waits.register(registry);
+        metrics.register(registry);
         // konnectivity's names, for dashboards built on them.
-        let anp = root.sub_registry_with_prefix("konnectivity_network_proxy_agent");
-        anp.register(
-            "open_server_connections",
-            "Current number of open server connections",
-            metrics.open_server_connections.clone(),
-        );
-        anp.register(
-            "known_server_count",
-            "Current number of servers the agent knows of",
-            metrics.known_servers.clone(),
-        );
-        anp.register(
-            "open_endpoint_connections",
-            "Current number of open endpoint connections",
-            metrics.streams_open.clone(),
-        );
-        anp.register(
-            "dial_duration_seconds",
-            "Latency of dial to the remote endpoint in seconds",
-            metrics.anp_dial_duration.clone(),
-        );
-        anp.register(
-            "endpoint_dial_failure",
-            "Number of failures dialing the remote endpoint, by reason (timeout, unknown)",
-            metrics.anp_dial_failures.clone(),
-        );
-        anp.register(
-            "server_connection_failure_count",
-            "Sessions with a server that failed, by direction (to_server: writing failed; from_server: reading, keepalive or protocol)",
-            metrics.anp_server_failures.clone(),
-        );
+        metrics.register_anp(root.sub_registry_with_prefix("konnectivity_network_proxy_agent"));
         Health {
             inner: Arc::new(Inner {
                 status: Mutex::new(Status {
