@@ -13,7 +13,7 @@ use bridgehead_proto::servers::{
 };
 use bridgehead_proto::SUBPROTOCOL;
 use http::header::{HeaderValue, AUTHORIZATION, SEC_WEBSOCKET_PROTOCOL};
-use http::StatusCode;
+use http::{HeaderMap, StatusCode};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
@@ -105,82 +105,67 @@ pub(crate) async fn connect_to_server(
 ) -> Result<Connected, ConnectError> {
     let server = address.map_or_else(|| config.server_authority(), |address| address.to_string());
     let tls = crate::tls::current_client_config(config).map_err(ConnectError::TlsFiles)?;
-
+    let tcp_error = |source| ConnectError::Tcp {
+        server: server.clone(),
+        source,
+    };
     let connect = async {
         match address {
             Some(address) => TcpStream::connect(address).await,
             None => TcpStream::connect((config.servers.host.as_str(), config.servers.port)).await,
         }
     };
-    let tcp = tokio::time::timeout(TCP_CONNECT_TIMEOUT, connect)
-        .await
-        .map_err(|_| ConnectError::TimedOut {
-            step: "TCP connect",
-            server: server.clone(),
-            timeout: TCP_CONNECT_TIMEOUT,
-        })?
-        .map_err(|source| ConnectError::Tcp {
-            server: server.clone(),
-            source,
-        })?;
-    let peer = tcp.peer_addr().map_err(|source| ConnectError::Tcp {
-        server: server.clone(),
-        source,
-    })?;
+    let tcp = within(
+        TCP_CONNECT_TIMEOUT,
+        "TCP connect",
+        &server,
+        connect,
+        tcp_error,
+    )
+    .await?;
+    let peer = tcp.peer_addr().map_err(tcp_error)?;
     // Small frames (pings, window grants) must not wait for Nagle.
     let _ = tcp.set_nodelay(true);
 
-    let tls = tokio::time::timeout(
-        HANDSHAKE_TIMEOUT,
-        TlsConnector::from(tls)
-            .connect(name.unwrap_or_else(|| config.tls.server_name.clone()), tcp),
-    )
-    .await
-    .map_err(|_| ConnectError::TimedOut {
-        step: "TLS handshake",
-        server: server.clone(),
-        timeout: HANDSHAKE_TIMEOUT,
-    })?
-    .map_err(|source| ConnectError::Tls {
+    let name = name.unwrap_or_else(|| config.tls.server_name.clone());
+    let handshake = TlsConnector::from(tls).connect(name, tcp);
+    let tls_error = |source| ConnectError::Tls {
         server: server.clone(),
         source,
-    })?;
+    };
+    let mut tls = within(
+        HANDSHAKE_TIMEOUT,
+        "TLS handshake",
+        &server,
+        handshake,
+        tls_error,
+    )
+    .await?;
 
     let request = upgrade_request(config, &server, held)?;
-    let mut tls = tls;
     tls.get_mut()
         .1
         .set_buffer_limit(Some(bridgehead_mux::SESSION_TLS_BUFFER));
-    let answer = tokio::time::timeout(HANDSHAKE_TIMEOUT, upgrade(&mut tls, &request))
-        .await
-        .map_err(|_| ConnectError::TimedOut {
-            step: "WebSocket upgrade",
-            server: server.clone(),
-            timeout: HANDSHAKE_TIMEOUT,
-        })?
-        .map_err(|source| ConnectError::WebSocket {
-            server: server.clone(),
-            source,
-        })?;
+    let ws_error = |source| ConnectError::WebSocket {
+        server: server.clone(),
+        source,
+    };
+    let answer = upgrade(&mut tls, &request);
+    let answer = within(
+        HANDSHAKE_TIMEOUT,
+        "WebSocket upgrade",
+        &server,
+        answer,
+        ws_error,
+    )
+    .await?;
     let (headers, early) = match answer {
         Answer::Upgraded { headers, early } => (headers, early),
         Answer::Refused {
             status,
             headers,
             body,
-        } => {
-            let named = header(&headers, SERVER_ID_HEADER);
-            return Err(match named {
-                Some(id) if status == StatusCode::CONFLICT && held.contains(&id) => {
-                    ConnectError::Duplicate(id)
-                }
-                _ => ConnectError::Refused {
-                    status,
-                    body: body_text(Some(&body)),
-                    retry_after: header(&headers, "retry-after").and_then(|s| retry_after(&s)),
-                },
-            });
-        }
+        } => return Err(refused(status, &headers, &body, held)),
     };
     let subprotocol = headers
         .get(SEC_WEBSOCKET_PROTOCOL)
@@ -189,17 +174,49 @@ pub(crate) async fn connect_to_server(
         return Err(ConnectError::Subprotocol(subprotocol));
     }
     let ws = WebSocket::new(tls, WsRole::Client, early);
-    let headers = &headers;
-    let server_id = header(headers, SERVER_ID_HEADER)
+    let server_id = header(&headers, SERVER_ID_HEADER)
         .filter(|id| check_server_id(id).is_ok())
         .unwrap_or_else(|| peer.to_string());
-    let server_count = header(headers, SERVER_COUNT_HEADER).and_then(|n| parse_server_count(&n));
+    let server_count = header(&headers, SERVER_COUNT_HEADER).and_then(|n| parse_server_count(&n));
     Ok(Connected {
         ws,
         peer,
         server_id,
         server_count,
     })
+}
+
+/// One step of reaching `server`, bounded by `timeout`; its own failure mapped by `error`.
+async fn within<T, E>(
+    timeout: Duration,
+    step: &'static str,
+    server: &str,
+    future: impl std::future::Future<Output = Result<T, E>>,
+    error: impl FnOnce(E) -> ConnectError,
+) -> Result<T, ConnectError> {
+    tokio::time::timeout(timeout, future)
+        .await
+        .map_err(|_| ConnectError::TimedOut {
+            step,
+            server: server.to_owned(),
+            timeout,
+        })?
+        .map_err(error)
+}
+
+/// A refused upgrade: a `409` from a server the agent holds already is a duplicate; any
+/// other answer a refusal, with the `Retry-After` the server asked for.
+fn refused(status: StatusCode, headers: &HeaderMap, body: &[u8], held: &[String]) -> ConnectError {
+    match header(headers, SERVER_ID_HEADER) {
+        Some(id) if status == StatusCode::CONFLICT && held.contains(&id) => {
+            ConnectError::Duplicate(id)
+        }
+        _ => ConnectError::Refused {
+            status,
+            body: body_text(Some(body)),
+            retry_after: header(headers, "retry-after").and_then(|s| retry_after(&s)),
+        },
+    }
 }
 
 /// Longest wait a server's `Retry-After` can ask for.
