@@ -45,10 +45,12 @@ type Figures = Vec<Option<f64>>;
 
 /// One check of a row over its rounds: what is compared, the medians, the rounds, which way
 /// is better, and how a figure is shown.
+/// One check of a row: what, the figures, their rounds (for the range of the turns' own
+/// ratios), which way is better, how a figure is shown.
 type Checked<'a> = (
     &'a str,
     &'a Figures,
-    &'a Rounds,
+    Option<&'a Rounds>,
     Better,
     &'a dyn Fn(f64) -> String,
 );
@@ -133,221 +135,284 @@ pub async fn run(
     crypto: Crypto,
     report: &mut Report,
 ) {
-    let target = bulk_target.addr;
-    let rounds = budget.side_by_side_rounds;
     eprintln!("== side by side: Bridgehead, konnectivity and peers, both frontends");
     let direct = Route::Direct;
     let Some((uds, uds_pids)) = rig.uds() else {
         eprintln!("  (no Unix-socket pair started: side by side skipped)");
         return;
     };
-    let mut paths = vec![
-        Path {
-            route: &direct,
-            pids: vec![std::process::id()],
-        },
-        Path {
-            route: &rig.mtls,
-            pids: rig.pids(),
-        },
-        Path {
-            route: uds,
-            pids: uds_pids.to_vec(),
-        },
-    ];
-    let mut pairs = Vec::new();
+    let mut sheet = Sheet::default();
+    sheet.add(&direct, vec![std::process::id()]);
+    sheet.add(&rig.mtls, rig.pids());
+    sheet.add(uds, uds_pids.to_vec());
     if let Some(konnectivity) = konnectivity {
         for (ours, pair) in [(1, &konnectivity.mtls), (2, &konnectivity.uds)] {
-            pairs.push(Pair {
-                ours,
-                theirs: paths.len(),
-                against: "konnectivity".to_owned(),
-                targeted_rows_only: false,
-            });
-            paths.push(Path {
-                route: &pair.route,
-                pids: pair.pids(),
-            });
+            sheet.against(ours, &pair.route, pair.pids(), false);
         }
     }
     for peer in peers {
-        pairs.push(Pair {
-            ours: 2,
-            theirs: paths.len(),
-            against: peer.route.label().to_owned(),
-            targeted_rows_only: true,
-        });
-        paths.push(Path {
-            route: &peer.route,
-            pids: peer.pids(),
-        });
+        sheet.against(2, &peer.route, peer.pids(), true);
     }
-    let labels: Vec<&str> = paths.iter().map(|p| p.route.label()).collect();
-    let mut header = vec!["row"];
-    header.extend(labels.iter().copied());
-
+    let run = Run {
+        sheet: &sheet,
+        bulk_target,
+        budget,
+        crypto,
+    };
     // First, while every process is fresh: later rows leave freed memory in the allocators
     // that new tunnels would reuse unseen.
-    let count = budget.idle.first().copied().unwrap_or(100);
-    let row = format!("idle memory per tunnel, {count} tunnels");
-    let mut costs = Figures::new();
-    for path in &paths {
-        if matches!(path.route, Route::Direct) {
-            costs.push(None);
-            continue;
-        }
-        let cost = memory::idle_cost(path.route, target, count, &path.pids).await;
-        let value = match cost {
-            Ok(bytes) => Some(bytes as f64 / 1024.0),
-            Err(error) => {
-                eprintln!("  {row}, {}: {error:#}", path.route.label());
-                None
-            }
-        };
-        let _ = report.record(
-            "side_by_side",
-            json!({ "row": row, "route": path.route.label(), "kib_per_tunnel": value }),
-        );
-        costs.push(value);
-    }
-    let as_kib = |v: f64| format!("{v:.1} KiB");
-    table(report, &header, &row, "", &costs, as_kib);
-    compare(
-        report,
-        &pairs,
-        true,
-        &row,
-        "idle memory",
-        &labels,
-        &costs,
-        None,
-        Lower,
-        as_kib,
-    );
-
+    run.idle_memory(report).await;
     for tunnels in budget.tunnel_counts(&TUNNELS) {
         for direction in [Direction::Upload, Direction::Download] {
-            let row = format!("bulk, {tunnels} tunnel(s), {}", direction.label());
-            let mut rates = Rounds::new(paths.len());
-            let mut cpus = Rounds::new(paths.len());
-            let mut wholes = Rounds::new(paths.len());
-            for round in 0..rounds {
-                for (index, path) in paths.iter().enumerate() {
-                    let bulk = throughput::bulk(
-                        path.route,
-                        target,
-                        direction,
-                        tunnels,
-                        budget.bulk_bytes,
-                        budget.bulk_time,
-                        &path.pids,
-                    )
-                    .await;
-                    match bulk {
-                        Ok(bulk) => {
-                            let whole = bulk.whole_cpu_per_gib(matches!(path.route, Route::Direct));
-                            rates.push(index, Some(bulk.rate()));
-                            cpus.push(index, bulk.cpu_per_gib());
-                            wholes.push(index, whole);
-                            let _ = report.record(
-                                "side_by_side_round",
-                                json!({
-                                    "row": row, "route": path.route.label(), "round": round,
-                                    "bytes_per_s": bulk.rate(), "cpu_s_per_gib": bulk.cpu_per_gib(),
-                                    "whole_path_cpu_s_per_gib": whole,
-                                }),
-                            );
-                        }
-                        Err(error) => {
-                            eprintln!("  {row}, {}: {error:#}", path.route.label());
-                            for figures in [&mut rates, &mut cpus, &mut wholes] {
-                                figures.push(index, None);
-                            }
+            run.bulk(report, tunnels, direction).await;
+        }
+    }
+    for concurrency in setup::CONCURRENCY {
+        run.setup(report, concurrency).await;
+    }
+    run.round_trips(report).await;
+    // Last: a proxy whose tunnels all block behind a stalled one stays blocked.
+    run.stalled_neighbour(report).await;
+}
+
+/// The paths of a side-by-side run, and who is checked against whom.
+#[derive(Default)]
+struct Sheet<'a> {
+    paths: Vec<Path<'a>>,
+    pairs: Vec<Pair>,
+}
+
+impl<'a> Sheet<'a> {
+    fn add(&mut self, route: &'a Route, pids: Vec<u32>) {
+        self.paths.push(Path { route, pids });
+    }
+
+    /// Another proxy's path, checked against Bridgehead's path `ours` (on the rows issue 14
+    /// sets a target for only, when `targeted_rows_only`).
+    fn against(&mut self, ours: usize, route: &'a Route, pids: Vec<u32>, targeted_rows_only: bool) {
+        self.pairs.push(Pair {
+            ours,
+            theirs: self.paths.len(),
+            against: route.label().to_owned(),
+            targeted_rows_only,
+        });
+        self.add(route, pids);
+    }
+
+    fn labels(&self) -> Vec<&'a str> {
+        self.paths.iter().map(|p| p.route.label()).collect()
+    }
+
+    /// One row of the table.
+    fn table(
+        &self,
+        report: &mut Report,
+        row: &str,
+        unit: &str,
+        figures: &Figures,
+        show: impl Fn(f64) -> String,
+    ) {
+        let mut header = vec!["row"];
+        header.extend(self.labels());
+        table(report, &header, row, unit, figures, show);
+    }
+
+    /// Bridgehead against each other path on `row` for each of `checks`.
+    fn compare<const N: usize>(
+        &self,
+        report: &mut Report,
+        targeted: bool,
+        row: &str,
+        checks: [Checked; N],
+    ) {
+        let labels = self.labels();
+        for checked in checks {
+            compare(report, &self.pairs, targeted, row, &labels, checked);
+        }
+    }
+}
+
+/// What every row of one run reads.
+struct Run<'a> {
+    sheet: &'a Sheet<'a>,
+    bulk_target: &'a Target,
+    budget: &'a Budget,
+    crypto: Crypto,
+}
+
+impl Run<'_> {
+    fn paths(&self) -> &[Path<'_>] {
+        &self.sheet.paths
+    }
+
+    async fn idle_memory(&self, report: &mut Report) {
+        let count = self.budget.idle.first().copied().unwrap_or(100);
+        let row = format!("idle memory per tunnel, {count} tunnels");
+        let mut costs = Figures::new();
+        for path in self.paths() {
+            if matches!(path.route, Route::Direct) {
+                costs.push(None);
+                continue;
+            }
+            let cost =
+                memory::idle_cost(path.route, self.bulk_target.addr, count, &path.pids).await;
+            let value = match cost {
+                Ok(bytes) => Some(bytes as f64 / 1024.0),
+                Err(error) => {
+                    eprintln!("  {row}, {}: {error:#}", path.route.label());
+                    None
+                }
+            };
+            let _ = report.record(
+                "side_by_side",
+                json!({ "row": row, "route": path.route.label(), "kib_per_tunnel": value }),
+            );
+            costs.push(value);
+        }
+        let as_kib = |v: f64| format!("{v:.1} KiB");
+        self.sheet.table(report, &row, "", &costs, as_kib);
+        self.sheet.compare(
+            report,
+            true,
+            &row,
+            [("idle memory", &costs, None, Lower, &as_kib)],
+        );
+    }
+
+    async fn bulk(&self, report: &mut Report, tunnels: usize, direction: Direction) {
+        let row = format!("bulk, {tunnels} tunnel(s), {}", direction.label());
+        let (rate_rounds, cpu_rounds, whole_rounds) =
+            self.bulk_rounds(report, &row, tunnels, direction).await;
+        let (rates, cpus, wholes) = (
+            rate_rounds.medians(),
+            cpu_rounds.medians(),
+            whole_rounds.medians(),
+        );
+        for (((path, rate), cpu), whole) in self.paths().iter().zip(&rates).zip(&cpus).zip(&wholes)
+        {
+            if rate.is_some() {
+                let _ = report.record(
+                    "side_by_side",
+                    json!({
+                        "row": row, "route": path.route.label(), "rounds": self.budget.side_by_side_rounds,
+                        "bytes_per_s": rate, "cpu_s_per_gib": cpu,
+                        "whole_path_cpu_s_per_gib": whole,
+                    }),
+                );
+            }
+        }
+        let two_places = |v: f64| format!("{v:.2}");
+        self.sheet.table(report, &row, "MiB/s", &rates, rate);
+        self.sheet
+            .table(report, &format!("{row}, CPU s/GiB"), "", &cpus, two_places);
+        // Each path's floor (for the plot), from the cheapest direct round's CPU: a floor
+        // is a best case, and the direct run's CPU moves from round to round.
+        let direct_cpu = cpu_rounds.lowest(0);
+        let floors: Figures = self
+            .paths()
+            .iter()
+            .map(|path| floor::floor(self.crypto, path.route, direct_cpu?))
+            .collect();
+        for (path, floor) in self.paths().iter().zip(&floors) {
+            if let Some(floor) = floor {
+                let _ = report.record(
+                    "side_by_side",
+                    json!({ "row": row, "route": path.route.label(), "floor_s_per_gib": floor }),
+                );
+            }
+        }
+        // Each proxy's CPU as a multiple of its path's floor.
+        let times_floor: Figures = cpus
+            .iter()
+            .zip(&floors)
+            .map(|(cpu, floor)| Some(cpu.as_ref()? / floor.as_ref()?))
+            .collect();
+        self.sheet.table(
+            report,
+            &format!("{row}, CPU × floor"),
+            "",
+            &times_floor,
+            two_places,
+        );
+        // What the machine spent on the whole path, the client's and target's ends
+        // included: where a proxy's own CPU leaves out what it made them pay.
+        let whole_row = format!("{row}, whole path CPU s/GiB (with client and target)");
+        self.sheet
+            .table(report, &whole_row, "", &wholes, two_places);
+        let per_gib = |v: f64| format!("{v:.2} s/GiB");
+        self.sheet.compare(
+            report,
+            tunnels == 1,
+            &row,
+            [
+                ("throughput", &rates, Some(&rate_rounds), Higher, &rate),
+                ("CPU per GiB", &cpus, Some(&cpu_rounds), Lower, &per_gib),
+            ],
+        );
+    }
+
+    /// Every path's bulk transfer, the paths taking turns round by round: rate, CPU per GiB,
+    /// and whole-path CPU per GiB.
+    async fn bulk_rounds(
+        &self,
+        report: &mut Report,
+        row: &str,
+        tunnels: usize,
+        direction: Direction,
+    ) -> (Rounds, Rounds, Rounds) {
+        let paths = self.paths();
+        let (mut rates, mut cpus, mut wholes) = (
+            Rounds::new(paths.len()),
+            Rounds::new(paths.len()),
+            Rounds::new(paths.len()),
+        );
+        for round in 0..self.budget.side_by_side_rounds {
+            for (index, path) in paths.iter().enumerate() {
+                let bulk = throughput::bulk(
+                    path.route,
+                    self.bulk_target.addr,
+                    direction,
+                    tunnels,
+                    self.budget.bulk_bytes,
+                    self.budget.bulk_time,
+                    &path.pids,
+                )
+                .await;
+                match bulk {
+                    Ok(bulk) => {
+                        let whole = bulk.whole_cpu_per_gib(matches!(path.route, Route::Direct));
+                        rates.push(index, Some(bulk.rate()));
+                        cpus.push(index, bulk.cpu_per_gib());
+                        wholes.push(index, whole);
+                        let _ = report.record(
+                            "side_by_side_round",
+                            json!({
+                                "row": row, "route": path.route.label(), "round": round,
+                                "bytes_per_s": bulk.rate(), "cpu_s_per_gib": bulk.cpu_per_gib(),
+                                "whole_path_cpu_s_per_gib": whole,
+                            }),
+                        );
+                    }
+                    Err(error) => {
+                        eprintln!("  {row}, {}: {error:#}", path.route.label());
+                        for figures in [&mut rates, &mut cpus, &mut wholes] {
+                            figures.push(index, None);
                         }
                     }
                 }
             }
-            let (rate_rounds, cpu_rounds) = (rates, cpus);
-            let (rates, cpus, wholes) = (
-                rate_rounds.medians(),
-                cpu_rounds.medians(),
-                wholes.medians(),
-            );
-            for (((path, rate), cpu), whole) in paths.iter().zip(&rates).zip(&cpus).zip(&wholes) {
-                if rate.is_some() {
-                    let _ = report.record(
-                        "side_by_side",
-                        json!({
-                            "row": row, "route": path.route.label(), "rounds": rounds,
-                            "bytes_per_s": rate, "cpu_s_per_gib": cpu,
-                            "whole_path_cpu_s_per_gib": whole,
-                        }),
-                    );
-                }
-            }
-            table(report, &header, &row, "MiB/s", &rates, rate);
-            table(
-                report,
-                &header,
-                &format!("{row}, CPU s/GiB"),
-                "",
-                &cpus,
-                |v| format!("{v:.2}"),
-            );
-            // Each path's floor (for the plot), from the cheapest direct round's CPU: a floor
-            // is a best case, and the direct run's CPU moves from round to round.
-            let direct_cpu = cpu_rounds.lowest(0);
-            for path in &paths {
-                if let Some(floor) = direct_cpu.and_then(|d| floor::floor(crypto, path.route, d)) {
-                    let _ = report.record(
-                        "side_by_side",
-                        json!({ "row": row, "route": path.route.label(), "floor_s_per_gib": floor }),
-                    );
-                }
-            }
-            // Each proxy's CPU as a multiple of its path's floor.
-            let times_floor: Figures = paths
-                .iter()
-                .zip(&cpus)
-                .map(|(path, cpu)| {
-                    let floor = floor::floor(crypto, path.route, direct_cpu?)?;
-                    Some(cpu.as_ref()? / floor)
-                })
-                .collect();
-            table(
-                report,
-                &header,
-                &format!("{row}, CPU × floor"),
-                "",
-                &times_floor,
-                |v| format!("{v:.2}"),
-            );
-            // What the machine spent on the whole path, the client's and target's ends
-            // included: where a proxy's own CPU leaves out what it made them pay.
-            table(
-                report,
-                &header,
-                &format!("{row}, whole path CPU s/GiB (with client and target)"),
-                "",
-                &wholes,
-                |v| format!("{v:.2}"),
-            );
-            let targeted = tunnels == 1;
-            let per_gib = |v: f64| format!("{v:.2} s/GiB");
-            let checks: [Checked; 2] = [
-                ("throughput", &rates, &rate_rounds, Higher, &rate),
-                ("CPU per GiB", &cpus, &cpu_rounds, Lower, &per_gib),
-            ];
-            compare_over_rounds(report, &pairs, targeted, &row, &labels, checks);
         }
+        (rates, cpus, wholes)
     }
-    for concurrency in setup::CONCURRENCY {
+
+    async fn setup(&self, report: &mut Report, concurrency: usize) {
         let row = format!("setup, concurrency {concurrency}");
         let mut rates = Figures::new();
-        for path in &paths {
+        for path in self.paths() {
+            let budget = self.budget;
             let run = setup::setup(
                 path.route,
-                target,
+                self.bulk_target.addr,
                 concurrency,
                 budget.setup_count,
                 budget.setup_time,
@@ -360,162 +425,145 @@ pub async fn run(
             );
             rates.push(value);
         }
-        table(report, &header, &row, "tunnels/s", &rates, |v| {
-            format!("{v:.0}")
-        });
-        compare(
+        let per_second = |v: f64| format!("{v:.0}/s");
+        self.sheet
+            .table(report, &row, "tunnels/s", &rates, |v| format!("{v:.0}"));
+        self.sheet.compare(
             report,
-            &pairs,
             true,
             &row,
-            "setup rate",
-            &labels,
-            &rates,
-            None,
-            Higher,
-            |v| format!("{v:.0}/s"),
+            [("setup rate", &rates, None, Higher, &per_second)],
         );
     }
-    let row = "round trip p50".to_owned();
-    // Each path's figures are the median of its slices' (a slice: its share of the
-    // exchanges on a tunnel opened for the round), and the paths take turns slice by slice,
-    // so that what the machine does meanwhile falls on all of them alike.
-    let mut p50s = Rounds::new(paths.len());
-    let mut cpus = Rounds::new(paths.len());
-    let (slice_count, slice_time) = (
-        budget.rtt_count.div_ceil(RTT_SLICES),
-        budget.rtt_time / RTT_SLICES as u32,
-    );
-    for round in 0..rounds {
-        let mut conns = Vec::with_capacity(paths.len());
-        for path in &paths {
-            let conn = latency::echo_tunnel(path.route, target, budget.rtt_time).await;
-            if let Err(error) = &conn {
-                eprintln!("  {row}, {}: {error:#}", path.route.label());
-            }
-            conns.push(conn.ok());
-        }
-        for slice in 0..RTT_SLICES {
-            for (index, (path, conn)) in paths.iter().zip(&mut conns).enumerate() {
-                let trips = match conn {
-                    Some(conn) => {
-                        latency::timed_round_trips(conn, slice_count, slice_time, &path.pids).await
-                    }
-                    None => Err(anyhow::anyhow!("no tunnel")),
-                };
-                let (value, cpu) = match trips {
-                    Ok(trips) => (
-                        Some(trips.summary.p50.as_secs_f64()),
-                        trips.cpu_per_exchange,
-                    ),
-                    Err(_) => {
-                        // A tunnel that failed once is not timed again this round.
-                        *conn = None;
-                        (None, None)
-                    }
-                };
-                let _ = report.record(
-                    "side_by_side_round",
-                    json!({
-                        "row": row, "route": path.route.label(), "round": round,
-                        "slice": slice, "p50_s": value, "cpu_s_per_round_trip": cpu,
-                    }),
-                );
-                p50s.push(index, value);
-                cpus.push(index, cpu);
-            }
-        }
-    }
-    let (p50_rounds, cpu_rounds) = (p50s, cpus);
-    let (p50s, cpus) = (p50_rounds.medians(), cpu_rounds.medians());
-    for ((path, p50), cpu) in paths.iter().zip(&p50s).zip(&cpus) {
-        let _ = report.record(
-            "side_by_side",
-            json!({
-                "row": row, "route": path.route.label(), "rounds": rounds, "p50_s": p50,
-                "cpu_s_per_round_trip": cpu,
-            }),
-        );
-    }
-    let as_micros = |v: f64| micros(std::time::Duration::from_secs_f64(v));
-    let cpu_micros = |v: f64| format!("{:.1} µs", v * 1e6);
-    table(report, &header, &row, "", &p50s, as_micros);
-    // What each round trip cost the proxy's processes (direct: the bench's own client and
-    // echo target), beside the wait-dominated latency.
-    table(
-        report,
-        &header,
-        "round trip, CPU per round trip",
-        "",
-        &cpus,
-        cpu_micros,
-    );
-    let checks: [Checked; 2] = [
-        ("CPU per round trip", &cpus, &cpu_rounds, Lower, &cpu_micros),
-        ("round trip", &p50s, &p50_rounds, Lower, &as_micros),
-    ];
-    compare_over_rounds(report, &pairs, true, &row, &labels, checks);
 
-    // Last: a proxy whose tunnels all block behind a stalled one stays blocked.
-    let row = "stalled neighbour: cost to a bulk download (1 tunnel)".to_owned();
-    let mut costs = Figures::new();
-    for path in &paths {
-        if matches!(path.route, Route::Direct) {
-            costs.push(None);
-            continue;
+    async fn round_trips(&self, report: &mut Report) {
+        let row = "round trip p50".to_owned();
+        let (p50_rounds, cpu_rounds) = self.round_trip_rounds(report, &row).await;
+        let (p50s, cpus) = (p50_rounds.medians(), cpu_rounds.medians());
+        for ((path, p50), cpu) in self.paths().iter().zip(&p50s).zip(&cpus) {
+            let _ = report.record(
+                "side_by_side",
+                json!({
+                    "row": row, "route": path.route.label(), "rounds": self.budget.side_by_side_rounds,
+                    "p50_s": p50, "cpu_s_per_round_trip": cpu,
+                }),
+            );
         }
-        let value = match stall::cost(path.route, bulk_target, budget).await {
-            Ok((cost, buffered)) => {
-                let _ = report.record(
-                    "side_by_side",
-                    json!({ "row": row, "route": path.route.label(), "cost": cost, "neighbour_buffered": buffered }),
-                );
-                Some(cost.max(0.0))
-            }
-            Err(error) => {
-                eprintln!("  {row}, {}: {error:#}", path.route.label());
-                None
-            }
-        };
-        costs.push(value);
-    }
-    let as_share = |v: f64| format!("{:.0} %", v * 100.0);
-    table(report, &header, &row, "", &costs, as_share);
-    compare(
-        report,
-        &pairs,
-        false,
-        &row,
-        "stalled neighbour",
-        &labels,
-        &costs,
-        None,
-        Lower,
-        as_share,
-    );
-}
-
-/// [`compare`] for each of a row's `checks`, with the range of its rounds.
-fn compare_over_rounds<const N: usize>(
-    report: &mut Report,
-    pairs: &[Pair],
-    targeted: bool,
-    row: &str,
-    labels: &[&str],
-    checks: [Checked; N],
-) {
-    for (what, figures, rounds, better, show) in checks {
-        compare(
+        let as_micros = |v: f64| micros(std::time::Duration::from_secs_f64(v));
+        let cpu_micros = |v: f64| format!("{:.1} µs", v * 1e6);
+        self.sheet.table(report, &row, "", &p50s, as_micros);
+        // What each round trip cost the proxy's processes (direct: the bench's own client and
+        // echo target), beside the wait-dominated latency.
+        self.sheet.table(
             report,
-            pairs,
-            targeted,
-            row,
-            what,
-            labels,
-            figures,
-            Some(rounds),
-            better,
-            show,
+            "round trip, CPU per round trip",
+            "",
+            &cpus,
+            cpu_micros,
+        );
+        self.sheet.compare(
+            report,
+            true,
+            &row,
+            [
+                (
+                    "CPU per round trip",
+                    &cpus,
+                    Some(&cpu_rounds),
+                    Lower,
+                    &cpu_micros,
+                ),
+                ("round trip", &p50s, Some(&p50_rounds), Lower, &as_micros),
+            ],
+        );
+    }
+
+    /// Each path's figures are the median of its slices' (a slice: its share of the
+    /// exchanges on a tunnel opened for the round), and the paths take turns slice by slice,
+    /// so that what the machine does meanwhile falls on all of them alike.
+    async fn round_trip_rounds(&self, report: &mut Report, row: &str) -> (Rounds, Rounds) {
+        let paths = self.paths();
+        let (mut p50s, mut cpus) = (Rounds::new(paths.len()), Rounds::new(paths.len()));
+        let budget = self.budget;
+        let (slice_count, slice_time) = (
+            budget.rtt_count.div_ceil(RTT_SLICES),
+            budget.rtt_time / RTT_SLICES as u32,
+        );
+        for round in 0..budget.side_by_side_rounds {
+            let mut conns = Vec::with_capacity(paths.len());
+            for path in paths {
+                let conn =
+                    latency::echo_tunnel(path.route, self.bulk_target.addr, budget.rtt_time).await;
+                if let Err(error) = &conn {
+                    eprintln!("  {row}, {}: {error:#}", path.route.label());
+                }
+                conns.push(conn.ok());
+            }
+            for slice in 0..RTT_SLICES {
+                for (index, (path, conn)) in paths.iter().zip(&mut conns).enumerate() {
+                    let trips = match conn {
+                        Some(conn) => {
+                            latency::timed_round_trips(conn, slice_count, slice_time, &path.pids)
+                                .await
+                        }
+                        None => Err(anyhow::anyhow!("no tunnel")),
+                    };
+                    let (value, cpu) = match trips {
+                        Ok(trips) => (
+                            Some(trips.summary.p50.as_secs_f64()),
+                            trips.cpu_per_exchange,
+                        ),
+                        Err(_) => {
+                            // A tunnel that failed once is not timed again this round.
+                            *conn = None;
+                            (None, None)
+                        }
+                    };
+                    let _ = report.record(
+                        "side_by_side_round",
+                        json!({
+                            "row": row, "route": path.route.label(), "round": round,
+                            "slice": slice, "p50_s": value, "cpu_s_per_round_trip": cpu,
+                        }),
+                    );
+                    p50s.push(index, value);
+                    cpus.push(index, cpu);
+                }
+            }
+        }
+        (p50s, cpus)
+    }
+
+    async fn stalled_neighbour(&self, report: &mut Report) {
+        let row = "stalled neighbour: cost to a bulk download (1 tunnel)".to_owned();
+        let mut costs = Figures::new();
+        for path in self.paths() {
+            if matches!(path.route, Route::Direct) {
+                costs.push(None);
+                continue;
+            }
+            let value = match stall::cost(path.route, self.bulk_target, self.budget).await {
+                Ok((cost, buffered)) => {
+                    let _ = report.record(
+                        "side_by_side",
+                        json!({ "row": row, "route": path.route.label(), "cost": cost, "neighbour_buffered": buffered }),
+                    );
+                    Some(cost.max(0.0))
+                }
+                Err(error) => {
+                    eprintln!("  {row}, {}: {error:#}", path.route.label());
+                    None
+                }
+            };
+            costs.push(value);
+        }
+        let as_share = |v: f64| format!("{:.0} %", v * 100.0);
+        self.sheet.table(report, &row, "", &costs, as_share);
+        self.sheet.compare(
+            report,
+            false,
+            &row,
+            [("stalled neighbour", &costs, None, Lower, &as_share)],
         );
     }
 }
@@ -558,18 +606,13 @@ fn table(
 
 /// Bridgehead against each other path of `pairs` (konnectivity on the same frontend, every
 /// peer from the Unix socket); the peers only on `targeted` rows.
-#[allow(clippy::too_many_arguments)]
 fn compare(
     report: &mut Report,
     pairs: &[Pair],
     targeted: bool,
     row: &str,
-    what: &str,
     labels: &[&str],
-    figures: &Figures,
-    rounds: Option<&Rounds>,
-    better: Better,
-    show: impl Fn(f64) -> String,
+    (what, figures, rounds, better, show): Checked,
 ) {
     for pair in pairs {
         if pair.targeted_rows_only && !targeted {
