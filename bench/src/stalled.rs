@@ -112,12 +112,10 @@ pub async fn run(
         Err(error) => return report.failed(&what, "-", &error),
     };
     let base = settle(rig).await;
-    let page = rustix::param::page_size() as u64;
-    let [low, pressure, _] = procfs::tcp_mem_limits().unwrap_or([0; 3]);
     let conns = Arc::new(Mutex::new(Vec::new()));
     let started = Instant::now();
-    let stalled = Use::Stalled(STALL_FOR);
-    if let Err(error) = open_held(rig.route, firehose, count, &conns, stalled).await {
+    if let Err(error) = open_held(rig.route, firehose, count, &conns, Use::Stalled(STALL_FOR)).await
+    {
         return report.failed(&what, "all open", &error);
     }
     let open_seconds = started.elapsed().as_secs_f64();
@@ -138,143 +136,215 @@ pub async fn run(
         Ok(beside) => beside,
         Err(error) => return report.failed(&what, "bulk beside them", &error),
     };
-    let share = beside / alone.max(1e-9);
-    let growth = |now: u64, then: u64| now.saturating_sub(then);
-    let server_growth = growth(stalled.server_rss, base.server_rss);
-    let agent_growth = growth(stalled.agent_rss, base.agent_rss);
-    let tcp_growth = growth(stalled.tcp_pages, base.tcp_pages);
-    let (rx, tx) = stalled.kernel_queued;
-    let kernel_per = (rx + tx) / count.max(1) as u64;
-    let bound = memory_budget + count as u64 * PER_TUNNEL_OVERHEAD;
-    eprintln!(
-        "  their kernel queues: {} MiB received unread, {} MiB unsent ({} KiB per tunnel)",
-        rx >> 20,
-        tx >> 20,
-        kernel_per >> 10
-    );
-    eprintln!(
-        "  {have} stalled tunnels (opened in {open_seconds:.1} s): server RSS +{} MiB (buffered {} MiB), agent RSS +{} MiB (buffered {} MiB); TCP memory {} pages (+{}; tcp_mem {low} {pressure}); bulk download alone {}, beside them {} ({:.2})",
-        server_growth >> 20,
-        stalled.server_buffered >> 20,
-        agent_growth >> 20,
-        stalled.agent_buffered >> 20,
-        stalled.tcp_pages,
-        tcp_growth,
-        rate(alone),
-        rate(beside),
-        share
-    );
-    let _ = report.record(
-        "stalled_readers",
-        json!({
-            "route": label,
-            "tunnels": have,
-            "wanted": count,
-            "memory_budget": memory_budget,
-            "target_send_buffer": TARGET_SEND_BUFFER,
-            "baseline_server_rss": base.server_rss,
-            "baseline_agent_rss": base.agent_rss,
-            "server_rss": stalled.server_rss,
-            "agent_rss": stalled.agent_rss,
-            "server_buffered": stalled.server_buffered,
-            "agent_buffered": stalled.agent_buffered,
-            "after_bulk_server_rss": after.server_rss,
-            "after_bulk_agent_rss": after.agent_rss,
-            "baseline_tcp_pages": base.tcp_pages,
-            "tcp_pages": stalled.tcp_pages,
-            "kernel_received_unread": rx,
-            "kernel_unsent": tx,
-            "tcp_mem": [low, pressure],
-            "page_size": page,
-            "alone_bytes_per_s": alone,
-            "beside_bytes_per_s": beside,
-            "open_seconds": open_seconds,
-        }),
-    );
-    report.row(
-        "Memory under stalled readers (each target streams into a client that never reads)",
-        &[
-            "frontend",
-            "tunnels",
-            "server RSS growth (buffered)",
-            "agent RSS growth (buffered)",
-            "their kernel queues per tunnel",
-            "machine TCP memory (tcp_mem)",
-            "bulk alone",
-            "bulk beside",
-        ],
-        vec![
-            label.to_owned(),
-            have.to_string(),
-            format!(
-                "{} MiB ({} MiB)",
-                server_growth >> 20,
-                stalled.server_buffered >> 20
-            ),
-            format!(
-                "{} MiB ({} MiB)",
-                agent_growth >> 20,
-                stalled.agent_buffered >> 20
-            ),
-            format!("{} KiB", kernel_per >> 10),
-            format!(
-                "{} MiB, {} pages ({low}, {pressure})",
-                (stalled.tcp_pages * page) >> 20,
-                stalled.tcp_pages
-            ),
-            rate(alone),
-            format!("{} ({share:.2})", rate(beside)),
-        ],
-    );
-    let _ = report.check(Check {
-        what: format!("server and agent RSS growth, {count} stalled readers, {label}"),
-        bridgehead: format!(
-            "server +{} MiB, agent +{} MiB",
-            server_growth >> 20,
-            agent_growth >> 20
-        ),
-        direct: "-".to_owned(),
-        ratio: "-".to_owned(),
-        target: format!(
-            "each ≤ budget + {} KiB/tunnel = {} MiB",
-            PER_TUNNEL_OVERHEAD >> 10,
-            bound >> 20
-        ),
-        outcome: Outcome::of(have == count && server_growth <= bound && agent_growth <= bound),
-    });
-    let _ = report.check(Check {
-        what: format!(
-            "server and agent kernel queues per tunnel, {count} stalled readers, {label}"
-        ),
-        bridgehead: format!("{} KiB", kernel_per >> 10),
-        direct: "-".to_owned(),
-        ratio: "-".to_owned(),
-        target: format!("≤ {} KiB", KERNEL_PER_TUNNEL >> 10),
-        outcome: Outcome::of(have == count && kernel_per <= KERNEL_PER_TUNNEL),
-    });
-    let far = (low as f64 * FAR_FROM_PRESSURE) as u64;
-    let _ = report.check(Check {
-        what: format!("machine TCP memory, {count} stalled readers, {label}"),
-        bridgehead: format!("{} pages", stalled.tcp_pages),
-        direct: "-".to_owned(),
-        ratio: format!(
-            "{:.2} of tcp_mem[0]",
-            stalled.tcp_pages as f64 / low.max(1) as f64
-        ),
-        target: format!("≤ {FAR_FROM_PRESSURE} × tcp_mem[0] = {far} pages"),
-        outcome: Outcome::of(low > 0 && stalled.tcp_pages <= far),
-    });
-    let _ = report.check(Check {
-        what: format!("bulk download beside {count} stalled readers, {label}"),
-        bridgehead: rate(beside),
-        direct: format!("{} alone", rate(alone)),
-        ratio: format!("{share:.2}"),
-        target: format!("≥ {MIN_SHARE} × alone"),
-        outcome: Outcome::of(share >= MIN_SHARE),
-    });
+    let [low, pressure, _] = procfs::tcp_mem_limits().unwrap_or([0; 3]);
+    let measured = Measured {
+        label,
+        count,
+        have,
+        memory_budget,
+        base,
+        stalled,
+        after,
+        alone,
+        beside,
+        open_seconds,
+        tcp_mem: (low, pressure),
+        page: rustix::param::page_size() as u64,
+    };
+    measured.log();
+    measured.record(report);
+    measured.check(report);
     let conns = std::mem::take(&mut *conns.lock().unwrap_or_else(|p| p.into_inner()));
     eprintln!("  closing {} stalled tunnels", conns.len());
     drop(conns);
+}
+
+/// What one stalled-readers run measured.
+struct Measured<'a> {
+    label: &'a str,
+    count: usize,
+    have: usize,
+    memory_budget: u64,
+    /// Before the stalled tunnels, with them, and after the bulk download beside them.
+    base: Held,
+    stalled: Held,
+    after: Held,
+    /// The bulk download's rate alone and beside the stalled tunnels.
+    alone: f64,
+    beside: f64,
+    open_seconds: f64,
+    /// `tcp_mem`'s low and pressure thresholds, in pages.
+    tcp_mem: (u64, u64),
+    page: u64,
+}
+
+impl Measured<'_> {
+    fn share(&self) -> f64 {
+        self.beside / self.alone.max(1e-9)
+    }
+
+    fn server_growth(&self) -> u64 {
+        self.stalled.server_rss.saturating_sub(self.base.server_rss)
+    }
+
+    fn agent_growth(&self) -> u64 {
+        self.stalled.agent_rss.saturating_sub(self.base.agent_rss)
+    }
+
+    /// The stalled tunnels' kernel queues (received unread and unsent) per tunnel.
+    fn kernel_per_tunnel(&self) -> u64 {
+        let (rx, tx) = self.stalled.kernel_queued;
+        (rx + tx) / self.count.max(1) as u64
+    }
+
+    fn log(&self) {
+        let (rx, tx) = self.stalled.kernel_queued;
+        let (low, pressure) = self.tcp_mem;
+        let stalled = &self.stalled;
+        eprintln!(
+            "  their kernel queues: {} MiB received unread, {} MiB unsent ({} KiB per tunnel)",
+            rx >> 20,
+            tx >> 20,
+            self.kernel_per_tunnel() >> 10
+        );
+        eprintln!(
+            "  {} stalled tunnels (opened in {:.1} s): server RSS +{} MiB (buffered {} MiB), agent RSS +{} MiB (buffered {} MiB); TCP memory {} pages (+{}; tcp_mem {low} {pressure}); bulk download alone {}, beside them {} ({:.2})",
+            self.have,
+            self.open_seconds,
+            self.server_growth() >> 20,
+            stalled.server_buffered >> 20,
+            self.agent_growth() >> 20,
+            stalled.agent_buffered >> 20,
+            stalled.tcp_pages,
+            stalled.tcp_pages.saturating_sub(self.base.tcp_pages),
+            rate(self.alone),
+            rate(self.beside),
+            self.share()
+        );
+    }
+
+    /// The JSON line and the table row.
+    fn record(&self, report: &mut Report) {
+        let (stalled, base) = (&self.stalled, &self.base);
+        let (rx, tx) = stalled.kernel_queued;
+        let (low, pressure) = self.tcp_mem;
+        let _ = report.record(
+            "stalled_readers",
+            json!({
+                "route": self.label,
+                "tunnels": self.have,
+                "wanted": self.count,
+                "memory_budget": self.memory_budget,
+                "target_send_buffer": TARGET_SEND_BUFFER,
+                "baseline_server_rss": base.server_rss,
+                "baseline_agent_rss": base.agent_rss,
+                "server_rss": stalled.server_rss,
+                "agent_rss": stalled.agent_rss,
+                "server_buffered": stalled.server_buffered,
+                "agent_buffered": stalled.agent_buffered,
+                "after_bulk_server_rss": self.after.server_rss,
+                "after_bulk_agent_rss": self.after.agent_rss,
+                "baseline_tcp_pages": base.tcp_pages,
+                "tcp_pages": stalled.tcp_pages,
+                "kernel_received_unread": rx,
+                "kernel_unsent": tx,
+                "tcp_mem": [low, pressure],
+                "page_size": self.page,
+                "alone_bytes_per_s": self.alone,
+                "beside_bytes_per_s": self.beside,
+                "open_seconds": self.open_seconds,
+            }),
+        );
+        let mib =
+            |growth: u64, buffered: u64| format!("{} MiB ({} MiB)", growth >> 20, buffered >> 20);
+        report.row(
+            "Memory under stalled readers (each target streams into a client that never reads)",
+            &[
+                "frontend",
+                "tunnels",
+                "server RSS growth (buffered)",
+                "agent RSS growth (buffered)",
+                "their kernel queues per tunnel",
+                "machine TCP memory (tcp_mem)",
+                "bulk alone",
+                "bulk beside",
+            ],
+            vec![
+                self.label.to_owned(),
+                self.have.to_string(),
+                mib(self.server_growth(), stalled.server_buffered),
+                mib(self.agent_growth(), stalled.agent_buffered),
+                format!("{} KiB", self.kernel_per_tunnel() >> 10),
+                format!(
+                    "{} MiB, {} pages ({low}, {pressure})",
+                    (stalled.tcp_pages * self.page) >> 20,
+                    stalled.tcp_pages
+                ),
+                rate(self.alone),
+                format!("{} ({:.2})", rate(self.beside), self.share()),
+            ],
+        );
+    }
+
+    /// The targets: RSS growth within the budget, small kernel queues, the machine's TCP
+    /// memory far from pressure, a bulk download beside them at full speed.
+    fn check(&self, report: &mut Report) {
+        let (count, label, have) = (self.count, self.label, self.have);
+        let (server_growth, agent_growth) = (self.server_growth(), self.agent_growth());
+        let bound = self.memory_budget + count as u64 * PER_TUNNEL_OVERHEAD;
+        let kernel_per = self.kernel_per_tunnel();
+        let (low, tcp_pages) = (self.tcp_mem.0, self.stalled.tcp_pages);
+        let far = (low as f64 * FAR_FROM_PRESSURE) as u64;
+        let checks = [
+            Check {
+                what: format!("server and agent RSS growth, {count} stalled readers, {label}"),
+                bridgehead: format!(
+                    "server +{} MiB, agent +{} MiB",
+                    server_growth >> 20,
+                    agent_growth >> 20
+                ),
+                direct: "-".to_owned(),
+                ratio: "-".to_owned(),
+                target: format!(
+                    "each ≤ budget + {} KiB/tunnel = {} MiB",
+                    PER_TUNNEL_OVERHEAD >> 10,
+                    bound >> 20
+                ),
+                outcome: Outcome::of(
+                    have == count && server_growth <= bound && agent_growth <= bound,
+                ),
+            },
+            Check {
+                what: format!(
+                    "server and agent kernel queues per tunnel, {count} stalled readers, {label}"
+                ),
+                bridgehead: format!("{} KiB", kernel_per >> 10),
+                direct: "-".to_owned(),
+                ratio: "-".to_owned(),
+                target: format!("≤ {} KiB", KERNEL_PER_TUNNEL >> 10),
+                outcome: Outcome::of(have == count && kernel_per <= KERNEL_PER_TUNNEL),
+            },
+            Check {
+                what: format!("machine TCP memory, {count} stalled readers, {label}"),
+                bridgehead: format!("{tcp_pages} pages"),
+                direct: "-".to_owned(),
+                ratio: format!("{:.2} of tcp_mem[0]", tcp_pages as f64 / low.max(1) as f64),
+                target: format!("≤ {FAR_FROM_PRESSURE} × tcp_mem[0] = {far} pages"),
+                outcome: Outcome::of(low > 0 && tcp_pages <= far),
+            },
+            Check {
+                what: format!("bulk download beside {count} stalled readers, {label}"),
+                bridgehead: rate(self.beside),
+                direct: format!("{} alone", rate(self.alone)),
+                ratio: format!("{:.2}", self.share()),
+                target: format!("≥ {MIN_SHARE} × alone"),
+                outcome: Outcome::of(self.share() >= MIN_SHARE),
+            },
+        ];
+        for check in checks {
+            let _ = report.check(check);
+        }
+    }
 }
 
 /// The same stalled readers on another proxy (konnectivity's mTLS pair: `route`, its
