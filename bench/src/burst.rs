@@ -150,156 +150,206 @@ pub async fn run(pair: &Pair, target: std::net::SocketAddr, plan: Plan, report: 
     };
     // Running again, the agent serves at once.
     let reopened = open_after_thaw(&pair.path, target).await;
-
-    let count = |status: u16| answers.statuses.get(&status).copied().unwrap_or(0);
-    let (opened, refused, timed_out) = (count(200), count(503), count(504));
-    let others: u64 = answers
-        .statuses
-        .iter()
-        .filter(|(s, _)| ![200, 503, 504].contains(*s))
-        .map(|(_, n)| n)
-        .sum();
-    let quantile = |q: f64| {
-        let micros = &answers.refusal_micros;
-        micros
-            .get(((micros.len().max(1) - 1) as f64 * q).round() as usize)
-            .copied()
-            .unwrap_or(0)
+    let burst = Burst {
+        plan,
+        what,
+        answers,
+        peak,
+        before,
+        after,
+        counted,
+        reopened,
     };
-    let (p50, p99, max) = (quantile(0.5), quantile(0.99), quantile(1.0));
-    let wanted = (plan.rate as f64 * plan.duration.as_secs_f64()) as u64;
-    let rate = answers.started as f64 / plan.duration.as_secs_f64();
-    let seconds = plan.duration.as_secs_f64() / DIAL_TIMEOUT.as_secs_f64();
-    let most_timed_out = PENDING_PER_AGENT * (seconds.ceil() as u64 + 1);
-    eprintln!(
-        "  {} CONNECTs started ({rate:.0}/s, {} skipped at the in-flight cap): {:?}; 503 in p50 {p50} µs, p99 {p99} µs, max {max} µs; {counted} counted as no_agent",
-        answers.started, answers.skipped, answers.statuses
-    );
-    eprintln!(
-        "  server during: at most {} dials pending, RSS {} KiB, {} fds; before {} KiB, {} fds; after {} KiB, {} fds",
-        peak.pending,
-        peak.rss >> 10,
-        peak.fds,
-        before.rss >> 10,
-        before.fds,
-        after.rss >> 10,
-        after.fds
-    );
-    if let Some(error) = &answers.first_error {
-        eprintln!("  first failed CONNECT: {error}");
+    burst.log();
+    burst.record(report);
+    burst.check(report);
+}
+
+/// What one burst showed, and what the agent did after it.
+struct Burst {
+    plan: Plan,
+    what: String,
+    answers: Answers,
+    /// The server during the burst, before it, and once every dial of it ended.
+    peak: Peak,
+    before: Peak,
+    after: Peak,
+    /// The server's `no_agent` refusals counted during the burst.
+    counted: u64,
+    reopened: anyhow::Result<()>,
+}
+
+impl Burst {
+    fn count(&self, status: u16) -> u64 {
+        self.answers.statuses.get(&status).copied().unwrap_or(0)
     }
-    let _ = report.record(
-        "burst",
-        json!({
-            "rate": plan.rate,
-            "seconds": plan.duration.as_secs_f64(),
-            "started": answers.started,
-            "skipped": answers.skipped,
-            "statuses": answers.statuses.iter().map(|(s, n)| (s.to_string(), n)).collect::<BTreeMap<_, _>>(),
-            "refusal_us": { "p50": p50, "p99": p99, "max": max },
-            "counted_no_agent": counted,
-            "most_pending": peak.pending,
-            "peak_rss": peak.rss,
-            "peak_fds": peak.fds,
-            "before": { "rss": before.rss, "fds": before.fds },
-            "after": { "rss": after.rss, "fds": after.fds },
-            "first_error": answers.first_error,
-            "agent_cycle_s": { "asleep": ASLEEP.as_secs_f64(), "awake": AWAKE.as_secs_f64() },
-            "reopened": reopened.as_ref().err().map(|e| format!("{e:#}")),
-        }),
-    );
-    report.row(
-        "CONNECT burst against a slow agent (Unix socket, paced open loop; the agent runs 1 s in 5)",
-        &[
-            "CONNECTs",
-            "200 (dialed while awake)",
-            "503 (p50 / p99)",
-            "504",
-            "other",
-            "most dials pending",
-            "server before → peak → after",
-        ],
-        vec![
-            format!(
-                "{} in {} s ({rate:.0}/s)",
-                answers.started,
-                plan.duration.as_secs()
+
+    /// Answers other than 200, 503 and 504.
+    fn others(&self) -> u64 {
+        let statuses = &self.answers.statuses;
+        let others = statuses
+            .iter()
+            .filter(|(s, _)| ![200, 503, 504].contains(*s));
+        others.map(|(_, n)| n).sum()
+    }
+
+    /// The 503s' p50, p99 and most, in microseconds.
+    fn refusal_micros(&self) -> (u32, u32, u32) {
+        let micros = &self.answers.refusal_micros;
+        let quantile = |q: f64| {
+            let at = ((micros.len().max(1) - 1) as f64 * q).round() as usize;
+            micros.get(at).copied().unwrap_or(0)
+        };
+        (quantile(0.5), quantile(0.99), quantile(1.0))
+    }
+
+    fn rate(&self) -> f64 {
+        self.answers.started as f64 / self.plan.duration.as_secs_f64()
+    }
+
+    fn log(&self) {
+        let (answers, peak, before, after) = (&self.answers, &self.peak, &self.before, &self.after);
+        let (p50, p99, max) = self.refusal_micros();
+        eprintln!(
+            "  {} CONNECTs started ({:.0}/s, {} skipped at the in-flight cap): {:?}; 503 in p50 {p50} µs, p99 {p99} µs, max {max} µs; {} counted as no_agent",
+            answers.started, self.rate(), answers.skipped, answers.statuses, self.counted
+        );
+        eprintln!(
+            "  server during: at most {} dials pending, RSS {} KiB, {} fds; before {} KiB, {} fds; after {} KiB, {} fds",
+            peak.pending,
+            peak.rss >> 10,
+            peak.fds,
+            before.rss >> 10,
+            before.fds,
+            after.rss >> 10,
+            after.fds
+        );
+        if let Some(error) = &answers.first_error {
+            eprintln!("  first failed CONNECT: {error}");
+        }
+    }
+
+    /// The JSON line and the table row.
+    fn record(&self, report: &mut Report) {
+        let (answers, peak, before, after) = (&self.answers, &self.peak, &self.before, &self.after);
+        let (p50, p99, max) = self.refusal_micros();
+        let _ = report.record(
+            "burst",
+            json!({
+                "rate": self.plan.rate,
+                "seconds": self.plan.duration.as_secs_f64(),
+                "started": answers.started,
+                "skipped": answers.skipped,
+                "statuses": answers.statuses.iter().map(|(s, n)| (s.to_string(), n)).collect::<BTreeMap<_, _>>(),
+                "refusal_us": { "p50": p50, "p99": p99, "max": max },
+                "counted_no_agent": self.counted,
+                "most_pending": peak.pending,
+                "peak_rss": peak.rss,
+                "peak_fds": peak.fds,
+                "before": { "rss": before.rss, "fds": before.fds },
+                "after": { "rss": after.rss, "fds": after.fds },
+                "first_error": answers.first_error,
+                "agent_cycle_s": { "asleep": ASLEEP.as_secs_f64(), "awake": AWAKE.as_secs_f64() },
+                "reopened": self.reopened.as_ref().err().map(|e| format!("{e:#}")),
+            }),
+        );
+        report.row(
+            "CONNECT burst against a slow agent (Unix socket, paced open loop; the agent runs 1 s in 5)",
+            &[
+                "CONNECTs",
+                "200 (dialed while awake)",
+                "503 (p50 / p99)",
+                "504",
+                "other",
+                "most dials pending",
+                "server before → peak → after",
+            ],
+            vec![
+                format!("{} in {} s ({:.0}/s)", answers.started, self.plan.duration.as_secs(), self.rate()),
+                self.count(200).to_string(),
+                format!("{} ({p50} / {p99} µs)", self.count(503)),
+                self.count(504).to_string(),
+                self.others().to_string(),
+                peak.pending.to_string(),
+                format!(
+                    "{} → {} → {} KiB, {} → {} → {} fds",
+                    before.rss >> 10,
+                    peak.rss >> 10,
+                    after.rss >> 10,
+                    before.fds,
+                    peak.fds,
+                    after.fds
+                ),
+            ],
+        );
+    }
+
+    /// Paced as planned, dials bounded by the slow agent's cap, every refusal a counted 503,
+    /// nothing left on the server, and the agent serving once it runs again.
+    fn check(&self, report: &mut Report) {
+        let (what, answers, peak, before, after) = (
+            &self.what,
+            &self.answers,
+            &self.peak,
+            &self.before,
+            &self.after,
+        );
+        let (opened, refused, timed_out, others) = (
+            self.count(200),
+            self.count(503),
+            self.count(504),
+            self.others(),
+        );
+        let wanted = (self.plan.rate as f64 * self.plan.duration.as_secs_f64()) as u64;
+        let seconds = self.plan.duration.as_secs_f64() / DIAL_TIMEOUT.as_secs_f64();
+        let most_timed_out = PENDING_PER_AGENT * (seconds.ceil() as u64 + 1);
+        let counted = self.counted;
+        let checks = [
+            (
+                format!("{what}: paced"),
+                format!("{} started, {} skipped", answers.started, answers.skipped),
+                format!("≥ 0.95 × {wanted}"),
+                answers.started as f64 >= 0.95 * wanted as f64 && answers.skipped == 0,
             ),
-            opened.to_string(),
-            format!("{refused} ({p50} / {p99} µs)"),
-            timed_out.to_string(),
-            others.to_string(),
-            peak.pending.to_string(),
-            format!(
-                "{} → {} → {} KiB, {} → {} → {} fds",
-                before.rss >> 10,
-                peak.rss >> 10,
-                after.rss >> 10,
-                before.fds,
-                peak.fds,
-                after.fds
+            (
+                format!("{what}: dials held by the slow agent"),
+                format!("{} pending at most; {opened} answered, {timed_out} timed out", peak.pending),
+                format!("≤ {PENDING_PER_AGENT} (+{ROUTING_SLACK} being routed) at once, ≤ {most_timed_out} 504s"),
+                peak.pending <= PENDING_PER_AGENT + ROUTING_SLACK && timed_out <= most_timed_out,
             ),
-        ],
-    );
-    let checks = [
-        (
-            format!("{what}: paced"),
-            format!("{} started, {} skipped", answers.started, answers.skipped),
-            format!("≥ 0.95 × {wanted}"),
-            answers.started as f64 >= 0.95 * wanted as f64 && answers.skipped == 0,
-        ),
-        (
-            format!("{what}: dials held by the slow agent"),
-            format!(
-                "{} pending at most; {opened} answered, {timed_out} timed out",
-                peak.pending
+            (
+                format!("{what}: every refusal a counted 503"),
+                format!("{refused} 503s, {counted} counted; {others} other"),
+                "all counted, nothing but 200, 503, 504".to_owned(),
+                refused > 0 && counted == refused && others == 0,
             ),
-            format!(
-                "≤ {PENDING_PER_AGENT} (+{ROUTING_SLACK} being routed) at once, ≤ {most_timed_out} 504s"
+            (
+                format!("{what}: server after it"),
+                format!("{} → {} fds, {} → {} KiB", before.fds, after.fds, before.rss >> 10, after.rss >> 10),
+                format!("fds ≤ before, RSS ≤ before + {:.0} % + 1 MiB", RSS_GROWTH * 100.0),
+                after.fds <= before.fds
+                    && after.rss as f64 <= before.rss as f64 * (1.0 + RSS_GROWTH) + RSS_SLACK as f64,
             ),
-            peak.pending <= PENDING_PER_AGENT + ROUTING_SLACK && timed_out <= most_timed_out,
-        ),
-        (
-            format!("{what}: every refusal a counted 503"),
-            format!("{refused} 503s, {counted} counted; {others} other"),
-            "all counted, nothing but 200, 503, 504".to_owned(),
-            refused > 0 && counted == refused && others == 0,
-        ),
-        (
-            format!("{what}: server after it"),
-            format!(
-                "{} → {} fds, {} → {} KiB",
-                before.fds,
-                after.fds,
-                before.rss >> 10,
-                after.rss >> 10
+            (
+                format!("{what}: the agent serves once it runs again"),
+                match &self.reopened {
+                    Ok(()) => "tunnel opened".to_owned(),
+                    Err(error) => format!("{error:#}"),
+                },
+                "a tunnel opens".to_owned(),
+                self.reopened.is_ok(),
             ),
-            format!(
-                "fds ≤ before, RSS ≤ before + {:.0} % + 1 MiB",
-                RSS_GROWTH * 100.0
-            ),
-            after.fds <= before.fds
-                && after.rss as f64 <= before.rss as f64 * (1.0 + RSS_GROWTH) + RSS_SLACK as f64,
-        ),
-        (
-            format!("{what}: the agent serves once it runs again"),
-            match &reopened {
-                Ok(()) => "tunnel opened".to_owned(),
-                Err(error) => format!("{error:#}"),
-            },
-            "a tunnel opens".to_owned(),
-            reopened.is_ok(),
-        ),
-    ];
-    for (what, bridgehead, target, ok) in checks {
-        let _ = report.check(Check {
-            what,
-            bridgehead,
-            direct: "-".to_owned(),
-            ratio: "-".to_owned(),
-            target,
-            outcome: Outcome::of(ok),
-        });
+        ];
+        for (what, bridgehead, target, ok) in checks {
+            let _ = report.check(Check {
+                what,
+                bridgehead,
+                direct: "-".to_owned(),
+                ratio: "-".to_owned(),
+                target,
+                outcome: Outcome::of(ok),
+            });
+        }
     }
 }
 
