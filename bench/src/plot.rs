@@ -206,6 +206,35 @@ struct PathPoint {
 pub fn side_by_side(results: &Path, out_dir: &Path) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(results)
         .map_err(|e| anyhow!("reading {}: {e}", results.display()))?;
+    let points = path_points(&text)?;
+    if points.is_empty() {
+        return Ok(());
+    }
+    let mut routes: Vec<String> = Vec::new();
+    for p in &points {
+        if !routes.contains(&p.route) {
+            routes.push(p.route.clone());
+        }
+    }
+    let path = out_dir.join("side_by_side.svg");
+    let root = SVGBackend::new(&path, (1200, 900)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow!("{e:?}"))?;
+    let panels = root.split_evenly((2, 2));
+    for (panel, (upload, cpu)) in
+        panels
+            .iter()
+            .zip([(true, false), (false, false), (true, true), (false, true)])
+    {
+        side_by_side_panel(panel, &points, &routes, upload, cpu)?;
+    }
+    root.present().map_err(|e| anyhow!("{e:?}"))?;
+    eprintln!("plot: {}", path.display());
+    Ok(())
+}
+
+/// The side-by-side bulk rows of a run's JSON lines, one point per path, direction and
+/// tunnel count.
+fn path_points(text: &str) -> anyhow::Result<Vec<PathPoint>> {
     let mut points: Vec<PathPoint> = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let v: serde_json::Value = serde_json::from_str(line)?;
@@ -216,10 +245,10 @@ pub fn side_by_side(results: &Path, out_dir: &Path) -> anyhow::Result<()> {
             continue;
         };
         // "bulk, 16 tunnel(s), download"
-        let Some(rest) = row.strip_prefix("bulk, ") else {
-            continue;
-        };
-        let Some((tunnels, direction)) = rest.split_once(" tunnel(s), ") else {
+        let Some((tunnels, direction)) = row
+            .strip_prefix("bulk, ")
+            .and_then(|rest| rest.split_once(" tunnel(s), "))
+        else {
             continue;
         };
         let Ok(tunnels) = tunnels.parse::<f64>() else {
@@ -251,15 +280,18 @@ pub fn side_by_side(results: &Path, out_dir: &Path) -> anyhow::Result<()> {
             point.floor = Some(floor);
         }
     }
-    if points.is_empty() {
-        return Ok(());
-    }
-    let mut routes: Vec<String> = Vec::new();
-    for p in &points {
-        if !routes.contains(&p.route) {
-            routes.push(p.route.clone());
-        }
-    }
+    Ok(points)
+}
+
+/// One panel of `side_by_side.svg`: `upload` or download, CPU per GiB (`cpu`, with each
+/// path's floor dashed) or MiB/s, one line per route.
+fn side_by_side_panel(
+    panel: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    points: &[PathPoint],
+    routes: &[String],
+    upload: bool,
+    cpu: bool,
+) -> anyhow::Result<()> {
     let palette = [
         BLUE,
         RED,
@@ -271,84 +303,69 @@ pub fn side_by_side(results: &Path, out_dir: &Path) -> anyhow::Result<()> {
     ];
     let colour =
         |route: &str| palette[routes.iter().position(|r| r == route).unwrap_or(0) % palette.len()];
-    let path = out_dir.join("side_by_side.svg");
-    let root = SVGBackend::new(&path, (1200, 900)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| anyhow!("{e:?}"))?;
-    let panels = root.split_evenly((2, 2));
     let max_x = points.iter().map(|p| p.tunnels.log2()).fold(1.0, f64::max);
-    for (panel, (upload, cpu)) in
-        panels
-            .iter()
-            .zip([(true, false), (false, false), (true, true), (false, true)])
-    {
-        let value = |p: &PathPoint| if cpu { p.cpu_per_gib } else { p.mib_per_s };
-        let shown: Vec<&PathPoint> = points
-            .iter()
-            // Direct, ten times faster, would flatten every proxy's line: it is in the table.
-            .filter(|p| p.upload == upload && p.route != "direct")
-            .collect();
-        let top = shown
-            .iter()
-            .flat_map(|p| [value(p), if cpu { p.floor } else { None }])
-            .flatten()
-            .fold(1.0, f64::max)
-            * 1.3;
-        let caption = format!(
-            "{} {}",
-            if upload { "upload" } else { "download" },
-            if cpu {
-                "CPU s/GiB (server + agent), floor dashed"
-            } else {
-                "MiB/s"
-            }
-        );
-        let mut chart = ChartBuilder::on(panel)
-            .caption(caption, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(36)
-            .y_label_area_size(56)
-            .build_cartesian_2d(-0.2f64..max_x + 0.2, 0f64..top)
-            .map_err(|e| anyhow!("{e:?}"))?;
-        chart
-            .configure_mesh()
-            .x_desc("concurrent tunnels")
-            .light_line_style(RGBColor(238, 238, 238))
-            .x_label_formatter(&|x| format!("{:.0}", 2f64.powf(x.round())))
-            .draw()
-            .map_err(|e| anyhow!("{e:?}"))?;
-        for route in &routes {
-            let color = colour(route);
-            let line: Vec<(f64, f64)> = shown
-                .iter()
-                .filter(|p| &p.route == route)
-                .filter_map(|p| Some((p.tunnels.log2(), value(p)?)))
-                .collect();
-            if !line.is_empty() {
-                draw_line(&mut chart, line, color, route, 3)?;
-            }
-            if cpu {
-                let mut floor: Vec<(f64, f64)> = shown
-                    .iter()
-                    .filter(|p| &p.route == route)
-                    .filter_map(|p| Some((p.tunnels.log2(), p.floor?)))
-                    .collect();
-                floor.sort_by(|a, b| a.0.total_cmp(&b.0));
-                chart
-                    .draw_series(DashedLineSeries::new(floor, 6, 4, color.stroke_width(1)))
-                    .map_err(|e| anyhow!("{e:?}"))?;
-            }
+    let value = |p: &PathPoint| if cpu { p.cpu_per_gib } else { p.mib_per_s };
+    let shown: Vec<&PathPoint> = points
+        .iter()
+        // Direct, ten times faster, would flatten every proxy's line: it is in the table.
+        .filter(|p| p.upload == upload && p.route != "direct")
+        .collect();
+    let top = shown
+        .iter()
+        .flat_map(|p| [value(p), if cpu { p.floor } else { None }])
+        .flatten()
+        .fold(1.0, f64::max)
+        * 1.3;
+    let caption = format!(
+        "{} {}",
+        if upload { "upload" } else { "download" },
+        if cpu {
+            "CPU s/GiB (server + agent), floor dashed"
+        } else {
+            "MiB/s"
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 12))
-            .draw()
-            .map_err(|e| anyhow!("{e:?}"))?;
+    );
+    let mut chart = ChartBuilder::on(panel)
+        .caption(caption, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(56)
+        .build_cartesian_2d(-0.2f64..max_x + 0.2, 0f64..top)
+        .map_err(|e| anyhow!("{e:?}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("concurrent tunnels")
+        .light_line_style(RGBColor(238, 238, 238))
+        .x_label_formatter(&|x| format!("{:.0}", 2f64.powf(x.round())))
+        .draw()
+        .map_err(|e| anyhow!("{e:?}"))?;
+    for route in routes {
+        let color = colour(route);
+        let of_route = || shown.iter().filter(move |p| &p.route == route);
+        let line: Vec<(f64, f64)> = of_route()
+            .filter_map(|p| Some((p.tunnels.log2(), value(p)?)))
+            .collect();
+        if !line.is_empty() {
+            draw_line(&mut chart, line, color, route, 3)?;
+        }
+        if cpu {
+            let mut floor: Vec<(f64, f64)> = of_route()
+                .filter_map(|p| Some((p.tunnels.log2(), p.floor?)))
+                .collect();
+            floor.sort_by(|a, b| a.0.total_cmp(&b.0));
+            chart
+                .draw_series(DashedLineSeries::new(floor, 6, 4, color.stroke_width(1)))
+                .map_err(|e| anyhow!("{e:?}"))?;
+        }
     }
-    root.present().map_err(|e| anyhow!("{e:?}"))?;
-    eprintln!("plot: {}", path.display());
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 12))
+        .draw()
+        .map_err(|e| anyhow!("{e:?}"))?;
     Ok(())
 }
 
