@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::report::{Check, Outcome, Report};
 use crate::rig::Rig;
 use crate::route::Route;
-use bridgehead_e2e::soak::{self, Plan};
+use bridgehead_e2e::soak::{self, Plan, Sample};
 
 /// Flat: no sample from the settling time on deviates more than this from the one at it.
 const FLAT: f64 = 0.05;
@@ -51,7 +51,7 @@ pub async fn run(rig: &Rig, target: SocketAddr, plan: &Plan, report: &mut Report
         Ok(outcome) => outcome,
         Err(error) => return report.failed(&what, "zero errors", &error),
     };
-    let steady: Vec<_> = outcome
+    let steady: Vec<&Sample> = outcome
         .samples
         .iter()
         .filter(|s| s.at >= plan.settle)
@@ -59,6 +59,14 @@ pub async fn run(rig: &Rig, target: SocketAddr, plan: &Plan, report: &mut Report
     let (Some(first), Some(last)) = (steady.first(), steady.last()) else {
         return report.failed(&what, "-", &anyhow::anyhow!("no sample after settling"));
     };
+    log(&outcome);
+    record(report, plan, &outcome);
+    let drift = [outcome.drift(plan.settle, 0), outcome.drift(plan.settle, 1)];
+    table(report, plan, &outcome, (first, last), drift);
+    check(report, plan, &outcome, drift);
+}
+
+fn log(outcome: &soak::Outcome) {
     for sample in &outcome.samples {
         eprintln!(
             "  {:>6.1} s: server {} KiB, {} fds; agent {} KiB, {} fds; {} errors, slowest echo {} µs",
@@ -71,16 +79,25 @@ pub async fn run(rig: &Rig, target: SocketAddr, plan: &Plan, report: &mut Report
             sample.slowest_echo_micros
         );
     }
-    let drift = [outcome.drift(plan.settle, 0), outcome.drift(plan.settle, 1)];
-    let (p50, p99, max) = (
-        outcome.echo_quantile(0.5),
-        outcome.echo_quantile(0.99),
-        outcome.echo_quantile(1.0),
-    );
+    let (p50, p99, max) = echo_micros(outcome);
     eprintln!(
         "  opened in {:.1} s; {} echoes (p50 {p50} µs, p99 {p99} µs, max {max} µs), {} reopens, {} errors {:?}",
         outcome.open_seconds, outcome.echoes, outcome.reopens, outcome.errors, outcome.first_errors
     );
+}
+
+/// The echoes' p50, p99 and slowest, in microseconds.
+fn echo_micros(outcome: &soak::Outcome) -> (u32, u32, u32) {
+    (
+        outcome.echo_quantile(0.5),
+        outcome.echo_quantile(0.99),
+        outcome.echo_quantile(1.0),
+    )
+}
+
+fn record(report: &mut Report, plan: &Plan, outcome: &soak::Outcome) {
+    let drift = [outcome.drift(plan.settle, 0), outcome.drift(plan.settle, 1)];
+    let (p50, p99, max) = echo_micros(outcome);
     let _ = report.record(
         "soak",
         json!({
@@ -103,6 +120,17 @@ pub async fn run(rig: &Rig, target: SocketAddr, plan: &Plan, report: &mut Report
             })).collect::<Vec<_>>(),
         }),
     );
+}
+
+/// The table row: the first and last samples after settling, each process's drift.
+fn table(
+    report: &mut Report,
+    plan: &Plan,
+    outcome: &soak::Outcome,
+    (first, last): (&Sample, &Sample),
+    drift: [(f64, f64); 2],
+) {
+    let (p50, p99, _) = echo_micros(outcome);
     let span = |i: usize| {
         format!(
             "{} → {} MiB, {} → {} fds (drift {:.1} %, {:.1} %)",
@@ -135,6 +163,10 @@ pub async fn run(rig: &Rig, target: SocketAddr, plan: &Plan, report: &mut Report
             span(1),
         ],
     );
+}
+
+/// Zero errors; RSS and descriptors flat from the settling time on.
+fn check(report: &mut Report, plan: &Plan, outcome: &soak::Outcome, drift: [(f64, f64); 2]) {
     let _ = report.check(Check {
         what: format!(
             "soak, {} tunnels for {} s",
