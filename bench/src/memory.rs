@@ -80,21 +80,61 @@ pub async fn run(
         let open_seconds = started.elapsed().as_secs_f64();
         let total = settle(&pids).await;
         let have = held.lock().map_or(0, |h| h.len());
-        let server = procfs::rss_bytes(pids[0]).unwrap_or(0);
-        let agent = procfs::rss_bytes(pids[1]).unwrap_or(0);
-        let per = total.saturating_sub(base) / have.max(1) as u64;
-        let fds = (rig.server.process.fd_count(), rig.agent.process.fd_count());
-        let checked = match &opened {
-            Ok(()) => verify_sample(&held).await,
-            Err(error) => Err(anyhow::anyhow!("{error:#}")),
+        let step = Step {
+            count,
+            have,
+            rss: [
+                procfs::rss_bytes(pids[0]).unwrap_or(0),
+                procfs::rss_bytes(pids[1]).unwrap_or(0),
+            ],
+            base: [base_server, base_agent],
+            per_tunnel: total.saturating_sub(base) / have.max(1) as u64,
+            fds: [rig.server.process.fd_count(), rig.agent.process.fd_count()],
+            open_seconds,
+            checked: match &opened {
+                Ok(()) => verify_sample(&held).await,
+                Err(error) => Err(anyhow::anyhow!("{error:#}")),
+            },
         };
+        step.report(report);
+        if step.checked.is_err() {
+            break;
+        }
+        pause(format!("{have} idle tunnels")).await;
+    }
+    let conns = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
+    eprintln!("  closing {} idle tunnels", conns.len());
+    drop(conns);
+}
+
+/// One count of idle tunnels: what the server and the agent hold with them.
+struct Step {
+    count: usize,
+    have: usize,
+    /// Server's and agent's RSS, now and at the baseline.
+    rss: [u64; 2],
+    base: [u64; 2],
+    /// Both processes' growth over the baseline, per tunnel.
+    per_tunnel: u64,
+    fds: [usize; 2],
+    open_seconds: f64,
+    /// A sample of the tunnels echoes.
+    checked: anyhow::Result<()>,
+}
+
+impl Step {
+    /// The log line, the JSON line, the table row and the checks.
+    fn report(&self, report: &mut Report) {
+        let (have, count, open_seconds) = (self.have, self.count, self.open_seconds);
+        let ([server, agent], [base_server, base_agent]) = (self.rss, self.base);
+        let per = self.per_tunnel;
+        let per_kib = format!("{:.1} KiB", per as f64 / 1024.0);
         eprintln!(
-            "  {have} idle tunnels (in {open_seconds:.1} s): server {} KiB, agent {} KiB, {:.1} KiB/tunnel, fds server {} agent {}",
+            "  {have} idle tunnels (in {open_seconds:.1} s): server {} KiB, agent {} KiB, {per_kib}/tunnel, fds server {} agent {}",
             server >> 10,
             agent >> 10,
-            per as f64 / 1024.0,
-            fds.0,
-            fds.1
+            self.fds[0],
+            self.fds[1]
         );
         let _ = report.record(
             "memory",
@@ -106,10 +146,10 @@ pub async fn run(
                 "baseline_server_rss": base_server,
                 "baseline_agent_rss": base_agent,
                 "bytes_per_tunnel": per,
-                "server_fds": fds.0,
-                "agent_fds": fds.1,
+                "server_fds": self.fds[0],
+                "agent_fds": self.fds[1],
                 "open_seconds": open_seconds,
-                "error": checked.as_ref().err().map(|e| format!("{e:#}")),
+                "error": self.checked.as_ref().err().map(|e| format!("{e:#}")),
             }),
         );
         report.row(
@@ -127,16 +167,15 @@ pub async fn run(
                 have.to_string(),
                 format!("{} KiB (base {})", server >> 10, base_server >> 10),
                 format!("{} KiB (base {})", agent >> 10, base_agent >> 10),
-                format!("{:.1} KiB", per as f64 / 1024.0),
-                fds.0.to_string(),
-                fds.1.to_string(),
+                per_kib.clone(),
+                self.fds[0].to_string(),
+                self.fds[1].to_string(),
                 format!("{open_seconds:.1} s"),
             ],
         );
-        let what = format!("memory per idle tunnel, {count} tunnels");
         let _ = report.check(Check {
-            what,
-            bridgehead: format!("{:.1} KiB", per as f64 / 1024.0),
+            what: format!("memory per idle tunnel, {count} tunnels"),
+            bridgehead: per_kib,
             direct: "-".to_owned(),
             ratio: "-".to_owned(),
             target: "≤ 10 KiB".to_owned(),
@@ -144,23 +183,16 @@ pub async fn run(
         });
         let _ = report.check(Check {
             what: format!("{count} idle tunnels on one agent"),
-            bridgehead: match &checked {
+            bridgehead: match &self.checked {
                 Ok(()) => format!("{have} open, sample echoes fine"),
                 Err(error) => format!("{have} open; {error:#}"),
             },
             direct: "-".to_owned(),
             ratio: "-".to_owned(),
             target: "all open, no error".to_owned(),
-            outcome: Outcome::of(checked.is_ok() && have == count),
+            outcome: Outcome::of(self.checked.is_ok() && have == count),
         });
-        if checked.is_err() {
-            break;
-        }
-        pause(format!("{have} idle tunnels")).await;
     }
-    let conns = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
-    eprintln!("  closing {} idle tunnels", conns.len());
-    drop(conns);
 }
 
 /// A few tunnels opened, used and closed, so the baseline has the runtime's steady state.
