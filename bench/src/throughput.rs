@@ -200,82 +200,99 @@ pub async fn run(
         &[],
     )
     .await;
+    let sweep = Sweep {
+        route,
+        pids,
+        target,
+        budget,
+        crypto,
+        profiler,
+    };
     for tunnels in budget.tunnel_counts(&TUNNELS) {
         for direction in [Direction::Upload, Direction::Download] {
-            let what = format!("throughput, {tunnels} tunnel(s), {}", direction.label());
-            // The bench process is the client and the target: its CPU in a direct run is the
-            // cost of one loopback TCP hop, the yardstick for the server's and agent's.
-            let mut directs = Vec::with_capacity(DIRECT_RUNS);
-            for _ in 0..DIRECT_RUNS {
-                let run = bulk(
-                    &Route::Direct,
-                    target,
-                    direction,
-                    tunnels,
-                    budget.bulk_bytes,
-                    budget.bulk_time,
-                    &[std::process::id()],
-                )
-                .await;
-                directs.push(run);
-            }
-            let directs: anyhow::Result<Vec<Bulk>> = directs.into_iter().collect();
-            let recording = match profiler {
-                Some(profiler) if tunnels == 1 => {
-                    let label = format!("bulk-{}", direction.label());
-                    let processes = [("server", pids[0]), ("agent", pids[1])];
-                    tokio::task::block_in_place(|| profiler.start(&label, &processes)).ok()
-                }
-                _ => None,
-            };
-            let bridged = bulk(
+            sweep.point(report, tunnels, direction).await;
+        }
+    }
+}
+
+/// What every point of the sweep shares.
+struct Sweep<'a> {
+    route: &'a Route,
+    pids: Vec<u32>,
+    target: SocketAddr,
+    budget: &'a Budget,
+    crypto: Crypto,
+    profiler: Option<&'a Profiler>,
+}
+
+impl Sweep<'_> {
+    /// `tunnels` in `direction`: direct [`DIRECT_RUNS`] times, then through Bridgehead
+    /// (profiled at one tunnel with `--perf`), recorded against the direct median and the floor.
+    async fn point(&self, report: &mut Report, tunnels: usize, direction: Direction) {
+        let (route, budget) = (self.route, self.budget);
+        let what = format!("throughput, {tunnels} tunnel(s), {}", direction.label());
+        let run = |route, pids| {
+            bulk(
                 route,
-                target,
+                self.target,
                 direction,
                 tunnels,
                 budget.bulk_bytes,
                 budget.bulk_time,
-                &pids,
+                pids,
             )
-            .await;
-            let counts = recording.and_then(|recording| {
-                tokio::task::block_in_place(|| recording.stop())
-                    .map_err(|error| eprintln!("  perf: {error:#}"))
-                    .ok()
+        };
+        // The bench process is the client and the target: its CPU in a direct run is the
+        // cost of one loopback TCP hop, the yardstick for the server's and agent's.
+        let (direct_route, bench) = (Route::Direct, [std::process::id()]);
+        let mut directs = Vec::with_capacity(DIRECT_RUNS);
+        for _ in 0..DIRECT_RUNS {
+            directs.push(run(&direct_route, &bench).await);
+        }
+        let directs: anyhow::Result<Vec<Bulk>> = directs.into_iter().collect();
+        let recording = match self.profiler {
+            Some(profiler) if tunnels == 1 => {
+                let label = format!("bulk-{}", direction.label());
+                let processes = [("server", self.pids[0]), ("agent", self.pids[1])];
+                tokio::task::block_in_place(|| profiler.start(&label, &processes)).ok()
+            }
+            _ => None,
+        };
+        let bridged = run(route, &self.pids).await;
+        let counts = recording.and_then(|recording| {
+            tokio::task::block_in_place(|| recording.stop())
+                .map_err(|error| eprintln!("  perf: {error:#}"))
+                .ok()
+        });
+        let (directs, bridged) = match (directs, bridged) {
+            (Ok(directs), Ok(bridged)) => (directs, bridged),
+            (Err(error), _) | (_, Err(error)) => return report.failed(&what, "the run", &error),
+        };
+        let Some(direct) = median_by_rate(&directs) else {
+            return;
+        };
+        let floor = cheapest_cpu_per_gib(&directs)
+            .and_then(|direct| floor::floor(self.crypto, route, direct));
+        record(report, route, tunnels, direction, &direct, &bridged, floor);
+        if let Some(counts) = counts {
+            let mib = bridged.bytes as f64 / (1024.0 * 1024.0);
+            let run = format!("bulk {}", direction.label());
+            profile::report_counts(report, &run, &counts, mib, "MiB");
+        }
+        if let (true, Some(cpu), Some(floor)) =
+            (tunnels == 1 || tunnels == 64, bridged.cpu_per_gib(), floor)
+        {
+            let _ = report.check(Check {
+                what: format!(
+                    "server+agent CPU, {tunnels} tunnel(s), {}",
+                    direction.label()
+                ),
+                bridgehead: format!("{cpu:.2} CPU s/GiB"),
+                direct: format!("floor {floor:.2}"),
+                ratio: format!("{:.2} × floor", cpu / floor),
+                target: format!("≤ {TIMES_FLOOR} × floor"),
+                outcome: Outcome::of(cpu <= TIMES_FLOOR * floor),
             });
-            let (directs, bridged) = match (directs, bridged) {
-                (Ok(directs), Ok(bridged)) => (directs, bridged),
-                (Err(error), _) | (_, Err(error)) => {
-                    report.failed(&what, "the run", &error);
-                    continue;
-                }
-            };
-            let Some(direct) = median_by_rate(&directs) else {
-                continue;
-            };
-            let floor = cheapest_cpu_per_gib(&directs)
-                .and_then(|direct| floor::floor(crypto, route, direct));
-            record(report, route, tunnels, direction, &direct, &bridged, floor);
-            if let Some(counts) = counts {
-                let mib = bridged.bytes as f64 / (1024.0 * 1024.0);
-                let run = format!("bulk {}", direction.label());
-                profile::report_counts(report, &run, &counts, mib, "MiB");
-            }
-            if let (true, Some(cpu), Some(floor)) =
-                (tunnels == 1 || tunnels == 64, bridged.cpu_per_gib(), floor)
-            {
-                let _ = report.check(Check {
-                    what: format!(
-                        "server+agent CPU, {tunnels} tunnel(s), {}",
-                        direction.label()
-                    ),
-                    bridgehead: format!("{cpu:.2} CPU s/GiB"),
-                    direct: format!("floor {floor:.2}"),
-                    ratio: format!("{:.2} × floor", cpu / floor),
-                    target: format!("≤ {TIMES_FLOOR} × floor"),
-                    outcome: Outcome::of(cpu <= TIMES_FLOOR * floor),
-                });
-            }
         }
     }
 }
