@@ -284,84 +284,11 @@ pub fn run(
         let dumped = runtime
             .block_on(measure(callgrind, &rig, target, counts, workload))
             .with_context(|| format!("callgrind workload {}", workload.label()))?;
-        let (units, unit, units_name) = workload.size(counts);
-        let of_role = |role: &str| {
-            dumped
-                .iter()
-                .find(|d| d.role == role)
-                .map_or(0, |d| d.instructions)
-        };
-        let (server, agent) = (of_role("server"), of_role("agent"));
+        let [server, agent] = report_workload(report, workload, counts, &dumped, begun)?;
         totals[0] += server;
         totals[1] += agent;
-        let per = |count: u64| count as f64 / units.max(1) as f64;
-        eprintln!(
-            "  {}: server {server} Ir, agent {agent} Ir; per {unit}: server {}, agent {} ({:.0} s)",
-            workload.label(),
-            instructions(per(server)),
-            instructions(per(agent)),
-            begun.elapsed().as_secs_f64()
-        );
-        let files: Vec<String> = dumped
-            .iter()
-            .map(|d| d.file.display().to_string())
-            .collect();
-        report.record(
-            "callgrind",
-            json!({
-                "workload": workload.label(),
-                "count": units,
-                "unit": unit,
-                "server_ir": server,
-                "agent_ir": agent,
-                "server_ir_per_unit": per(server),
-                "agent_ir_per_unit": per(agent),
-                "files": files,
-            }),
-        )?;
-        report.row(
-            "Instructions executed (callgrind Ir, user space) per unit of work",
-            &[
-                "workload",
-                "work",
-                "per",
-                "server",
-                "agent",
-                "server + agent",
-            ],
-            vec![
-                workload.describe().to_owned(),
-                format!("{units} {units_name}"),
-                unit.to_owned(),
-                instructions(per(server)),
-                instructions(per(agent)),
-                instructions(per(server + agent)),
-            ],
-        );
     }
-    eprintln!(
-        "  totals: server {} Ir, agent {} Ir, together {} Ir",
-        totals[0],
-        totals[1],
-        totals[0] + totals[1]
-    );
-    report.record(
-        "callgrind_totals",
-        json!({
-            "server_ir": totals[0],
-            "agent_ir": totals[1],
-            "total_ir": totals[0] + totals[1],
-        }),
-    )?;
-    report.row(
-        "Totals over all workloads (compare runs with these)",
-        &["server", "agent", "server + agent"],
-        vec![
-            totals[0].to_string(),
-            totals[1].to_string(),
-            (totals[0] + totals[1]).to_string(),
-        ],
-    );
+    report_totals(report, totals)?;
     match rig.terminate(EXIT_LIMIT) {
         Ok(()) => eprintln!(
             "  processes exited; shutdown counts in {}",
@@ -369,6 +296,96 @@ pub fn run(
         ),
         Err(error) => eprintln!("  warning: the rig did not exit cleanly: {error:#}"),
     }
+    Ok(())
+}
+
+/// One workload's instructions, per process and per unit of work: the log line, the JSON
+/// line and the table row. Returns the server's and the agent's counts.
+fn report_workload(
+    report: &mut Report,
+    workload: Workload,
+    counts: &Counts,
+    dumped: &[Dumped],
+    begun: Instant,
+) -> anyhow::Result<[u64; 2]> {
+    let (units, unit, units_name) = workload.size(counts);
+    let of_role = |role: &str| {
+        dumped
+            .iter()
+            .find(|d| d.role == role)
+            .map_or(0, |d| d.instructions)
+    };
+    let (server, agent) = (of_role("server"), of_role("agent"));
+    let per = |count: u64| count as f64 / units.max(1) as f64;
+    eprintln!(
+        "  {}: server {server} Ir, agent {agent} Ir; per {unit}: server {}, agent {} ({:.0} s)",
+        workload.label(),
+        instructions(per(server)),
+        instructions(per(agent)),
+        begun.elapsed().as_secs_f64()
+    );
+    let files: Vec<String> = dumped
+        .iter()
+        .map(|d| d.file.display().to_string())
+        .collect();
+    report.record(
+        "callgrind",
+        json!({
+            "workload": workload.label(),
+            "count": units,
+            "unit": unit,
+            "server_ir": server,
+            "agent_ir": agent,
+            "server_ir_per_unit": per(server),
+            "agent_ir_per_unit": per(agent),
+            "files": files,
+        }),
+    )?;
+    report.row(
+        "Instructions executed (callgrind Ir, user space) per unit of work",
+        &[
+            "workload",
+            "work",
+            "per",
+            "server",
+            "agent",
+            "server + agent",
+        ],
+        vec![
+            workload.describe().to_owned(),
+            format!("{units} {units_name}"),
+            unit.to_owned(),
+            instructions(per(server)),
+            instructions(per(agent)),
+            instructions(per(server + agent)),
+        ],
+    );
+    Ok([server, agent])
+}
+
+/// Every workload's instructions together: what two runs are compared by.
+fn report_totals(report: &mut Report, [server, agent]: [u64; 2]) -> anyhow::Result<()> {
+    eprintln!(
+        "  totals: server {server} Ir, agent {agent} Ir, together {} Ir",
+        server + agent
+    );
+    report.record(
+        "callgrind_totals",
+        json!({
+            "server_ir": server,
+            "agent_ir": agent,
+            "total_ir": server + agent,
+        }),
+    )?;
+    report.row(
+        "Totals over all workloads (compare runs with these)",
+        &["server", "agent", "server + agent"],
+        vec![
+            server.to_string(),
+            agent.to_string(),
+            (server + agent).to_string(),
+        ],
+    );
     Ok(())
 }
 
