@@ -241,31 +241,8 @@ async fn start_peers(
 /// Runs the selected measurements, prints the tables and writes the JSON lines and plots.
 /// Returns whether every target was met.
 pub fn run(options: &Options) -> anyhow::Result<bool> {
-    if options.serve_target {
-        Target::serve_standalone(options.target_send_buffer)?;
-        return Ok(true);
-    }
-    if options.fleet_worker {
-        fleet::worker::serve()?;
-        return Ok(true);
-    }
-    if let Some(results) = &options.replot {
-        let out_dir = options.out_dir.clone().unwrap_or_else(default_out_dir);
-        std::fs::create_dir_all(&out_dir)?;
-        plot::replot(results, &out_dir)?;
-        return Ok(true);
-    }
-    for name in ["bridgehead-server", "bridgehead-agent"] {
-        let path = bridgehead_e2e::process::bin_dir().join(name);
-        if !path.exists() {
-            bail!(
-                "{} not found: run `cargo build --release --bins` first",
-                path.display()
-            );
-        }
-    }
-    if let Some(dir) = &options.callgrind {
-        return run_callgrind(options, dir);
+    if let Some(done) = run_mode(options)? {
+        return Ok(done);
     }
     // A profiled run's numbers are skewed by perf: keep them apart from the real results.
     let out_dir = options
@@ -278,307 +255,32 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         .json
         .clone()
         .unwrap_or_else(|| out_dir.join("results.jsonl"));
-    let mut budget = if options.quick {
-        Budget::quick()
-    } else {
-        Budget::full()
-    };
-    if let Some(rounds) = options.rounds {
-        budget.side_by_side_rounds = rounds;
-    }
-    if !options.tunnels.is_empty() {
-        budget.bulk_tunnels = Some(options.tunnels.clone());
-    }
-    // The soak and the burst take minutes: they run only when named. So does the fleet at
-    // its full size; its quick size is part of the smoke run.
-    let selected = |m: Measurement| {
-        options.only.contains(&m)
-            || (options.only.is_empty()
-                && ![Measurement::Soak, Measurement::Burst].contains(&m)
-                && (m != Measurement::Fleet || options.quick))
-    };
-    let extra = options.extra_args();
-    let soak_plan = soak::plan(
-        options.soak_tunnels.unwrap_or(budget.soak_tunnels),
-        options.soak_seconds.unwrap_or(budget.soak_seconds),
-    );
-
-    let most_idle = budget.idle.last().copied().unwrap_or(0);
-    let most_held = most_idle.max(if selected(Measurement::Soak) {
-        soak_plan.tunnels
-    } else {
-        0
-    });
-    let want_fds = most_held as u64 + memory::FD_SLACK;
-    let nofile =
-        bridgehead_runtime::limits::raise_nofile_to(Some(want_fds.max(65_536))).unwrap_or(u64::MAX);
-    let machine = Machine::read();
-    eprintln!(
-        "machine: {} x {}, kernel {}, TCP {}, load {}; RLIMIT_NOFILE {nofile}",
-        machine.nproc, machine.cpu, machine.kernel, machine.tcp, machine.load
-    );
-
     let mut report = Report::create(&json_path, options.quick)?;
-    report.record(
-        "machine",
-        json!({
-            "nproc": machine.nproc,
-            "cpu": machine.cpu,
-            "kernel": machine.kernel,
-            "tcp": machine.tcp,
-            "loadavg_start": machine.load,
-            "nofile": nofile,
-            "server_args": extra.server,
-            "agent_args": extra.agent,
-        }),
-    )?;
-    let profiler = options.perf.clone().map(Profiler::new).transpose()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let target = runtime.block_on(Target::start())?;
-    let crypto = if selected(Measurement::Throughput) || selected(Measurement::SideBySide) {
-        let crypto = floor::Crypto::measure()?;
-        eprintln!(
-            "AES-128-GCM (ring, 16 KiB records): {:.3} CPU s/GiB per pass, the floor's crypto",
-            crypto.seconds_per_gib
-        );
-        report.record(
-            "crypto",
-            json!({ "aes_128_gcm_s_per_gib_per_pass": crypto.seconds_per_gib }),
-        )?;
-        crypto
-    } else {
-        floor::Crypto {
-            seconds_per_gib: f64::NAN,
-        }
-    };
-
-    let path_measurements = [
-        Measurement::Throughput,
-        Measurement::Setup,
-        Measurement::Rtt,
-        Measurement::Stall,
-    ];
-    if path_measurements.into_iter().any(selected) {
-        let rig = Rig::start(
-            selected(Measurement::Setup)
-                || selected(Measurement::Rtt)
-                || options.frontend == Frontend::Uds,
-            &extra,
-        )?;
-        eprintln!(
-            "server pid {}, agent pid {} (frontend {})",
-            rig.server.process.pid(),
-            rig.agent.process.pid(),
-            rig.server.frontend
-        );
-        let pids = rig.all_pids();
-        match runtime.block_on(rig.mtls.negotiated()) {
-            Ok(Some(tls)) => {
-                eprintln!("frontend TLS: {tls}");
-                report.record("frontend_tls", json!({ "negotiated": tls }))?;
-            }
-            Ok(None) => {}
-            Err(error) => eprintln!("frontend TLS handshake failed: {error:#}"),
-        }
-        runtime.block_on(async {
-            if selected(Measurement::Throughput) {
-                let noise = Noise::start(&pids);
-                throughput::run(
-                    &rig,
-                    options.frontend,
-                    target.addr,
-                    &budget,
-                    crypto,
-                    &mut report,
-                    profiler.as_ref(),
-                )
-                .await;
-                record_noise(&mut report, "throughput", &noise);
-            }
-            if selected(Measurement::Setup) {
-                let noise = Noise::start(&pids);
-                setup::run(&rig, target.addr, &budget, &mut report, profiler.as_ref()).await;
-                record_noise(&mut report, "setup", &noise);
-            }
-            if selected(Measurement::Rtt) {
-                let noise = Noise::start(&pids);
-                latency::run(&rig, target.addr, &budget, &mut report).await;
-                record_noise(&mut report, "rtt", &noise);
-            }
-            if selected(Measurement::Stall) {
-                let noise = Noise::start(&pids);
-                stall::run(&rig, &target, &budget, &mut report).await;
-                record_noise(&mut report, "stall", &noise);
-            }
-        });
+    let bench = Bench::start(options, &mut report)?;
+    bench.paths(&mut report)?;
+    if bench.selected(Measurement::SideBySide) {
+        bench.side_by_side(&mut report)?;
     }
-    if selected(Measurement::SideBySide) {
-        let konnectivity = match konnectivity::binaries() {
-            Some((server, agent)) => Some(konnectivity::Konnectivity::start(&server, &agent)?),
-            None => {
-                eprintln!(
-                    "== side by side: konnectivity is not built (scripts/anp-build.sh): without it"
-                );
-                report.record(
-                    "side_by_side",
-                    json!({ "skipped": "konnectivity not built: run scripts/anp-build.sh" }),
-                )?;
-                None
-            }
-        };
-        let rig = Rig::start(true, &extra)?;
-        let peers = runtime.block_on(start_peers(&options.peers, target.addr))?;
-        let mut pids = rig.all_pids();
-        pids.extend(konnectivity.iter().flat_map(|k| k.pids()));
-        pids.extend(peers.iter().flat_map(|p| p.pids()));
-        let noise = Noise::start(&pids);
-        runtime.block_on(side_by_side::run(
-            &rig,
-            konnectivity.as_ref(),
-            &peers,
-            &target,
-            &budget,
-            crypto,
-            &mut report,
-        ));
-        record_noise(&mut report, "side_by_side", &noise);
+    if bench.selected(Measurement::StalledReaders) {
+        bench.stalled_readers(&mut report)?;
     }
-    if selected(Measurement::StalledReaders) {
-        // Fresh processes and a target of its own, its sockets' send buffers small.
-        let rig = Rig::start(true, &extra)?;
-        let (target_process, firehose) = spawn_target_with(Some(stalled::TARGET_SEND_BUFFER))?;
-        let mut pids = rig.all_pids();
-        pids.push(target_process.pid());
-        let noise = Noise::start(&pids);
-        // Both frontends: kube-apiserver dials the Unix socket on its own node, or mTLS.
-        for pair in [Some(rig.mtls_pair()), rig.uds_pair()]
-            .into_iter()
-            .flatten()
-        {
-            runtime.block_on(stalled::run(
-                pair,
-                firehose,
-                target.addr,
-                options.stalled_readers.unwrap_or(budget.stalled_readers),
-                &budget,
-                &mut report,
-            ));
-        }
-        record_noise(&mut report, "stalled_readers", &noise);
-        drop(rig);
-        // konnectivity under the same stalled readers, when built.
-        if let Some((server, agent)) = konnectivity::binaries() {
-            let peer = konnectivity::Konnectivity::start(&server, &agent)?;
-            runtime.block_on(stalled::peer(
-                &peer.mtls.route,
-                &peer.mtls.pids(),
-                firehose,
-                target.addr,
-                options.stalled_readers.unwrap_or(budget.stalled_readers),
-                &budget,
-                &mut report,
-            ));
-        }
-        // And every peer.
-        for peer in runtime.block_on(start_peers(&options.peers, target.addr))? {
-            runtime.block_on(stalled::peer(
-                &peer.route,
-                &peer.pids(),
-                firehose,
-                target.addr,
-                options.stalled_readers.unwrap_or(budget.stalled_readers),
-                &budget,
-                &mut report,
-            ));
-        }
+    if bench.selected(Measurement::Memory) {
+        bench.memory(&mut report)?;
     }
-    if selected(Measurement::Memory) {
-        let counts: Vec<usize> = budget
-            .idle
-            .iter()
-            .copied()
-            .filter(|&count| match memory::check_fds(nofile, count) {
-                Ok(()) => true,
-                Err(error) => {
-                    report.failed(
-                        &format!("{count} idle tunnels"),
-                        "all open, no error",
-                        &error,
-                    );
-                    false
-                }
-            })
-            .collect();
-        // Fresh processes, so the baseline is not inflated by the runs before; the target in
-        // its own process, so its descriptors do not count against the bench's limit.
-        let rig = Rig::start(false, &extra)?;
-        let (target_process, idle_target) = spawn_target()?;
-        let hold = Duration::from_secs(options.idle_hold);
-        let mut pids = rig.pids();
-        pids.push(target_process.pid());
-        let noise = Noise::start(&pids);
-        runtime.block_on(memory::run(&rig, idle_target, &counts, hold, &mut report));
-        record_noise(&mut report, "memory", &noise);
+    if bench.selected(Measurement::Soak) {
+        bench.soak(&mut report)?;
     }
-
-    if selected(Measurement::Soak) {
-        match memory::check_fds(nofile, soak_plan.tunnels) {
-            Ok(()) => {
-                // Fresh processes; the echo target in a process of its own, as for the idle
-                // tunnels.
-                // The tunnels sit at the default caps of 10,000 per agent; a replaced tunnel's
-                // close reaches the server a moment after its successor's CONNECT, which the
-                // caps would refuse. The soak is of the tunnels, not the caps: twice the room.
-                let room = soak_plan.tunnels * 2;
-                let mut extra = extra.clone();
-                extra.server.push(format!("--max-tunnels-per-agent={room}"));
-                extra.agent.push(format!("--max-tunnels={room}"));
-                let rig = Rig::start(false, &extra)?;
-                let (target_process, echo_target) = spawn_target()?;
-                let mut pids = rig.pids();
-                pids.push(target_process.pid());
-                let noise = Noise::start(&pids);
-                runtime.block_on(soak::run(&rig, echo_target, &soak_plan, &mut report));
-                record_noise(&mut report, "soak", &noise);
-            }
-            Err(error) => report.failed("soak", "zero errors", &error),
-        }
+    if bench.selected(Measurement::Burst) {
+        bench.burst(&mut report)?;
     }
-
-    if selected(Measurement::Burst) {
-        let plan = burst::Plan {
-            rate: options.burst_rate.unwrap_or(2_000),
-            duration: Duration::from_secs(options.burst_seconds.unwrap_or(budget.burst_seconds)),
-        };
-        let pair = burst::Pair::start(&extra)?;
-        let noise = Noise::start(&pair.pids());
-        runtime.block_on(burst::run(&pair, target.addr, plan, &mut report));
-        record_noise(&mut report, "burst", &noise);
+    if bench.selected(Measurement::Fleet) {
+        bench.fleet(&mut report);
     }
-
-    if selected(Measurement::Fleet) {
-        let plan = fleet::Plan {
-            agents: options.agents.unwrap_or(budget.fleet.agents),
-            auth: options
-                .fleet_auth
-                .unwrap_or(if options.fleet_tokens.is_some() {
-                    fleet::Auth::Token
-                } else {
-                    fleet::Auth::Cert
-                }),
-            tokens: options.fleet_tokens.clone(),
-            stalled: options.fleet_stalled.unwrap_or(budget.fleet.stalled),
-            ..budget.fleet.clone()
-        };
-        fleet::run(&plan, &extra, &runtime, &mut report);
-    }
-
     plot::write_all(&report.throughput, &report.setup, &out_dir)?;
     plot::side_by_side(&json_path, &out_dir)?;
     let load_end = Machine::read().load;
     report.record("end", json!({ "loadavg_end": load_end }))?;
+    let machine = &bench.machine;
     println!(
         "## Bridgehead benchmark{}\n\nmachine: {} x {}, kernel {}, TCP {}; load average at start {}, at end {}\n",
         if options.quick { " (--quick)" } else { "" },
@@ -592,6 +294,400 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
     println!("{}", report.markdown());
     eprintln!("results: {}", report.json_path().display());
     Ok(report.all_passed())
+}
+
+/// The modes that are not a measured run (a target process, a fleet worker, `--replot`,
+/// `--callgrind`), and the check that the binaries are built. `Some(passed)` when one ran.
+fn run_mode(options: &Options) -> anyhow::Result<Option<bool>> {
+    if options.serve_target {
+        Target::serve_standalone(options.target_send_buffer)?;
+        return Ok(Some(true));
+    }
+    if options.fleet_worker {
+        fleet::worker::serve()?;
+        return Ok(Some(true));
+    }
+    if let Some(results) = &options.replot {
+        let out_dir = options.out_dir.clone().unwrap_or_else(default_out_dir);
+        std::fs::create_dir_all(&out_dir)?;
+        plot::replot(results, &out_dir)?;
+        return Ok(Some(true));
+    }
+    for name in ["bridgehead-server", "bridgehead-agent"] {
+        let path = bridgehead_e2e::process::bin_dir().join(name);
+        if !path.exists() {
+            bail!(
+                "{} not found: run `cargo build --release --bins` first",
+                path.display()
+            );
+        }
+    }
+    match &options.callgrind {
+        Some(dir) => run_callgrind(options, dir).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// One measured run: what every measurement reads.
+struct Bench<'a> {
+    options: &'a Options,
+    budget: Budget,
+    extra: ExtraArgs,
+    machine: Machine,
+    /// The open-files limit the bench raised itself to.
+    nofile: u64,
+    soak_plan: bridgehead_e2e::soak::Plan,
+    runtime: tokio::runtime::Runtime,
+    /// The echo and bulk target in the bench's own process.
+    target: Target,
+    crypto: floor::Crypto,
+    profiler: Option<Profiler>,
+}
+
+impl<'a> Bench<'a> {
+    /// The budget, the open-files limit, the machine's description, the runtime, the target
+    /// and (for the bulk rows) the crypto floor; the machine recorded in `report`.
+    fn start(options: &'a Options, report: &mut Report) -> anyhow::Result<Bench<'a>> {
+        let mut budget = if options.quick {
+            Budget::quick()
+        } else {
+            Budget::full()
+        };
+        if let Some(rounds) = options.rounds {
+            budget.side_by_side_rounds = rounds;
+        }
+        if !options.tunnels.is_empty() {
+            budget.bulk_tunnels = Some(options.tunnels.clone());
+        }
+        let soak_plan = soak::plan(
+            options.soak_tunnels.unwrap_or(budget.soak_tunnels),
+            options.soak_seconds.unwrap_or(budget.soak_seconds),
+        );
+        let most_idle = budget.idle.last().copied().unwrap_or(0);
+        let most_held = most_idle.max(if selected(options, Measurement::Soak) {
+            soak_plan.tunnels
+        } else {
+            0
+        });
+        let want_fds = most_held as u64 + memory::FD_SLACK;
+        let nofile = bridgehead_runtime::limits::raise_nofile_to(Some(want_fds.max(65_536)))
+            .unwrap_or(u64::MAX);
+        let machine = Machine::read();
+        eprintln!(
+            "machine: {} x {}, kernel {}, TCP {}, load {}; RLIMIT_NOFILE {nofile}",
+            machine.nproc, machine.cpu, machine.kernel, machine.tcp, machine.load
+        );
+        let extra = options.extra_args();
+        report.record(
+            "machine",
+            json!({
+                "nproc": machine.nproc,
+                "cpu": machine.cpu,
+                "kernel": machine.kernel,
+                "tcp": machine.tcp,
+                "loadavg_start": machine.load,
+                "nofile": nofile,
+                "server_args": extra.server,
+                "agent_args": extra.agent,
+            }),
+        )?;
+        let profiler = options.perf.clone().map(Profiler::new).transpose()?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        let target = runtime.block_on(Target::start())?;
+        let crypto = if selected(options, Measurement::Throughput)
+            || selected(options, Measurement::SideBySide)
+        {
+            let crypto = floor::Crypto::measure()?;
+            eprintln!(
+                "AES-128-GCM (ring, 16 KiB records): {:.3} CPU s/GiB per pass, the floor's crypto",
+                crypto.seconds_per_gib
+            );
+            report.record(
+                "crypto",
+                json!({ "aes_128_gcm_s_per_gib_per_pass": crypto.seconds_per_gib }),
+            )?;
+            crypto
+        } else {
+            floor::Crypto {
+                seconds_per_gib: f64::NAN,
+            }
+        };
+        Ok(Bench {
+            options,
+            budget,
+            extra,
+            machine,
+            nofile,
+            soak_plan,
+            runtime,
+            target,
+            crypto,
+            profiler,
+        })
+    }
+
+    fn selected(&self, measurement: Measurement) -> bool {
+        selected(self.options, measurement)
+    }
+
+    /// Throughput, setup, round trips and the stalled neighbour, on one rig.
+    fn paths(&self, report: &mut Report) -> anyhow::Result<()> {
+        let path_measurements = [
+            Measurement::Throughput,
+            Measurement::Setup,
+            Measurement::Rtt,
+            Measurement::Stall,
+        ];
+        if !path_measurements.into_iter().any(|m| self.selected(m)) {
+            return Ok(());
+        }
+        let rig = Rig::start(
+            self.selected(Measurement::Setup)
+                || self.selected(Measurement::Rtt)
+                || self.options.frontend == Frontend::Uds,
+            &self.extra,
+        )?;
+        eprintln!(
+            "server pid {}, agent pid {} (frontend {})",
+            rig.server.process.pid(),
+            rig.agent.process.pid(),
+            rig.server.frontend
+        );
+        let pids = rig.all_pids();
+        match self.runtime.block_on(rig.mtls.negotiated()) {
+            Ok(Some(tls)) => {
+                eprintln!("frontend TLS: {tls}");
+                report.record("frontend_tls", json!({ "negotiated": tls }))?;
+            }
+            Ok(None) => {}
+            Err(error) => eprintln!("frontend TLS handshake failed: {error:#}"),
+        }
+        let (target, budget, profiler) = (self.target.addr, &self.budget, self.profiler.as_ref());
+        self.runtime.block_on(async {
+            if self.selected(Measurement::Throughput) {
+                let noise = Noise::start(&pids);
+                let frontend = self.options.frontend;
+                throughput::run(
+                    &rig,
+                    frontend,
+                    target,
+                    budget,
+                    self.crypto,
+                    report,
+                    profiler,
+                )
+                .await;
+                record_noise(report, "throughput", &noise);
+            }
+            if self.selected(Measurement::Setup) {
+                let noise = Noise::start(&pids);
+                setup::run(&rig, target, budget, report, profiler).await;
+                record_noise(report, "setup", &noise);
+            }
+            if self.selected(Measurement::Rtt) {
+                let noise = Noise::start(&pids);
+                latency::run(&rig, target, budget, report).await;
+                record_noise(report, "rtt", &noise);
+            }
+            if self.selected(Measurement::Stall) {
+                let noise = Noise::start(&pids);
+                stall::run(&rig, &self.target, budget, report).await;
+                record_noise(report, "stall", &noise);
+            }
+        });
+        Ok(())
+    }
+
+    /// Bridgehead, konnectivity (when built) and every `--peer` on fresh processes.
+    fn side_by_side(&self, report: &mut Report) -> anyhow::Result<()> {
+        let konnectivity = match konnectivity::binaries() {
+            Some((server, agent)) => Some(konnectivity::Konnectivity::start(&server, &agent)?),
+            None => {
+                eprintln!(
+                    "== side by side: konnectivity is not built (scripts/anp-build.sh): without it"
+                );
+                report.record(
+                    "side_by_side",
+                    json!({ "skipped": "konnectivity not built: run scripts/anp-build.sh" }),
+                )?;
+                None
+            }
+        };
+        let rig = Rig::start(true, &self.extra)?;
+        let peers = self
+            .runtime
+            .block_on(start_peers(&self.options.peers, self.target.addr))?;
+        let mut pids = rig.all_pids();
+        pids.extend(konnectivity.iter().flat_map(|k| k.pids()));
+        pids.extend(peers.iter().flat_map(|p| p.pids()));
+        let noise = Noise::start(&pids);
+        self.runtime.block_on(side_by_side::run(
+            &rig,
+            konnectivity.as_ref(),
+            &peers,
+            &self.target,
+            &self.budget,
+            self.crypto,
+            report,
+        ));
+        record_noise(report, "side_by_side", &noise);
+        Ok(())
+    }
+
+    /// Stalled readers on both of Bridgehead's frontends, then on konnectivity (when built)
+    /// and every peer.
+    fn stalled_readers(&self, report: &mut Report) -> anyhow::Result<()> {
+        let count = self
+            .options
+            .stalled_readers
+            .unwrap_or(self.budget.stalled_readers);
+        let (target, budget) = (self.target.addr, &self.budget);
+        // Fresh processes and a target of its own, its sockets' send buffers small.
+        let rig = Rig::start(true, &self.extra)?;
+        let (target_process, firehose) = spawn_target_with(Some(stalled::TARGET_SEND_BUFFER))?;
+        let mut pids = rig.all_pids();
+        pids.push(target_process.pid());
+        let noise = Noise::start(&pids);
+        // Both frontends: kube-apiserver dials the Unix socket on its own node, or mTLS.
+        for pair in [Some(rig.mtls_pair()), rig.uds_pair()]
+            .into_iter()
+            .flatten()
+        {
+            self.runtime
+                .block_on(stalled::run(pair, firehose, target, count, budget, report));
+        }
+        record_noise(report, "stalled_readers", &noise);
+        drop(rig);
+        // konnectivity under the same stalled readers, when built.
+        if let Some((server, agent)) = konnectivity::binaries() {
+            let peer = konnectivity::Konnectivity::start(&server, &agent)?;
+            let (route, pids) = (&peer.mtls.route, peer.mtls.pids());
+            self.runtime.block_on(stalled::peer(
+                route, &pids, firehose, target, count, budget, report,
+            ));
+        }
+        // And every peer.
+        for peer in self
+            .runtime
+            .block_on(start_peers(&self.options.peers, target))?
+        {
+            self.runtime.block_on(stalled::peer(
+                &peer.route,
+                &peer.pids(),
+                firehose,
+                target,
+                count,
+                budget,
+                report,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Idle tunnels at each count the open-files limit allows.
+    fn memory(&self, report: &mut Report) -> anyhow::Result<()> {
+        let counts: Vec<usize> = self
+            .budget
+            .idle
+            .iter()
+            .copied()
+            .filter(|&count| match memory::check_fds(self.nofile, count) {
+                Ok(()) => true,
+                Err(error) => {
+                    report.failed(
+                        &format!("{count} idle tunnels"),
+                        "all open, no error",
+                        &error,
+                    );
+                    false
+                }
+            })
+            .collect();
+        // Fresh processes, so the baseline is not inflated by the runs before; the target in
+        // its own process, so its descriptors do not count against the bench's limit.
+        let rig = Rig::start(false, &self.extra)?;
+        let (target_process, idle_target) = spawn_target()?;
+        let hold = Duration::from_secs(self.options.idle_hold);
+        let mut pids = rig.pids();
+        pids.push(target_process.pid());
+        let noise = Noise::start(&pids);
+        self.runtime
+            .block_on(memory::run(&rig, idle_target, &counts, hold, report));
+        record_noise(report, "memory", &noise);
+        Ok(())
+    }
+
+    fn soak(&self, report: &mut Report) -> anyhow::Result<()> {
+        let plan = &self.soak_plan;
+        if let Err(error) = memory::check_fds(self.nofile, plan.tunnels) {
+            report.failed("soak", "zero errors", &error);
+            return Ok(());
+        }
+        // Fresh processes; the echo target in a process of its own, as for the idle tunnels.
+        // The tunnels sit at the default caps of 10,000 per agent; a replaced tunnel's close
+        // reaches the server a moment after its successor's CONNECT, which the caps would
+        // refuse. The soak is of the tunnels, not the caps: twice the room.
+        let room = plan.tunnels * 2;
+        let mut extra = self.extra.clone();
+        extra.server.push(format!("--max-tunnels-per-agent={room}"));
+        extra.agent.push(format!("--max-tunnels={room}"));
+        let rig = Rig::start(false, &extra)?;
+        let (target_process, echo_target) = spawn_target()?;
+        let mut pids = rig.pids();
+        pids.push(target_process.pid());
+        let noise = Noise::start(&pids);
+        self.runtime
+            .block_on(soak::run(&rig, echo_target, plan, report));
+        record_noise(report, "soak", &noise);
+        Ok(())
+    }
+
+    fn burst(&self, report: &mut Report) -> anyhow::Result<()> {
+        let plan = burst::Plan {
+            rate: self.options.burst_rate.unwrap_or(2_000),
+            duration: Duration::from_secs(
+                self.options
+                    .burst_seconds
+                    .unwrap_or(self.budget.burst_seconds),
+            ),
+        };
+        let pair = burst::Pair::start(&self.extra)?;
+        let noise = Noise::start(&pair.pids());
+        self.runtime
+            .block_on(burst::run(&pair, self.target.addr, plan, report));
+        record_noise(report, "burst", &noise);
+        Ok(())
+    }
+
+    fn fleet(&self, report: &mut Report) {
+        let options = self.options;
+        let budget = &self.budget;
+        let plan = fleet::Plan {
+            agents: options.agents.unwrap_or(budget.fleet.agents),
+            auth: options
+                .fleet_auth
+                .unwrap_or(if options.fleet_tokens.is_some() {
+                    fleet::Auth::Token
+                } else {
+                    fleet::Auth::Cert
+                }),
+            tokens: options.fleet_tokens.clone(),
+            stalled: options.fleet_stalled.unwrap_or(budget.fleet.stalled),
+            ..budget.fleet.clone()
+        };
+        fleet::run(&plan, &self.extra, &self.runtime, report);
+    }
+}
+
+/// Whether `options` select `m`. The soak and the burst take minutes: they run only when
+/// named. So does the fleet at its full size; its quick size is part of the smoke run.
+fn selected(options: &Options, m: Measurement) -> bool {
+    options.only.contains(&m)
+        || (options.only.is_empty()
+            && ![Measurement::Soak, Measurement::Burst].contains(&m)
+            && (m != Measurement::Fleet || options.quick))
 }
 
 /// The `--callgrind DIR` mode: instruction counts instead of timings.
