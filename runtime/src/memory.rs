@@ -54,11 +54,11 @@ pub struct MemoryArgs {
     /// Largest receive window one tunnel earns by reading (each direction's receiver grants
     /// it: the server for downloads, the agent for uploads). One tunnel moves at most about
     /// half of it per round trip of the agent link, and even on loopback the round trip
-    /// through both processes is what limits one tunnel: 1Mi carries about 50 MiB/s at
-    /// 10 ms, the default 16Mi about 800 MiB/s. Only tunnels that keep reading earn it (an
-    /// eighth of what they read so far: 16Mi after 128 MiB), and the memory budget still
-    /// bounds what all tunnels hold together; a tunnel that earned it and then stalls holds
-    /// up to that much. 64Ki (the window a tunnel starts with) to 16Mi (the most credit the
+    /// through both processes is what limits one tunnel, so at 10 ms a window of 1Mi holds
+    /// one tunnel to about 50 MiB/s (docs/benchmarks.md measures it). Only tunnels that keep
+    /// reading earn it (an eighth of what they read so far: 16Mi after 128 MiB), and the
+    /// memory budget still bounds what all tunnels hold together; a tunnel that earned it and
+    /// then stalls holds up to that much. 64Ki (the window a tunnel starts with) to 16Mi (the most credit the
     /// protocol lets a peer hold); a size.
     #[arg(long, env = "BRIDGEHEAD_TUNNEL_MAX_WINDOW", default_value = "16Mi", value_parser = parse_window, value_name = "SIZE")]
     pub tunnel_max_window: u32,
@@ -95,8 +95,8 @@ const SCALED_BUFFER: u32 = 64 * 1024;
 /// segment and the sender waits for each to be read and acknowledged before it sends the
 /// next (stop and wait); on other links the path's own segment (1,448 bytes on Ethernet) is
 /// smaller and this changes nothing. On loopback with every target socket started small,
-/// 8 KiB segments bring back about half of what the small start costs a download
-/// (docs/benchmarks.md, "Memory under stalled readers").
+/// smaller segments win back part of what the small start costs a download
+/// (docs/benchmarks.md, "Memory under stalled readers", has how much).
 pub const SMALL_WINDOW_SEGMENT: u32 = 8 * 1024;
 /// The most a Unix-socket client's send buffer earns: Linux's default for Unix sockets
 /// (net.core.wmem_default, 208 KiB once doubled), which a bulk download needs to keep its
@@ -154,10 +154,10 @@ impl SocketTuning {
     ///
     /// Why not always start small: a TCP socket's window scale is fixed in its handshake by
     /// the buffer it then has, and one that starts below 64 KiB can never announce a window
-    /// of more than 64 KiB. On loopback, where a segment is 64 KiB, that costs a bulk tunnel
-    /// 15-30 % more CPU per GiB, about half of that once it asks for smaller segments
-    /// ([`SMALL_WINDOW_SEGMENT`]; docs/benchmarks.md). Under pressure, what stalled tunnels
-    /// hold in the kernel matters more: each holds about 12 KiB instead of 240 KiB.
+    /// of more than 64 KiB. On loopback, where a segment is 64 KiB, that makes a bulk tunnel
+    /// stop and wait for each segment, which costs CPU per byte (less once it asks for
+    /// smaller segments, [`SMALL_WINDOW_SEGMENT`]; the figures are in docs/benchmarks.md).
+    /// Under pressure, what stalled tunnels hold in the kernel matters more than that.
     pub fn dial_receive(&self, pressed: bool) -> Option<EarnedBuffer> {
         let buffer = self.receive_buffer?;
         Some(if pressed {

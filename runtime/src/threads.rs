@@ -14,11 +14,9 @@ use tokio_util::sync::CancellationToken;
 /// nothing from a worker thread beside the main one, only wake-ups between them.
 ///
 /// One thread is the better choice on small machines: every hand-off between the session
-/// driver and a tunnel stays on one thread. On 2 cores shared with the client and target,
-/// alternated runs put it at 5–15 % less CPU per GiB, 10–20 % more Unix-socket setups per
-/// second and 10–25 µs less per round trip, with mTLS handshakes at concurrency 16 no faster
-/// (they are what spreads over the cores of a larger node). docs/benchmarks.md has the
-/// figures.
+/// driver and a tunnel stays on one thread, so a tunnel's bytes never cross cores. What it
+/// costs is spread: mTLS handshakes are what a larger node's cores share out. The measured
+/// difference, with its command, is in docs/benchmarks.md.
 pub fn build_runtime(worker_threads: usize) -> io::Result<tokio::runtime::Runtime> {
     let workers = workers(worker_threads);
     if workers == 1 {

@@ -7,8 +7,7 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 /// jemalloc, not glibc malloc: with tunnels opening and closing all day, glibc's heap
-/// creeps (+20 MiB over 10 minutes at 10,000 tunnels) where jemalloc's stays flat
-/// (docs/benchmarks.md, "Soak").
+/// creeps where jemalloc's stays flat (docs/benchmarks.md, "Soak", has the figures).
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
