@@ -10,7 +10,7 @@ pub struct Machine {
     /// New TCP sockets' congestion control and the default queueing discipline, which decide
     /// whether TCP paces its sends itself: BBR without `fq` paces every socket with a timer
     /// of its own, loopback included, which costs bulk transfers on this kind of machine
-    /// (docs/benchmarks.md, "Congestion control").
+    /// (docs/benchmark-history.md, "Congestion control").
     pub tcp: String,
     pub load: String,
 }

@@ -60,7 +60,7 @@ impl Noise {
 /// Above this share of the machine's CPU time taken by the hypervisor during a measurement,
 /// its rates are not comparable with another run's: a side-by-side run that lost 26 s of its
 /// 292 on two CPUs (4.5 %) read every one-tunnel row at half speed, for every path alike,
-/// where runs that lost 1-2 % read as usual (docs/benchmarks.md).
+/// where runs that lost 1-2 % read as usual (docs/benchmark-history.md).
 pub const STOLEN_SHARE_NOISY: f64 = 0.03;
 /// Below this many stolen seconds a measurement is not called noisy whatever its share: the
 /// kernel counts steal in clock ticks, and a one-second smoke run (`--quick`) reads 4 % from

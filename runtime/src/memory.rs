@@ -55,7 +55,7 @@ pub struct MemoryArgs {
     /// it: the server for downloads, the agent for uploads). One tunnel moves at most about
     /// half of it per round trip of the agent link, and even on loopback the round trip
     /// through both processes is what limits one tunnel, so at 10 ms a window of 1Mi holds
-    /// one tunnel to about 50 MiB/s (docs/benchmarks.md measures it). Only tunnels that keep
+    /// one tunnel to about 50 MiB/s (docs/benchmarks.md, "One tunnel over an agent link with latency"). Only tunnels that keep
     /// reading earn it (an eighth of what they read so far: 16Mi after 128 MiB), and the
     /// memory budget still bounds what all tunnels hold together; a tunnel that earned it and
     /// then stalls holds up to that much. 64Ki (the window a tunnel starts with) to 16Mi (the most credit the
@@ -96,7 +96,7 @@ const SCALED_BUFFER: u32 = 64 * 1024;
 /// next (stop and wait); on other links the path's own segment (1,448 bytes on Ethernet) is
 /// smaller and this changes nothing. On loopback with every target socket started small,
 /// smaller segments win back part of what the small start costs a download
-/// (docs/benchmarks.md, "Memory under stalled readers", has how much).
+/// (docs/benchmark-history.md, "Smaller segments for a small window", has how much).
 pub const SMALL_WINDOW_SEGMENT: u32 = 8 * 1024;
 /// The most a Unix-socket client's send buffer earns: Linux's default for Unix sockets
 /// (net.core.wmem_default, 208 KiB once doubled), which a bulk download needs to keep its
@@ -156,7 +156,7 @@ impl SocketTuning {
     /// the buffer it then has, and one that starts below 64 KiB can never announce a window
     /// of more than 64 KiB. On loopback, where a segment is 64 KiB, that makes a bulk tunnel
     /// stop and wait for each segment, which costs CPU per byte (less once it asks for
-    /// smaller segments, [`SMALL_WINDOW_SEGMENT`]; the figures are in docs/benchmarks.md).
+    /// smaller segments, [`SMALL_WINDOW_SEGMENT`]; the figures are in docs/benchmark-history.md).
     /// Under pressure, what stalled tunnels hold in the kernel matters more than that.
     pub fn dial_receive(&self, pressed: bool) -> Option<EarnedBuffer> {
         let buffer = self.receive_buffer?;

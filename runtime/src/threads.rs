@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 /// One thread is the better choice on small machines: every hand-off between the session
 /// driver and a tunnel stays on one thread, so a tunnel's bytes never cross cores. What it
 /// costs is spread: mTLS handshakes are what a larger node's cores share out. The measured
-/// difference, with its command, is in docs/benchmarks.md.
+/// difference, with its command, is in docs/benchmark-history.md (optimisation log).
 pub fn build_runtime(worker_threads: usize) -> io::Result<tokio::runtime::Runtime> {
     let workers = workers(worker_threads);
     if workers == 1 {
