@@ -32,13 +32,12 @@ mod token;
 mod upgrade;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use bridgehead_runtime::health::{serve, serve_admin};
+use bridgehead_runtime::shutdown::Lifecycle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tracing::info;
 
 pub use config::{Cli, Config};
@@ -99,28 +98,29 @@ pub async fn run(
         config.memory.earned_total(),
         config.certificate_files(),
     );
-    let health_stop = CancellationToken::new();
-    let health_tasks = TaskTracker::new();
+    // The health and admin servers answer until the sessions drained: readiness says so
+    // meanwhile.
+    let lifecycle = Lifecycle::new();
     let routes = {
         let health = health.clone();
         move |path: &str| health.reply(path)
     };
-    let health_server = tokio::spawn(serve(
+    lifecycle.spawn(serve(
         health_listener,
         routes,
-        health_stop.clone(),
-        health_tasks.clone(),
+        lifecycle.end().clone(),
+        lifecycle.tasks().clone(),
     ));
     let admin_routes = {
         let health = health.clone();
         let shown = config.to_json();
         move |path: &str| health.admin(path, &shown)
     };
-    let admin_server = tokio::spawn(serve_admin(
+    lifecycle.spawn(serve_admin(
         admin_listener,
         admin_routes,
-        health_stop.clone(),
-        health_tasks.clone(),
+        lifecycle.end().clone(),
+        lifecycle.tasks().clone(),
     ));
 
     let policy =
@@ -165,11 +165,7 @@ pub async fn run(
     )
     .await;
 
-    health_stop.cancel();
-    let _ = health_server.await;
-    let _ = admin_server.await;
-    health_tasks.close();
-    let _ = tokio::time::timeout(Duration::from_secs(1), health_tasks.wait()).await;
+    lifecycle.close(&Default::default()).await;
     info!("stopped");
     Ok(())
 }

@@ -6,7 +6,8 @@
 //! the work the grace period is for (connections and what they become) on another, and
 //! [`Lifecycle::drain`] is the one place the grace period is applied. A binary whose work
 //! also runs elsewhere (tunnels moved to a session's thread, counted by their own tracker)
-//! hands that wait in.
+//! hands that tracker in; it is waited for after the work, so what a connection hands over
+//! on its way out is still waited for.
 
 use std::future::Future;
 use std::time::Duration;
@@ -81,27 +82,32 @@ impl Lifecycle {
         &self.work
     }
 
-    /// Stops, then waits up to `grace` for the work and `also` to finish; true if they did.
-    pub async fn drain(&self, grace: Duration, also: impl Future<Output = ()>) -> bool {
+    /// Stops, then waits up to `grace` for the work and then for `elsewhere` (closed here) to
+    /// finish; true if they did.
+    pub async fn drain(&self, grace: Duration, elsewhere: &TaskTracker) -> bool {
         self.stop.cancel();
         self.work.close();
+        elsewhere.close();
         tokio::time::timeout(grace, async {
             self.work.wait().await;
-            also.await;
+            // Asked only now: a wait asked while `elsewhere` was empty would not see what the
+            // work handed it since.
+            elsewhere.wait().await;
         })
         .await
         .is_ok()
     }
 
-    /// Ends: `end` cancelled, and everything (the work, `also`, the long-lived tasks) given
-    /// [`CLOSE_TIMEOUT`] to close.
-    pub async fn close(self, also: impl Future<Output = ()>) -> Closed {
+    /// Ends: `end` cancelled, and everything (the work, `elsewhere`, the long-lived tasks)
+    /// given [`CLOSE_TIMEOUT`] to close.
+    pub async fn close(self, elsewhere: &TaskTracker) -> Closed {
         self.end.cancel();
         self.work.close();
         self.tasks.close();
+        elsewhere.close();
         let in_time = tokio::time::timeout(CLOSE_TIMEOUT, async {
-            also.await;
             self.work.wait().await;
+            elsewhere.wait().await;
             self.tasks.wait().await;
         })
         .await
@@ -132,16 +138,11 @@ mod tests {
             .spawn(tokio::time::sleep(Duration::from_secs(3)));
         let elsewhere = TaskTracker::new();
         elsewhere.spawn(tokio::time::sleep(Duration::from_secs(4)));
-        elsewhere.close();
         let started = tokio::time::Instant::now();
-        assert!(
-            lifecycle
-                .drain(Duration::from_secs(10), elsewhere.wait())
-                .await
-        );
+        assert!(lifecycle.drain(Duration::from_secs(10), &elsewhere).await);
         assert_eq!(started.elapsed(), Duration::from_secs(4));
         assert!(lifecycle.stop().is_cancelled() && !lifecycle.end().is_cancelled());
-        let closed = lifecycle.close(std::future::ready(())).await;
+        let closed = lifecycle.close(&elsewhere).await;
         assert_eq!(
             closed,
             Closed {
@@ -159,12 +160,12 @@ mod tests {
         let started = tokio::time::Instant::now();
         assert!(
             !lifecycle
-                .drain(Duration::from_secs(2), std::future::ready(()))
+                .drain(Duration::from_secs(2), &TaskTracker::new())
                 .await
         );
         assert_eq!(started.elapsed(), Duration::from_secs(2));
         assert_eq!(lifecycle.work().len(), 1);
-        let closed = lifecycle.close(std::future::ready(())).await;
+        let closed = lifecycle.close(&TaskTracker::new()).await;
         assert_eq!(
             closed,
             Closed {
@@ -180,10 +181,10 @@ mod tests {
         lifecycle.spawn(std::future::pending());
         assert!(
             lifecycle
-                .drain(Duration::from_secs(1), std::future::ready(()))
+                .drain(Duration::from_secs(1), &TaskTracker::new())
                 .await
         );
-        let closed = lifecycle.close(std::future::ready(())).await;
+        let closed = lifecycle.close(&TaskTracker::new()).await;
         assert_eq!(
             closed,
             Closed {
@@ -191,5 +192,21 @@ mod tests {
                 left: 1
             }
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_the_work_hands_elsewhere_on_its_way_out_is_waited_for() {
+        let lifecycle = Lifecycle::new();
+        let elsewhere = TaskTracker::new();
+        // A connection that, 1 s into the drain, hands a 2 s tunnel to another tracker and
+        // ends: the drain sees `elsewhere` empty when it starts.
+        let handed = elsewhere.clone();
+        lifecycle.work().spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            handed.spawn(tokio::time::sleep(Duration::from_secs(2)));
+        });
+        let started = tokio::time::Instant::now();
+        assert!(lifecycle.drain(Duration::from_secs(10), &elsewhere).await);
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
     }
 }

@@ -186,11 +186,10 @@ pub async fn run(
     for session in ctx.registry.sessions() {
         session.drain();
     }
-    ctx.tunnels.close();
-    let drained = lifecycle.drain(grace, ctx.tunnels.wait()).await;
+    let drained = lifecycle.drain(grace, &ctx.tunnels).await;
     // Counted now: the end below cuts what is left.
     let cut = ctx.tunnels.len();
-    let closed = lifecycle.close(ctx.tunnels.wait()).await;
+    let closed = lifecycle.close(&ctx.tunnels).await;
     match (drained, closed.in_time) {
         (true, true) => info!("shutdown complete: every tunnel finished"),
         (false, _) => warn!(
