@@ -82,8 +82,8 @@ impl KeepaliveTimers {
         if self.ping_at <= now_ms {
             self.ping_due = true;
             // The next one an interval from now, however late this one was: no burst of pings
-            // to catch up.
-            self.ping_at = now_ms.saturating_add(interval_ms);
+            // to catch up. (At least a millisecond on: a zero interval must not spin.)
+            self.ping_at = now_ms.saturating_add(interval_ms.max(1));
         }
     }
 }
