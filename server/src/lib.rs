@@ -38,8 +38,6 @@ pub mod refusal;
 pub mod registry;
 pub mod revocation;
 pub mod router;
-#[cfg(test)]
-mod test_util;
 pub mod tls_config;
 
 use std::io::Write;
