@@ -11,11 +11,9 @@
 //! be listening already) and when they end. The delays between attempts are [`Schedule`]'s.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bridgehead_mux::Branches;
 use bridgehead_runtime::threads::{Home, Shards};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -287,35 +285,13 @@ fn spawn_session(
     let session = async move {
         // Counted on its thread while it runs.
         let _home = home;
-        let drained = CancellationToken::new();
-        let mut session = std::pin::pin!(crate::session::run(
-            ws,
-            &config,
-            &health,
-            &policy,
-            &shutdown,
-            || drained.cancel(),
-        ));
-        // The session polled only when its own waker fired, not on every frame with
-        // the drain's future (`Branches`).
-        let first = {
-            let mut drained = std::pin::pin!(drained.cancelled());
-            let branches = Branches::<2>::new();
-            std::future::poll_fn(|cx| {
-                branches.poll(cx, |branch, cx| match branch {
-                    0 => session.as_mut().poll(cx).map(Some),
-                    _ => drained.as_mut().poll(cx).map(|()| None),
-                })
-            })
-            .await
-        };
-        let reason = match first {
-            Some(reason) => reason,
-            None => {
+        let drained = {
+            let events = events.clone();
+            async move {
                 let _ = events.send(Event::Draining(key)).await;
-                session.await
             }
         };
+        let reason = crate::session::run(ws, &config, &health, &policy, &shutdown, drained).await;
         health.metrics().session_ended(&reason);
         health.session_closed(key, reason.to_string());
         if shutdown.is_cancelled() {

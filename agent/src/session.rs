@@ -1,14 +1,12 @@
 //! One connected session with one server: drive the multiplexer, take the server's dials,
 //! splice each tunnel, tell the supervisor when the server drains, and drain on shutdown.
 
-use std::convert::Infallible;
-use std::future::{poll_fn, Future};
-use std::pin::pin;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bridgehead_mux::splice::{self, Moved, TunnelSocket};
-use bridgehead_mux::{Branches, DialRequest, Mux, MuxStream, SessionEnd};
+use bridgehead_mux::{DialRequest, Mux, MuxStream, Serve, SessionEnd};
 use bridgehead_proto::host::HostPort;
 use bridgehead_proto::session::{Role, SessionConfig, DEFAULT_INITIAL_WINDOW};
 use bridgehead_runtime::memory::EarnedBuffer;
@@ -28,7 +26,7 @@ use crate::server_connection::ServerWebSocket;
 const TASKS_AFTER_SESSION: Duration = Duration::from_secs(5);
 
 /// Runs the session until it ends (server gone, keepalive timeout, protocol error) or, once
-/// `shutdown` fires, until it drained. Calls `on_server_drain` when the server announces that
+/// `shutdown` fires, until it drained. Runs `on_server_drain` when the server announces that
 /// it drains. Returns why it ended.
 pub(crate) async fn run(
     ws: ServerWebSocket,
@@ -36,7 +34,7 @@ pub(crate) async fn run(
     health: &Health,
     policy: &Arc<Policy>,
     shutdown: &CancellationToken,
-    on_server_drain: impl FnOnce(),
+    on_server_drain: impl Future<Output = ()>,
 ) -> SessionEnd {
     let mux = Mux::new(SessionConfig {
         budget: health.budget().clone(),
@@ -48,36 +46,17 @@ pub(crate) async fn run(
     // Stops the driver; cancelled only at the end of a drain, never straight from `shutdown`.
     let stop = CancellationToken::new();
 
-    // The driver and what waits beside it (the server's dials, a shutdown, the server's
-    // drain), each polled only when its own waker fired: not all four on every frame.
-    let result = {
-        let mut driver = pin!(mux.run(ws, config.sessions.keepalive(), stop.clone()));
-        let mut accept = pin!(then_wait(accept_loop(&mux, &tracker, health, policy)));
-        let mut drain = pin!(then_wait(drain_on_shutdown(
-            &mux,
-            &tracker,
-            shutdown,
-            config.sessions.drain_grace_period,
-            &stop,
-        )));
-        let mut server_drain = pin!(then_wait(async {
-            mux.peer_drained().await;
-            if mux.peer_draining() {
-                on_server_drain();
-            }
-        }));
-        let branches = Branches::<4>::new();
-        poll_fn(|cx| {
-            branches.poll(cx, |branch, cx| match branch {
-                0 => driver.as_mut().poll(cx),
-                1 => accept.as_mut().poll(cx).map(|never| match never {}),
-                2 => drain.as_mut().poll(cx).map(|never| match never {}),
-                _ => server_drain.as_mut().poll(cx).map(|never| match never {}),
-            })
-        })
-        .await
+    // Beside the driver: the server's dials, and the drain once `shutdown` fires.
+    let beside = async {
+        let accept = accept_loop(&mux, &tracker, health, policy);
+        let grace = config.sessions.drain_grace_period;
+        let drain = drain_on_shutdown(&mux, &tracker, shutdown, grace, &stop);
+        tokio::join!(accept, drain);
     };
-    let reason = match result {
+    let serve = Serve::new(config.sessions.keepalive(), stop.clone())
+        .on_peer_drain(on_server_drain)
+        .beside(beside);
+    let reason = match mux.serve(ws, serve).await {
         Ok(()) => mux.closed().await,
         Err(end) => end,
     };
@@ -94,13 +73,6 @@ pub(crate) async fn run(
         );
     }
     reason
-}
-
-/// Runs `work`, then waits forever: a branch beside the driver that must not be polled once
-/// it finished.
-async fn then_wait(work: impl Future<Output = ()>) -> Infallible {
-    work.await;
-    std::future::pending().await
 }
 
 /// Spawns a tunnel task for every dial the server asks for, until the session ends.

@@ -12,6 +12,7 @@ use bridgehead_certs::Pki;
 use bridgehead_mux::{Keepalive, Mux, OpenFailure};
 use bridgehead_proto::ErrorCode;
 use bridgehead_runtime::tls;
+use bridgehead_test_support::{bounded, TEST_TIMEOUT};
 use bytes::Bytes;
 use clap::Parser;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -21,14 +22,6 @@ use tokio::time::timeout;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_util::sync::CancellationToken;
-
-/// Every async test fails after this long instead of hanging the suite.
-const TEST_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Runs a test body under [`TEST_TIMEOUT`].
-async fn bounded<F: std::future::Future>(body: F) -> F::Output {
-    timeout(TEST_TIMEOUT, body).await.expect("test timed out")
-}
 
 /// Health and admin listeners on ephemeral loopback ports.
 async fn listeners() -> bridgehead_agent::Listeners {

@@ -7,17 +7,8 @@ use std::time::Duration;
 use bridgehead_agent::dial::{code_of, dial, dial_with, DialError};
 use bridgehead_agent::policy::Policy;
 use bridgehead_proto::ErrorCode;
+use bridgehead_test_support::bounded;
 use tokio::net::{TcpListener, TcpStream};
-
-/// Every async test fails after this long instead of hanging the suite.
-const TEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Runs a test body under [`TEST_TIMEOUT`].
-async fn bounded<F: std::future::Future>(body: F) -> F::Output {
-    tokio::time::timeout(TEST_TIMEOUT, body)
-        .await
-        .expect("test timed out")
-}
 
 /// [`dial`] within 5 s, with the default policy and the kernel's socket buffers.
 async fn dial_loopback(host: &str, port: u16) -> Result<TcpStream, DialError> {

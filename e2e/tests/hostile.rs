@@ -10,20 +10,11 @@ use std::time::{Duration, Instant};
 use bridgehead_e2e::client::{agent_tls_config, kube_connect, tls_connect, Conn, IO_TIMEOUT};
 use bridgehead_e2e::process::start_pair;
 use bridgehead_e2e::{target, Pki, Server, ServerOptions};
+use bridgehead_test_support::bounded;
 use futures_util::{SinkExt, StreamExt};
 use tokio_rustls::TlsConnector;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
-
-/// Every async test fails after this long instead of hanging the suite.
-const TEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Runs a test body under [`TEST_TIMEOUT`].
-async fn bounded<F: std::future::Future>(body: F) -> F::Output {
-    tokio::time::timeout(TEST_TIMEOUT, body)
-        .await
-        .expect("test timed out")
-}
 
 fn server_with(pki: &Pki, args: &[&str]) -> Server {
     Server::start(

@@ -1,36 +1,15 @@
 //! Several futures of one task, each polled only when its own waker fired.
 //!
 //! `tokio::select!` (and `join!`) polls every branch whenever the task wakes. The session's
-//! driver is three futures (reader, writer, dial deadlines), and most wake-ups are for one of
-//! them: the transport became readable, or a stream queued frames. Polling the others costs a
-//! TLS read that finds nothing, a pass over the transmit queue, lock round trips on the
-//! session's `Notify`s: about a third of what a 64-byte round trip costs the driver. The
-//! server and the agent run the driver beside futures that wait for a drain or a shutdown,
-//! and those would be polled on every wake-up as well. Here each branch gets a waker of its
-//! own that marks it and wakes the task; a poll of the task polls the marked branches only.
+//! driver is a few futures (reader, writer, timer, work beside), and most wake-ups are for one
+//! of them: the transport became readable, or a stream queued frames. Polling the others costs
+//! a TLS read that finds nothing, a pass over the transmit queue, a lock round trip each (a
+//! large share of what a 64-byte round trip costs the driver; docs/benchmarks.md). Work beside
+//! the session (waiting for a drain, the agent's accept loop) would be polled on every wake-up
+//! as well. Here each branch gets a waker of its own that marks it and wakes the task; a poll
+//! of the task polls the marked branches only.
 //!
-//! ```
-//! # use std::future::{poll_fn, Future};
-//! # use std::pin::pin;
-//! # use std::task::Poll;
-//! # use bridgehead_mux::Branches;
-//! # async fn example(main: impl Future<Output = u32>, beside: impl Future<Output = ()>) -> u32 {
-//! let mut main = pin!(main);
-//! // A branch that ends without deciding the outcome must not be polled again.
-//! let mut beside = pin!(async {
-//!     beside.await;
-//!     std::future::pending::<()>().await
-//! });
-//! let branches = Branches::<2>::new();
-//! poll_fn(|cx| {
-//!     branches.poll(cx, |branch, cx| match branch {
-//!         0 => main.as_mut().poll(cx),
-//!         _ => beside.as_mut().poll(cx).map(|()| 0),
-//!     })
-//! })
-//! .await
-//! # }
-//! ```
+//! A branch that ends without deciding the outcome must not be polled again: fuse it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -40,7 +19,7 @@ use futures_util::task::AtomicWaker;
 
 /// `N` branches of one task; see the module documentation.
 #[derive(Debug)]
-pub struct Branches<const N: usize> {
+pub(crate) struct Branches<const N: usize> {
     shared: Arc<Marks<N>>,
     wakers: [Waker; N],
 }
@@ -79,7 +58,7 @@ impl<const N: usize> Default for Branches<N> {
 
 impl<const N: usize> Branches<N> {
     /// Every branch starts marked: the first poll polls them all.
-    pub fn new() -> Branches<N> {
+    pub(crate) fn new() -> Branches<N> {
         let shared = Arc::new(Marks {
             task: AtomicWaker::new(),
             woken: std::array::from_fn(|_| AtomicBool::new(true)),
@@ -95,7 +74,7 @@ impl<const N: usize> Branches<N> {
 
     /// Calls `poll(i, cx)` for each branch `i` woken since its last poll, in order, with a
     /// context of that branch's waker; the first `Ready` ends the round and is returned.
-    pub fn poll<T>(
+    pub(crate) fn poll<T>(
         &self,
         cx: &mut Context<'_>,
         mut poll: impl FnMut(usize, &mut Context<'_>) -> Poll<T>,

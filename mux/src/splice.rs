@@ -22,7 +22,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_util::io::poll_read_buf;
 
-use crate::{MuxStream, StreamEnd};
+use crate::stream::{MuxStream, StreamEnd};
 
 /// Most chunks and bytes one vectored socket write carries.
 const WRITE_BATCH_CHUNKS: usize = 16;

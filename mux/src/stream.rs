@@ -10,8 +10,32 @@ use bridgehead_proto::session::{OpenError, ReadOutcome, SendWait, StreamError};
 use bridgehead_proto::{ErrorCode, StreamId};
 use bytes::{Buf, Bytes};
 
-use crate::session_state::{Dial, Ending, Locked, SessionState, Waiter};
-use crate::OpenFailure;
+use crate::driver::{Driver, State};
+use crate::end::SessionEnd;
+use crate::slot::{Dial, Ending, Waiter};
+
+/// Why [`crate::Mux::open`] produced no stream.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum OpenFailure {
+    /// The agent answered DIAL_ERR (or reset the dialing stream).
+    #[error("agent could not dial: {code}: {message}")]
+    Dial { code: ErrorCode, message: String },
+    /// No answer before the deadline.
+    #[error("agent did not answer the dial within {0:?}")]
+    TimedOut(Duration),
+    /// The session refused to open a stream (draining, stream limit).
+    #[error("{0}")]
+    Refused(OpenError),
+    /// The session ended before the agent answered.
+    #[error("agent session ended: {0}")]
+    SessionClosed(SessionEnd),
+}
+
+impl From<OpenError> for OpenFailure {
+    fn from(error: OpenError) -> OpenFailure {
+        OpenFailure::Refused(error)
+    }
+}
 
 /// How a stream ended abnormally, as seen by a read or write.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -28,7 +52,7 @@ pub struct StreamEnd {
 /// One tunnel over the session. Dropping it without [`MuxStream::finish`]ing both ways resets
 /// the stream, so nothing outlives its owner.
 pub struct MuxStream {
-    shared: Arc<SessionState>,
+    shared: Arc<Driver>,
     id: StreamId,
 }
 
@@ -39,7 +63,7 @@ impl fmt::Debug for MuxStream {
 }
 
 impl MuxStream {
-    fn new(shared: Arc<SessionState>, id: StreamId) -> MuxStream {
+    fn new(shared: Arc<Driver>, id: StreamId) -> MuxStream {
         MuxStream { shared, id }
     }
 
@@ -91,7 +115,7 @@ impl MuxStream {
                         (Some(end), _) => Err(end),
                         (None, ReadOutcome::Gone) => Ok(None),
                         (None, _) => {
-                            state.park(self.id, Waiter::Reader, cx);
+                            state.slots.park(self.id, Waiter::Reader, cx);
                             return Poll::Pending;
                         }
                     }
@@ -137,7 +161,7 @@ impl MuxStream {
     pub(crate) fn poll_writable(&self, cx: &Context<'_>) -> Poll<Result<usize, StreamEnd>> {
         self.shared.with(|state| match self.credit(state) {
             Ok(0) => {
-                state.park(self.id, Waiter::Writer, cx);
+                state.slots.park(self.id, Waiter::Writer, cx);
                 Poll::Pending
             }
             credit => Poll::Ready(credit),
@@ -163,11 +187,11 @@ impl MuxStream {
     ///
     /// `now`: nothing more is coming soon (the socket had no more), so the frames go out from
     /// this task if the session's sending side is free
-    /// ([`SessionState::with_sending`](crate::session_state::SessionState::with_sending));
+    /// (`Driver::with_sending`);
     /// otherwise the writer's task sends them once this task yields, with whatever else was
     /// queued by then, in as few messages as it can.
     pub(crate) fn send(&self, data: &mut Bytes, now: bool) -> Result<(), StreamEnd> {
-        let queue = |state: &mut Locked| {
+        let queue = |state: &mut State| {
             self.credit(state)?;
             state
                 .session
@@ -188,7 +212,7 @@ impl MuxStream {
     }
 
     /// The send credit, or how the stream ended.
-    fn credit(&self, state: &mut Locked) -> Result<usize, StreamEnd> {
+    fn credit(&self, state: &mut State) -> Result<usize, StreamEnd> {
         if let Some(end) = self.reset_of(state) {
             return Err(end);
         }
@@ -217,8 +241,8 @@ impl MuxStream {
             .with(|state| state.session.reset(self.id, code, reason));
     }
 
-    fn reset_of(&self, state: &Locked) -> Option<StreamEnd> {
-        match state.slots.get(&self.id)?.ending.as_deref()? {
+    fn reset_of(&self, state: &State) -> Option<StreamEnd> {
+        match state.slots.get(self.id)?.ending.as_deref()? {
             Ending::Reset {
                 code,
                 reason,
@@ -249,7 +273,7 @@ impl Drop for MuxStream {
                     .session
                     .reset(self.id, ErrorCode::Cancelled, "stream dropped");
             }
-            state.slots.remove(&self.id);
+            state.slots.remove(self.id);
         });
     }
 }
@@ -257,7 +281,7 @@ impl Drop for MuxStream {
 /// Server side of [`crate::Mux::open`]. The deadline is the session's: its timer fails the
 /// dial when it passes (and the agent hears RESET `cancelled`).
 pub(crate) async fn open(
-    shared: &Arc<SessionState>,
+    shared: &Arc<Driver>,
     host: &str,
     port: u16,
     timeout: Duration,
@@ -272,37 +296,32 @@ pub(crate) async fn open(
             .session
             .open(host, port, timeout_ms, now)
             .map_err(OpenFailure::Refused)?;
-        state.slots.insert(id, Box::default());
+        state.slots.insert(id);
+        // A deadline the timer may not be set for yet.
+        state.wake_timer();
         Ok(id)
     })?;
-    shared.deadlines.notify_one();
     // From here the handle owns the slot: dropping it (client gone) resets the stream.
     let stream = MuxStream::new(shared.clone(), id);
     poll_fn(|cx| {
         shared.with(|state| {
-            let slot = state.slots.get(&id);
+            let slot = state.slots.get(id);
             let answer = slot.map_or(Dial::Waiting, |slot| slot.dial);
             match (answer, &state.closed) {
                 (Dial::Opened, _) => Poll::Ready(Ok(())),
                 (Dial::Expired, _) => Poll::Ready(Err(OpenFailure::TimedOut(timeout))),
-                (Dial::Failed, closed) => {
+                (Dial::Failed, _) => {
                     let (code, message) = match slot.and_then(|slot| slot.ending.as_deref()) {
                         Some(Ending::Reset { code, reason, .. }) => (*code, reason.clone()),
                         _ => (ErrorCode::Other, "dial failed".to_owned()),
                     };
-                    Poll::Ready(Err(match closed {
-                        // The session ended before the agent answered.
-                        Some(end) if code == ErrorCode::ConnectionReset => {
-                            OpenFailure::SessionClosed(end.clone())
-                        }
-                        _ => OpenFailure::Dial { code, message },
-                    }))
+                    Poll::Ready(Err(OpenFailure::Dial { code, message }))
                 }
-                (Dial::Waiting, Some(end)) => {
+                (Dial::SessionEnded | Dial::Waiting, Some(end)) => {
                     Poll::Ready(Err(OpenFailure::SessionClosed(end.clone())))
                 }
-                (Dial::Waiting, None) => {
-                    state.park(id, Waiter::Reader, cx);
+                (Dial::SessionEnded | Dial::Waiting, None) => {
+                    state.slots.park(id, Waiter::Reader, cx);
                     Poll::Pending
                 }
             }
@@ -313,29 +332,29 @@ pub(crate) async fn open(
 }
 
 /// Agent side of [`crate::Mux::accept`].
-pub(crate) async fn accept(shared: &Arc<SessionState>) -> Option<DialRequest> {
-    loop {
-        let notified = shared.dials.notified();
-        let next = shared.with(|state| {
+pub(crate) async fn accept(shared: &Arc<Driver>) -> Option<DialRequest> {
+    let dial = poll_fn(|cx| {
+        shared.with(|state| {
             if state.closed.is_some() {
-                return Err(());
+                return Poll::Ready(None);
             }
-            Ok(state.dials.pop_front())
-        });
-        match next {
-            Err(()) => return None,
-            Ok(Some(dial)) => {
-                return Some(DialRequest {
-                    stream: MuxStream::new(shared.clone(), dial.stream),
-                    host: dial.host,
-                    port: dial.port,
-                    timeout: Duration::from_millis(u64::from(dial.timeout_ms)),
-                    window: dial.window,
-                })
+            match state.dials.pop_front() {
+                Some(dial) => Poll::Ready(Some(dial)),
+                None => {
+                    state.park_acceptor(cx);
+                    Poll::Pending
+                }
             }
-            Ok(None) => notified.await,
-        }
-    }
+        })
+    })
+    .await?;
+    Some(DialRequest {
+        stream: MuxStream::new(shared.clone(), dial.stream),
+        host: dial.host,
+        port: dial.port,
+        timeout: Duration::from_millis(u64::from(dial.timeout_ms)),
+        window: dial.window,
+    })
 }
 
 /// Agent: the server asks for a dial. Answer with [`DialRequest::accept`] once connected or
@@ -370,7 +389,7 @@ impl DialRequest {
                 if state.closed.is_some() || !state.session.contains(*id) {
                     return Poll::Ready(());
                 }
-                state.park(*id, Waiter::Reader, cx);
+                state.slots.park(*id, Waiter::Reader, cx);
                 Poll::Pending
             })
         })
@@ -397,11 +416,5 @@ impl DialRequest {
         self.stream
             .shared
             .with(|state| state.session.dial_failed(id, code, message));
-    }
-}
-
-impl From<OpenError> for OpenFailure {
-    fn from(error: OpenError) -> OpenFailure {
-        OpenFailure::Refused(error)
     }
 }

@@ -29,7 +29,9 @@ use std::task::{ready, Context, Poll};
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 
-use crate::driver::MAX_MESSAGE;
+/// Largest WebSocket message either end accepts; the session's writer batches frames up to a
+/// quarter of it.
+pub const MAX_MESSAGE: usize = 1024 * 1024;
 
 /// Which end of the WebSocket this is: the client (the agent) masks what it sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -364,7 +366,7 @@ impl Message {
 
 /// The writing half. Its writes are polls that take how far the frame got, so whichever task
 /// finds the session's sending side free can carry a frame on where another left it
-/// (`crate::driver`).
+/// (`crate::outbox`).
 #[derive(Debug)]
 pub(crate) struct Writer<W> {
     io: W,

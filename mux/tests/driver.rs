@@ -8,6 +8,7 @@ use std::time::Duration;
 use bridgehead_mux::{Keepalive, Mux, OpenFailure, SessionEnd, WebSocket, MAX_MESSAGE};
 use bridgehead_proto::frame::{HEADER_LEN, MAX_DATA_PAYLOAD};
 use bridgehead_proto::{ErrorCode, Frame};
+use bridgehead_test_support::bounded;
 use bytes::{Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::DuplexStream;
@@ -17,16 +18,6 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
-
-/// Every async test fails after this long instead of hanging the suite.
-const TEST_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Runs a test body under [`TEST_TIMEOUT`].
-async fn bounded<F: std::future::Future>(body: F) -> F::Output {
-    tokio::time::timeout(TEST_TIMEOUT, body)
-        .await
-        .expect("test timed out")
-}
 
 /// Keepalive that never fires within a test.
 const QUIET: Keepalive = Keepalive {

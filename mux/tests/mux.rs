@@ -5,21 +5,12 @@ use std::time::Duration;
 
 use bridgehead_mux::{splice, DialRequest, Keepalive, Mux, OpenFailure};
 use bridgehead_proto::ErrorCode;
+use bridgehead_test_support::{bounded, MuxPair};
 use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
-
-/// Every async test fails after this long instead of hanging the suite.
-const TEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Runs a test body under [`TEST_TIMEOUT`].
-async fn bounded<F: std::future::Future>(body: F) -> F::Output {
-    tokio::time::timeout(TEST_TIMEOUT, body)
-        .await
-        .expect("test timed out")
-}
 
 struct Pair {
     server: Mux,
@@ -28,22 +19,8 @@ struct Pair {
 }
 
 async fn pair() -> Pair {
-    let (a, b) = tokio::io::duplex(256 * 1024);
-    let server_ws =
-        bridgehead_mux::WebSocket::new(a, bridgehead_mux::WsRole::Server, bytes::Bytes::new());
-    let agent_ws =
-        bridgehead_mux::WebSocket::new(b, bridgehead_mux::WsRole::Client, bytes::Bytes::new());
-    let server = Mux::server();
-    let agent = Mux::agent();
     let shutdown = CancellationToken::new();
-    let (s, a, t1, t2) = (
-        server.clone(),
-        agent.clone(),
-        shutdown.clone(),
-        shutdown.clone(),
-    );
-    tokio::spawn(async move { s.run(server_ws, Keepalive::default(), t1).await });
-    tokio::spawn(async move { a.run(agent_ws, Keepalive::default(), t2).await });
+    let MuxPair { server, agent } = MuxPair::new(256 * 1024, &shutdown);
     Pair {
         server,
         agent,

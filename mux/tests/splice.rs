@@ -5,35 +5,17 @@ use std::io::ErrorKind;
 use std::time::Duration;
 
 use bridgehead_mux::splice::{self, Moved, TunnelSocket};
-use bridgehead_mux::{Keepalive, Mux, MuxStream};
+use bridgehead_mux::MuxStream;
+use bridgehead_test_support::{bounded, MuxPair};
 use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-/// Every async test fails after this long instead of hanging the suite.
-const TEST_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Runs a test body under [`TEST_TIMEOUT`].
-async fn bounded<F: std::future::Future>(body: F) -> F::Output {
-    tokio::time::timeout(TEST_TIMEOUT, body)
-        .await
-        .expect("test timed out")
-}
-
 /// A server stream and its agent end over a live session with the default 256 KiB windows.
 async fn stream_pair() -> (MuxStream, MuxStream, CancellationToken) {
-    let (a, b) = tokio::io::duplex(256 * 1024);
-    let (server, agent) = (Mux::server(), Mux::agent());
     let shutdown = CancellationToken::new();
-    let server_ws =
-        bridgehead_mux::WebSocket::new(a, bridgehead_mux::WsRole::Server, bytes::Bytes::new());
-    let agent_ws =
-        bridgehead_mux::WebSocket::new(b, bridgehead_mux::WsRole::Client, bytes::Bytes::new());
-    for (mux, ws) in [(server.clone(), server_ws), (agent.clone(), agent_ws)] {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move { mux.run(ws, Keepalive::default(), shutdown).await });
-    }
+    let MuxPair { server, agent } = MuxPair::new(256 * 1024, &shutdown);
     let accepted = tokio::spawn(async move { agent.accept().await.unwrap().accept().unwrap() });
     let stream = server.open("x", 1, Duration::from_secs(5)).await.unwrap();
     (stream, accepted.await.unwrap(), shutdown)

@@ -4,6 +4,8 @@
 //! received ([`Session::handle_frame`]) and local events (bytes to send, bytes read, local EOF,
 //! abort, time passed in), then carries out what it asks for: frames to transmit
 //! ([`Session::poll_transmit`]) and [`Event`]s that wake the tasks serving each stream.
+//! Its deadlines (dials, pings, the peer's silence) are one timer table the caller drives with
+//! one timer ([`Session::poll_timeout`], [`Session::handle_timeout`]).
 //!
 //! Received DATA is buffered here, bounded by the receive window this end granted, until
 //! [`Session::read`] takes it; reading is what grants the peer more credit. A protocol violation
@@ -13,8 +15,10 @@
 mod error;
 mod incoming;
 mod stream;
+mod timers;
 
 pub use error::{OpenError, SessionError, StreamError};
+pub use timers::Keepalive;
 
 use std::collections::{BTreeSet, VecDeque};
 
@@ -25,6 +29,7 @@ use crate::budget::Budget;
 use crate::frame::{Frame, StreamId, HEADER_LEN, MAX_DATA_PAYLOAD};
 use crate::ErrorCode;
 use stream::{Phase, Stream};
+use timers::Timers;
 
 /// Default receive window a stream starts with, per direction (before the budget's pressure
 /// shrinks it; see [`crate::budget`]).
@@ -166,8 +171,8 @@ pub struct Session {
     streams: HashMap<StreamId, Box<Stream>>,
     /// Server: the last id it opened. Agent: the highest id the server opened.
     last_id: StreamId,
-    /// Dialing streams by deadline (server only).
-    deadlines: BTreeSet<(u64, StreamId)>,
+    /// Dial deadlines and keepalive ([`Session::poll_timeout`]).
+    timers: Timers,
     /// Frames that steer the session (DIAL, answers, WINDOW, RESET, DRAIN); sent first.
     control: VecDeque<Frame>,
     /// DATA and FIN frames, in the order the streams sent them.
@@ -190,7 +195,7 @@ impl Session {
             config,
             streams: HashMap::default(),
             last_id: 0,
-            deadlines: BTreeSet::new(),
+            timers: Timers::default(),
             control: VecDeque::new(),
             data: VecDeque::new(),
             queued: 0,
@@ -209,7 +214,7 @@ impl Session {
 
     /// Server: streams waiting for the agent's answer to their DIAL.
     pub fn dialing(&self) -> usize {
-        self.deadlines.len()
+        self.timers.dials.len()
     }
 
     /// Whether `stream` still exists.
@@ -251,7 +256,7 @@ impl Session {
             id,
             Box::new(Stream::new(Phase::Dialing { deadline }, window)),
         );
-        self.deadlines.insert((deadline, id));
+        self.timers.dials.insert((deadline, id));
         self.control.push_back(Frame::Dial {
             stream: id,
             timeout_ms,
@@ -427,19 +432,14 @@ impl Session {
         }
     }
 
-    /// Server: the earliest dial deadline, for the caller's timer.
-    pub fn next_deadline(&self) -> Option<u64> {
-        self.deadlines.first().map(|(deadline, _)| *deadline)
-    }
-
     /// Server: fails every dial whose deadline is at or before `now_ms` (RESET `cancelled` to
-    /// the agent, [`Event::DialFailed`] with `timed_out` locally).
-    pub fn handle_timeout(&mut self, now_ms: u64) {
-        while let Some(&(deadline, stream)) = self.deadlines.first() {
+    /// the agent, [`Event::DialFailed`] with `expired` locally).
+    fn expire_dials(&mut self, now_ms: u64) {
+        while let Some(&(deadline, stream)) = self.timers.dials.first() {
             if deadline > now_ms {
                 break;
             }
-            self.deadlines.pop_first();
+            self.timers.dials.pop_first();
             if self.discard(stream).is_some() {
                 self.control.push_back(Frame::Reset {
                     stream,
@@ -485,7 +485,7 @@ impl Session {
                 continue;
             };
             if let Phase::Dialing { deadline } = state.phase {
-                self.deadlines.remove(&(deadline, stream));
+                self.timers.dials.remove(&(deadline, stream));
                 if self.config.role == Role::Server {
                     self.events.push_back(Event::DialFailed {
                         stream,
@@ -619,7 +619,7 @@ impl Session {
     fn remove(&mut self, stream: StreamId) -> Option<Box<Stream>> {
         let state = self.discard(stream)?;
         if let Phase::Dialing { deadline } = state.phase {
-            self.deadlines.remove(&(deadline, stream));
+            self.timers.dials.remove(&(deadline, stream));
         }
         // DATA and FIN queued for a reset stream would be ignored by the peer; drop them now.
         let mut dropped = 0;

@@ -7,11 +7,10 @@
 //! answers `101` and hands the connection to the session driver. A refusal is the status and
 //! a one-line reason (in the status line and the body), which the agent logs.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bridgehead_mux::{Branches, Mux, WebSocket, WsRole};
+use bridgehead_mux::{Mux, Serve, WebSocket, WsRole};
 use bridgehead_proto::ident::AgentIdentifiers;
 use bridgehead_proto::servers::{
     parse_connected_servers, CONNECTED_SERVERS_HEADER, SERVER_COUNT_HEADER, SERVER_ID_HEADER,
@@ -240,34 +239,14 @@ async fn serve_session(established: Established, ctx: &Arc<Context>, sessions: C
     ctx.metrics
         .set_ready_backends(&ctx.registry.ready_backends());
     info!(identifiers = %identifiers, identity = %identity.subject, "agent connected");
-    let watch_drain = {
-        let mux = mux.clone();
-        let ctx = ctx.clone();
-        async move {
-            mux.peer_drained().await;
-            if mux.peer_draining() {
-                info!("agent drains: routing no new tunnels to it");
-                ctx.registry.set_draining(key);
-                ctx.metrics
-                    .set_ready_backends(&ctx.registry.ready_backends());
-            }
-            std::future::pending::<std::convert::Infallible>().await
-        }
+    let on_drain = async {
+        info!("agent drains: routing no new tunnels to it");
+        ctx.registry.set_draining(key);
+        ctx.metrics
+            .set_ready_backends(&ctx.registry.ready_backends());
     };
-    // The driver polled only when its own waker fired, not on every frame with the drain's
-    // watch (`Branches`).
-    let result = {
-        let mut run = std::pin::pin!(mux.run(ws, ctx.keepalive, sessions));
-        let mut watch_drain = std::pin::pin!(watch_drain);
-        let branches = Branches::<2>::new();
-        std::future::poll_fn(|cx| {
-            branches.poll(cx, |branch, cx| match branch {
-                0 => run.as_mut().poll(cx),
-                _ => watch_drain.as_mut().poll(cx).map(|never| match never {}),
-            })
-        })
-        .await
-    };
+    let serve = Serve::new(ctx.keepalive, sessions).on_peer_drain(on_drain);
+    let result = mux.serve(ws, serve).await;
     ctx.registry.unregister(key);
     ctx.revocation.forget(key);
     ctx.metrics.agents_connected.dec();

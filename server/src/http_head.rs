@@ -33,7 +33,7 @@ mod tests {
 
     use super::*;
 
-    use crate::test_util::bounded;
+    use bridgehead_test_support::bounded;
 
     /// A peer that sends `data` at most `chunk` bytes per read, then closes.
     struct Chunked {

@@ -1,16 +1,6 @@
-//! What the server's unit tests share.
+//! What the server's unit tests share beyond `bridgehead_test_support`: a configuration.
 
-use std::time::Duration;
-
-/// Every async test fails after this long instead of hanging the suite.
-pub(crate) const TEST_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Runs a test body under [`TEST_TIMEOUT`].
-pub(crate) async fn bounded<F: std::future::Future>(body: F) -> F::Output {
-    tokio::time::timeout(TEST_TIMEOUT, body)
-        .await
-        .expect("test timed out")
-}
+use bridgehead_test_support::TEST_TIMEOUT;
 
 /// A valid configuration (the Unix-socket frontend, nothing read from disk) with every
 /// timeout at [`TEST_TIMEOUT`] and no hold on a target's first bytes; tests change what

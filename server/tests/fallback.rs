@@ -4,37 +4,19 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bridgehead_mux::{Keepalive, Mux};
+use bridgehead_mux::Mux;
 use bridgehead_proto::ident::AgentIdentifiers;
 use bridgehead_server::dial;
 use bridgehead_server::refusal::Refusal;
 use bridgehead_server::registry::{Registration, Registry};
 use bridgehead_server::router::Strategy;
 use bridgehead_server::router::Target;
+use bridgehead_test_support::{bounded, MuxPair};
 use tokio_util::sync::CancellationToken;
-
-/// Every async test fails after this long instead of hanging the suite.
-const TEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Runs a test body under [`TEST_TIMEOUT`].
-async fn bounded<F: std::future::Future>(body: F) -> F::Output {
-    tokio::time::timeout(TEST_TIMEOUT, body)
-        .await
-        .expect("test timed out")
-}
 
 /// A connected pair of sessions; returns the server side.
 async fn session(shutdown: &CancellationToken) -> (Mux, Mux) {
-    let (a, b) = tokio::io::duplex(64 * 1024);
-    let server_ws =
-        bridgehead_mux::WebSocket::new(a, bridgehead_mux::WsRole::Server, bytes::Bytes::new());
-    let agent_ws =
-        bridgehead_mux::WebSocket::new(b, bridgehead_mux::WsRole::Client, bytes::Bytes::new());
-    let (server, agent) = (Mux::server(), Mux::agent());
-    for (mux, ws) in [(server.clone(), server_ws), (agent.clone(), agent_ws)] {
-        let token = shutdown.clone();
-        tokio::spawn(async move { mux.run(ws, Keepalive::default(), token).await });
-    }
+    let MuxPair { server, agent } = MuxPair::new(64 * 1024, shutdown);
     (server, agent)
 }
 

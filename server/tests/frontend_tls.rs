@@ -8,22 +8,13 @@ use std::sync::Arc;
 use bridgehead_certs::Pki;
 use bridgehead_runtime::tls::{load_certs, load_key, load_roots, provider};
 use bridgehead_server::frontend::TlsStream;
+use bridgehead_test_support::bounded;
 use rustls::pki_types::ServerName;
 use rustls::ClientConfig;
 use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::client;
-
-/// Every async test fails after this long instead of hanging the suite.
-const TEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Runs a test body under [`TEST_TIMEOUT`].
-async fn bounded<F: std::future::Future>(body: F) -> F::Output {
-    tokio::time::timeout(TEST_TIMEOUT, body)
-        .await
-        .expect("test timed out")
-}
 
 struct Rig {
     _dir: tempfile::TempDir,

@@ -15,16 +15,7 @@ use bridgehead_proto::session::{Role as SessionRole, SessionConfig, DEFAULT_MAX_
 
 use super::{splice, EarnedBuffer, EarnedTotal, Moved, Splice, IDLE_READ, STREAMING_READ};
 use crate::{Keepalive, Mux, MuxStream};
-
-/// Every async test fails after this long instead of hanging the suite.
-const TEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Runs a test body under [`TEST_TIMEOUT`].
-async fn bounded<F: std::future::Future>(body: F) -> F::Output {
-    tokio::time::timeout(TEST_TIMEOUT, body)
-        .await
-        .expect("test timed out")
-}
+use bridgehead_test_support::bounded;
 
 /// A server stream and its agent end, over a live session.
 async fn stream_pair() -> (MuxStream, MuxStream, CancellationToken) {

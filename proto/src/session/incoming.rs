@@ -1,5 +1,7 @@
 //! Frames from the peer: [`Session::handle_frame`] and the checks it makes.
 
+use bytes::Bytes;
+
 use crate::frame::{Frame, StreamId};
 use crate::ErrorCode;
 
@@ -21,73 +23,13 @@ impl Session {
                 if role != Role::Agent {
                     return Err(SessionError::WrongDirection("DIAL", role));
                 }
-                if stream <= self.last_id {
-                    return Err(SessionError::StreamIdReused(stream, self.last_id));
-                }
-                self.last_id = stream;
-                if u64::from(window) > MAX_CREDIT {
-                    self.refuse(
-                        stream,
-                        ErrorCode::FlowControl,
-                        "DIAL grants more than the 16 MiB of credit a peer may hold",
-                    );
-                } else if self.draining {
-                    self.refuse(stream, ErrorCode::Draining, "the agent is draining");
-                } else if self.streams.len() >= self.config.max_streams {
-                    self.refuse(
-                        stream,
-                        ErrorCode::TooManyStreams,
-                        "the agent carries its limit of streams",
-                    );
-                } else if !self.config.budget.admit() {
-                    self.refuse(
-                        stream,
-                        ErrorCode::Overloaded,
-                        "overloaded: the agent's --tunnel-memory-budget is spent",
-                    );
-                } else {
-                    let own = self
-                        .config
-                        .budget
-                        .initial_window(self.config.initial_window);
-                    let mut state = Stream::new(Phase::Dialing { deadline: 0 }, own);
-                    state.send_credit = u64::from(window);
-                    self.streams.insert(stream, Box::new(state));
-                    self.events.push_back(Event::DialRequested {
-                        stream,
-                        host,
-                        port,
-                        timeout_ms,
-                        window,
-                    });
-                }
+                self.on_dial(stream, timeout_ms, window, port, host)?;
             }
             Frame::DialOk { stream, window } => {
                 if role != Role::Server {
                     return Err(SessionError::WrongDirection("DIAL_OK", role));
                 }
-                let Some(state) = self.known(stream)? else {
-                    return Ok(());
-                };
-                let Phase::Dialing { deadline } = state.phase else {
-                    self.violation(stream, "DIAL_OK for a stream that is already open");
-                    return Ok(());
-                };
-                state.phase = Phase::Open;
-                state.send_credit = u64::from(window);
-                self.deadlines.remove(&(deadline, stream));
-                if u64::from(window) > MAX_CREDIT {
-                    let reason = "DIAL_OK grants more than the 16 MiB of credit a peer may hold";
-                    self.reset_stream(stream, ErrorCode::FlowControl, reason, false);
-                    self.events.push_back(Event::DialFailed {
-                        stream,
-                        code: ErrorCode::FlowControl,
-                        message: reason.to_owned(),
-                        expired: false,
-                    });
-                    return Ok(());
-                }
-                self.events.push_back(Event::Opened { stream });
+                self.on_dial_ok(stream, window)?;
             }
             Frame::DialErr {
                 stream,
@@ -97,107 +39,16 @@ impl Session {
                 if role != Role::Server {
                     return Err(SessionError::WrongDirection("DIAL_ERR", role));
                 }
-                let Some(state) = self.known(stream)? else {
-                    return Ok(());
-                };
-                let Phase::Dialing { deadline } = state.phase else {
-                    self.violation(stream, "DIAL_ERR for a stream that is already open");
-                    return Ok(());
-                };
-                self.deadlines.remove(&(deadline, stream));
-                self.discard(stream);
-                self.events.push_back(Event::DialFailed {
-                    stream,
-                    code,
-                    message,
-                    expired: false,
-                });
+                self.on_dial_err(stream, code, message)?;
             }
-            Frame::Data { stream, payload } => {
-                let Some(state) = self.known(stream)? else {
-                    return Ok(());
-                };
-                if !matches!(state.phase, Phase::Open) {
-                    self.violation(stream, "DATA before the dial was answered");
-                } else if state.recv_closed {
-                    self.violation(stream, "DATA after FIN");
-                } else if payload.len() as u64 > state.recv_allowed {
-                    let reason = format!(
-                        "DATA of {} bytes exceeds the {} bytes of credit granted",
-                        payload.len(),
-                        state.recv_allowed
-                    );
-                    self.reset_stream(stream, ErrorCode::FlowControl, &reason, false);
-                } else {
-                    let len = payload.len();
-                    state.recv_allowed -= len as u64;
-                    let was_empty = state.recv_buf.is_empty();
-                    state.recv_buf.push_back(payload);
-                    if was_empty {
-                        self.events.push_back(Event::Readable { stream });
-                    }
-                    self.buffer(len);
-                }
-            }
-            Frame::Window { stream, increment } => {
-                let Some(state) = self.known(stream)? else {
-                    return Ok(());
-                };
-                if state.send_closed {
-                    return Ok(());
-                }
-                let before = state.send_credit;
-                state.send_credit += u64::from(increment);
-                if state.send_credit > MAX_CREDIT {
-                    let reason = "WINDOW takes the credit above the 16 MiB a peer may hold";
-                    self.reset_stream(stream, ErrorCode::FlowControl, reason, false);
-                } else if before == 0 && matches!(state.phase, Phase::Open) {
-                    self.events.push_back(Event::Writable { stream });
-                }
-            }
-            Frame::Fin { stream } => {
-                let Some(state) = self.known(stream)? else {
-                    return Ok(());
-                };
-                if !matches!(state.phase, Phase::Open) {
-                    self.violation(stream, "FIN before the dial was answered");
-                } else if state.recv_closed {
-                    self.violation(stream, "a second FIN");
-                } else {
-                    state.recv_closed = true;
-                    if state.recv_buf.is_empty() {
-                        self.events.push_back(Event::Readable { stream });
-                    }
-                    self.maybe_close(stream);
-                }
-            }
+            Frame::Data { stream, payload } => self.on_data(stream, payload)?,
+            Frame::Window { stream, increment } => self.on_window(stream, increment)?,
+            Frame::Fin { stream } => self.on_fin(stream)?,
             Frame::Reset {
                 stream,
                 code,
                 reason,
-            } => {
-                if self.known(stream)?.is_none() {
-                    return Ok(());
-                }
-                let state = self.remove(stream);
-                if let Some(Phase::Dialing { .. }) = state.map(|s| s.phase) {
-                    if role == Role::Server {
-                        self.events.push_back(Event::DialFailed {
-                            stream,
-                            code,
-                            message: reason,
-                            expired: false,
-                        });
-                        return Ok(());
-                    }
-                }
-                self.events.push_back(Event::Reset {
-                    stream,
-                    code,
-                    reason,
-                    by_peer: true,
-                });
-            }
+            } => self.on_reset(stream, code, reason)?,
             Frame::Drain => {
                 if !self.peer_draining {
                     self.peer_draining = true;
@@ -205,6 +56,204 @@ impl Session {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Agent: the server asks for a dial.
+    fn on_dial(
+        &mut self,
+        stream: StreamId,
+        timeout_ms: u32,
+        window: u32,
+        port: u16,
+        host: String,
+    ) -> Result<(), SessionError> {
+        if stream <= self.last_id {
+            return Err(SessionError::StreamIdReused(stream, self.last_id));
+        }
+        self.last_id = stream;
+        if u64::from(window) > MAX_CREDIT {
+            self.refuse(
+                stream,
+                ErrorCode::FlowControl,
+                "DIAL grants more than the 16 MiB of credit a peer may hold",
+            );
+        } else if self.draining {
+            self.refuse(stream, ErrorCode::Draining, "the agent is draining");
+        } else if self.streams.len() >= self.config.max_streams {
+            self.refuse(
+                stream,
+                ErrorCode::TooManyStreams,
+                "the agent carries its limit of streams",
+            );
+        } else if !self.config.budget.admit() {
+            self.refuse(
+                stream,
+                ErrorCode::Overloaded,
+                "overloaded: the agent's --tunnel-memory-budget is spent",
+            );
+        } else {
+            let own = self
+                .config
+                .budget
+                .initial_window(self.config.initial_window);
+            let mut state = Stream::new(Phase::Dialing { deadline: 0 }, own);
+            state.send_credit = u64::from(window);
+            self.streams.insert(stream, Box::new(state));
+            self.events.push_back(Event::DialRequested {
+                stream,
+                host,
+                port,
+                timeout_ms,
+                window,
+            });
+        }
+        Ok(())
+    }
+
+    /// Server: the agent's dial succeeded.
+    fn on_dial_ok(&mut self, stream: StreamId, window: u32) -> Result<(), SessionError> {
+        let Some(state) = self.known(stream)? else {
+            return Ok(());
+        };
+        let Phase::Dialing { deadline } = state.phase else {
+            self.violation(stream, "DIAL_OK for a stream that is already open");
+            return Ok(());
+        };
+        state.phase = Phase::Open;
+        state.send_credit = u64::from(window);
+        self.timers.dials.remove(&(deadline, stream));
+        if u64::from(window) > MAX_CREDIT {
+            let reason = "DIAL_OK grants more than the 16 MiB of credit a peer may hold";
+            self.reset_stream(stream, ErrorCode::FlowControl, reason, false);
+            self.events.push_back(Event::DialFailed {
+                stream,
+                code: ErrorCode::FlowControl,
+                message: reason.to_owned(),
+                expired: false,
+            });
+            return Ok(());
+        }
+        self.events.push_back(Event::Opened { stream });
+        Ok(())
+    }
+
+    /// Server: the agent's dial failed.
+    fn on_dial_err(
+        &mut self,
+        stream: StreamId,
+        code: ErrorCode,
+        message: String,
+    ) -> Result<(), SessionError> {
+        let Some(state) = self.known(stream)? else {
+            return Ok(());
+        };
+        let Phase::Dialing { deadline } = state.phase else {
+            self.violation(stream, "DIAL_ERR for a stream that is already open");
+            return Ok(());
+        };
+        self.timers.dials.remove(&(deadline, stream));
+        self.discard(stream);
+        self.events.push_back(Event::DialFailed {
+            stream,
+            code,
+            message,
+            expired: false,
+        });
+        Ok(())
+    }
+
+    fn on_data(&mut self, stream: StreamId, payload: Bytes) -> Result<(), SessionError> {
+        let Some(state) = self.known(stream)? else {
+            return Ok(());
+        };
+        if !matches!(state.phase, Phase::Open) {
+            self.violation(stream, "DATA before the dial was answered");
+        } else if state.recv_closed {
+            self.violation(stream, "DATA after FIN");
+        } else if payload.len() as u64 > state.recv_allowed {
+            let reason = format!(
+                "DATA of {} bytes exceeds the {} bytes of credit granted",
+                payload.len(),
+                state.recv_allowed
+            );
+            self.reset_stream(stream, ErrorCode::FlowControl, &reason, false);
+        } else {
+            let len = payload.len();
+            state.recv_allowed -= len as u64;
+            let was_empty = state.recv_buf.is_empty();
+            state.recv_buf.push_back(payload);
+            if was_empty {
+                self.events.push_back(Event::Readable { stream });
+            }
+            self.buffer(len);
+        }
+        Ok(())
+    }
+
+    fn on_window(&mut self, stream: StreamId, increment: u32) -> Result<(), SessionError> {
+        let Some(state) = self.known(stream)? else {
+            return Ok(());
+        };
+        if state.send_closed {
+            return Ok(());
+        }
+        let before = state.send_credit;
+        state.send_credit += u64::from(increment);
+        if state.send_credit > MAX_CREDIT {
+            let reason = "WINDOW takes the credit above the 16 MiB a peer may hold";
+            self.reset_stream(stream, ErrorCode::FlowControl, reason, false);
+        } else if before == 0 && matches!(state.phase, Phase::Open) {
+            self.events.push_back(Event::Writable { stream });
+        }
+        Ok(())
+    }
+
+    fn on_fin(&mut self, stream: StreamId) -> Result<(), SessionError> {
+        let Some(state) = self.known(stream)? else {
+            return Ok(());
+        };
+        if !matches!(state.phase, Phase::Open) {
+            self.violation(stream, "FIN before the dial was answered");
+        } else if state.recv_closed {
+            self.violation(stream, "a second FIN");
+        } else {
+            state.recv_closed = true;
+            if state.recv_buf.is_empty() {
+                self.events.push_back(Event::Readable { stream });
+            }
+            self.maybe_close(stream);
+        }
+        Ok(())
+    }
+
+    fn on_reset(
+        &mut self,
+        stream: StreamId,
+        code: ErrorCode,
+        reason: String,
+    ) -> Result<(), SessionError> {
+        if self.known(stream)?.is_none() {
+            return Ok(());
+        }
+        let state = self.remove(stream);
+        if let Some(Phase::Dialing { .. }) = state.map(|s| s.phase) {
+            if self.config.role == Role::Server {
+                self.events.push_back(Event::DialFailed {
+                    stream,
+                    code,
+                    message: reason,
+                    expired: false,
+                });
+                return Ok(());
+            }
+        }
+        self.events.push_back(Event::Reset {
+            stream,
+            code,
+            reason,
+            by_peer: true,
+        });
         Ok(())
     }
 

@@ -68,7 +68,7 @@ pub(super) fn refusal(refusal: &Refusal) -> Vec<u8> {
 mod tests {
     use super::*;
 
-    use crate::test_util::bounded;
+    use bridgehead_test_support::bounded;
 
     async fn head_of(input: &[u8]) -> Head {
         let mut socket = input;

@@ -138,7 +138,7 @@ mod tests {
 
     use super::*;
 
-    use crate::test_util::bounded;
+    use bridgehead_test_support::bounded;
 
     /// Polls one write of `held`; whether it went through.
     async fn try_write(held: &mut Held<'_, tokio::io::DuplexStream>) -> bool {

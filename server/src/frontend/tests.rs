@@ -35,7 +35,7 @@ use crate::metrics::Metrics;
 use crate::registry::{Registration, Registry};
 use crate::router::Strategy;
 
-use crate::test_util::{bounded, TEST_TIMEOUT};
+use bridgehead_test_support::{bounded, MuxPair, TEST_TIMEOUT};
 
 const HEAD: &[u8] = b"CONNECT 10.0.0.5:10250 HTTP/1.1\r\nHost: 10.0.0.5:10250\r\n\r\n";
 
@@ -174,16 +174,7 @@ async fn context_with_agent() -> (Arc<Context>, Mux, CancellationToken) {
 /// [`context_with_agent`] with `--dial-timeout` `dial_timeout`.
 async fn agent_context(dial_timeout: Duration) -> (Arc<Context>, Mux, CancellationToken) {
     let shutdown = CancellationToken::new();
-    let (a, b) = tokio::io::duplex(256 * 1024);
-    let server_ws =
-        bridgehead_mux::WebSocket::new(a, bridgehead_mux::WsRole::Server, bytes::Bytes::new());
-    let agent_ws =
-        bridgehead_mux::WebSocket::new(b, bridgehead_mux::WsRole::Client, bytes::Bytes::new());
-    let (server, agent) = (Mux::server(), Mux::agent());
-    for (mux, ws) in [(server.clone(), server_ws), (agent.clone(), agent_ws)] {
-        let token = shutdown.clone();
-        tokio::spawn(async move { mux.run(ws, Keepalive::default(), token).await });
-    }
+    let MuxPair { server, agent } = MuxPair::new(256 * 1024, &shutdown);
     let registry = Registry::new(vec![Strategy::Default], 100);
     registry
         .register(Registration {

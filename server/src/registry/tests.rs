@@ -6,12 +6,12 @@ use std::pin::pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use bridgehead_mux::{Keepalive, Mux, MuxStream};
+use bridgehead_mux::{Mux, MuxStream};
 use tokio_util::sync::CancellationToken;
 
 use super::*;
 
-use crate::test_util::bounded;
+use bridgehead_test_support::{bounded, MuxPair};
 
 /// One agent's session: the server's end (what the registry holds) and the agent's, which
 /// accepts every dial and keeps the streams until the session ends.
@@ -29,16 +29,7 @@ async fn session(shutdown: &CancellationToken) -> (Mux, Mux) {
 
 /// [`session`], but the agent never answers a dial.
 async fn silent_session(shutdown: &CancellationToken) -> (Mux, Mux) {
-    let (a, b) = tokio::io::duplex(64 * 1024);
-    let server_ws =
-        bridgehead_mux::WebSocket::new(a, bridgehead_mux::WsRole::Server, bytes::Bytes::new());
-    let agent_ws =
-        bridgehead_mux::WebSocket::new(b, bridgehead_mux::WsRole::Client, bytes::Bytes::new());
-    let (server, agent) = (Mux::server(), Mux::agent());
-    for (mux, ws) in [(server.clone(), server_ws), (agent.clone(), agent_ws)] {
-        let token = shutdown.clone();
-        tokio::spawn(async move { mux.run(ws, Keepalive::default(), token).await });
-    }
+    let MuxPair { server, agent } = MuxPair::new(64 * 1024, shutdown);
     (server, agent)
 }
 
