@@ -19,6 +19,8 @@ use crate::process::Process;
 const STARTUP: Duration = Duration::from_secs(90);
 /// kube-apiserver's port inside its namespace (nothing else listens there).
 pub const APISERVER_PORT: u16 = 6443;
+/// The `kubernetes` Service's ClusterIP: the first address of `--service-cluster-ip-range`.
+pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
 /// The service-account issuer, and so the default audience of tokens.
 pub const ISSUER: &str = "https://kubernetes.default.svc";
 
@@ -81,6 +83,9 @@ impl ControlPlane {
                 "kubernetes".into(),
                 "kubernetes.default".into(),
                 "kubernetes.default.svc".into(),
+                // The `kubernetes` Service's ClusterIP (the first of the service range), which
+                // pods' in-cluster configuration dials, as kubeadm's certificate names it.
+                KUBERNETES_SERVICE_IP.into(),
                 "127.0.0.1".into(),
                 address.to_string(),
             ],
