@@ -5,14 +5,15 @@
 # two binaries at /bridgehead-server and /bridgehead-agent, the user 65532 (nonroot) it
 # declares, and, in place of distroless' base, the C libraries the binaries link against,
 # copied from this machine. Also writes the two images only the test nodes use: pause (the pod
-# sandbox, a static Go program from e2e/go/pause) and busybox (the test pods' workload, from
-# Debian's busybox-static).
+# sandbox, a static Go program from e2e/go/pause), busybox (the test pods' shell, from
+# Debian's busybox-static) and testserver (e2e/go/testserver: what the test pods serve behind a
+# Service for the proxy subresources, an admission webhook and an aggregated API).
 #
 #   scripts/image.sh [--bin-dir DIR] [OUT_DIR]
 #
 # --bin-dir holds the built bridgehead-server and bridgehead-agent (default target/release,
 # built here with `cargo build --release` first; the tests pass target/debug, built already). Writes
-# OUT_DIR/{bridgehead,pause,busybox}.oci.tar (default target/images) and prints each path with
+# OUT_DIR/{bridgehead,pause,busybox,testserver}.oci.tar (default target/images) and prints each path with
 # its image name. Needs python3, Go (for pause), ldd, and /bin/busybox for the busybox image.
 set -euo pipefail
 
@@ -69,6 +70,14 @@ mkdir -p "$image"
 python3 "$root/scripts/oci-archive.py" "$image" bridgehead.invalid/pause:1 "$out/pause.oci.tar" \
   --user 65535:65535 --entrypoint /pause
 echo "$out/pause.oci.tar bridgehead.invalid/pause:1"
+
+# testserver: the test pods' HTTP and HTTPS server, as static as pause.
+image="$work/testserver"
+mkdir -p "$image"
+(cd "$root/e2e/go/testserver" && GOWORK=off CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$image/testserver" .)
+python3 "$root/scripts/oci-archive.py" "$image" bridgehead.invalid/testserver:1 \
+  "$out/testserver.oci.tar" --user 65532:65532 --entrypoint /testserver
+echo "$out/testserver.oci.tar bridgehead.invalid/testserver:1"
 
 # busybox: a shell and the tools the tests' pods run (sh, cat, tar for kubectl cp, nc, ...).
 if [[ -x /bin/busybox ]]; then

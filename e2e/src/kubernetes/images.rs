@@ -1,5 +1,5 @@
 //! The images a test node imports: Bridgehead's own (the binaries under test, as
-//! `scripts/image.sh` packs them for a registry-less node), pause and busybox. Built once per
+//! `scripts/image.sh` packs them for a registry-less node), pause, busybox and testserver. Built once per
 //! test process into `images/` beside the binaries.
 
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ pub struct Archive {
     pub name: String,
 }
 
-/// The three archives.
+/// The archives.
 #[derive(Debug, Clone)]
 pub struct Images {
     /// `docker.io/library/bridgehead:<version>`: what `bridgehead:<version>` in deploy/ names.
@@ -24,6 +24,8 @@ pub struct Images {
     pub pause: Archive,
     /// A shell and tools for the tests' pods.
     pub busybox: Archive,
+    /// e2e/go/testserver: the backend of the proxy subresources, webhook and aggregated API.
+    pub testserver: Archive,
 }
 
 impl Images {
@@ -77,6 +79,7 @@ impl Images {
             bridgehead: archive("/bridgehead.oci.tar")?,
             pause: archive("/pause.oci.tar")?,
             busybox: archive("/busybox.oci.tar")?,
+            testserver: archive("/testserver.oci.tar")?,
         })
     }
 }
