@@ -18,10 +18,11 @@ use crate::netns::ip;
 /// between the node hosts, so it is their router: it forwards `10.244.<index>.0/24` to worker
 /// `index`, and each worker sends the whole pod network (and the other links, where its
 /// masqueraded pods' answers go) to it. So an agent on any node reaches any pod, as the
-/// `default` strategy assumes. What the control plane's own processes send to a worker's
-/// pods is refused (a reset) in its OUTPUT chain: kube-apiserver reaches pods only through
-/// Bridgehead, while the pods on the control-plane node (its agent) are forwarded. The node's
-/// address (kubelet) stays unrouted from anywhere but the node itself.
+/// `default` strategy assumes. Node addresses (kubelets) are routed the same way, as nodes
+/// reach each other in a real cluster. What the control plane's own processes send to a
+/// worker's pods or node address is refused (a reset) in its OUTPUT chain: kube-apiserver
+/// reaches them only through Bridgehead, while what the pods on the control-plane node (its
+/// agent) send is forwarded.
 pub(super) fn link(
     holder_pid: u32,
     ns: &str,
@@ -61,6 +62,7 @@ pub(super) fn link(
             &near.to_string(),
         ],
         vec!["ip", "route", "add", POD_NETWORK, "via", &near.to_string()],
+        vec!["ip", "route", "add", NODES, "via", &near.to_string()],
         vec!["ip", "route", "add", LINKS, "via", &near.to_string()],
     ] {
         let command: Vec<&str> = command.iter().map(|s| s.as_ref()).collect();
@@ -73,24 +75,42 @@ pub(super) fn link(
         }
     }
     let pods = format!("10.244.{index}.0/24");
-    ip(&["-n", ns, "route", "add", &pods, "via", &far.to_string()])?;
-    for command in [
-        vec!["sysctl", "-qw", "net.ipv4.ip_forward=1"],
-        vec![
+    let node = format!("{node_ip}/32");
+    let mut commands = vec![vec!["sysctl", "-qw", "net.ipv4.ip_forward=1"]];
+    for destination in [&pods, &node] {
+        ip(&[
+            "-n",
+            ns,
+            "route",
+            "add",
+            destination,
+            "via",
+            &far.to_string(),
+        ])?;
+        commands.push(vec![
             "iptables",
             "-A",
             "OUTPUT",
             "-d",
-            &pods,
+            destination,
             "-p",
             "tcp",
             "-j",
             "REJECT",
             "--reject-with",
             "tcp-reset",
-        ],
-        vec!["iptables", "-A", "OUTPUT", "-d", &pods, "-j", "DROP"],
-    ] {
+        ]);
+        commands.push(vec![
+            "iptables",
+            "-A",
+            "OUTPUT",
+            "-d",
+            destination,
+            "-j",
+            "DROP",
+        ]);
+    }
+    for command in commands {
         let out = std::process::Command::new("ip")
             .args(["netns", "exec", ns])
             .args(&command)
@@ -108,6 +128,8 @@ pub(super) fn link(
 
 /// Every node's pod CIDR (`10.244.<index>.0/24`; the control-plane node's is index 0).
 const POD_NETWORK: &str = "10.244.0.0/16";
+/// Every worker's node address (`10.202.<index>.1`, where its kubelet serves).
+const NODES: &str = "10.202.0.0/16";
 /// Every worker's link to the control plane's namespace.
 const LINKS: &str = "10.201.0.0/16";
 
