@@ -21,6 +21,7 @@ pub mod cluster;
 pub mod control_plane;
 pub mod controllers;
 pub mod images;
+pub mod konnectivity;
 pub mod node;
 pub mod node_host;
 pub mod real_cluster;

@@ -864,23 +864,9 @@ fn agents_rolled(cluster: &RealCluster) {
             "agent=bridgehead:0.1.0-rolled",
         ])
         .unwrap();
-    let rollout = cluster
-        .control_plane
-        .kubectl(&[
-            "rollout",
-            "status",
-            "-n",
-            "kube-system",
-            "daemonset/bridgehead-agent",
-            "--timeout=180s",
-        ])
-        .unwrap();
-    assert!(
-        rollout.status.success(),
-        "rollout: {}\n{}",
-        String::from_utf8_lossy(&rollout.stderr),
-        cluster.describe_pods("kube-system")
-    );
+    cluster
+        .rollout("bridgehead-agent", Duration::from_secs(180))
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let rolled = started.elapsed();
     let images = cluster
         .control_plane

@@ -54,6 +54,8 @@ pub struct ControlPlane {
     pub ca: PathBuf,
     authority: Authority,
     apiserver: Process,
+    /// kube-apiserver's namespace and arguments, to start it again.
+    apiserver_command: (String, Vec<std::ffi::OsString>),
     _etcd: Process,
     dir: tempfile::TempDir,
 }
@@ -159,6 +161,15 @@ impl ControlPlane {
             apiserver.arg(file("egress-selector-config-file", "egress.yaml"));
         }
         apiserver.args(extra);
+        // After `ip netns exec NS PROGRAM`: the arguments.
+        let apiserver_command = (
+            ns.clone(),
+            apiserver
+                .get_args()
+                .skip(4)
+                .map(ToOwned::to_owned)
+                .collect(),
+        );
         let (apiserver, _) = Process::spawn(apiserver, &[])?;
 
         let url = format!("https://{address}:{APISERVER_PORT}");
@@ -180,6 +191,7 @@ impl ControlPlane {
             ca: path("ca.crt"),
             authority,
             apiserver,
+            apiserver_command,
             _etcd: etcd,
             dir,
         };
@@ -219,6 +231,24 @@ impl ControlPlane {
     /// Kills kube-apiserver (SIGKILL): the API is gone, etcd stays.
     pub fn kill_apiserver(&mut self) {
         self.apiserver.kill();
+    }
+
+    /// Stops kube-apiserver (SIGTERM, SIGKILL after 10 s as a short grace period would), writes its
+    /// EgressSelectorConfiguration anew for `egress`, starts it again with the same flags and
+    /// waits until it is ready: what an operator's edit of the egress file and restart does.
+    pub fn restart_apiserver(&mut self, egress: &Egress) -> anyhow::Result<()> {
+        let config = egress_config(egress).context("a restart keeps an egress selector")?;
+        write(&self.dir.path().join("egress.yaml"), &config)?;
+        let _ = self.apiserver.signal("TERM");
+        if self.apiserver.wait_exit(Duration::from_secs(10)).is_err() {
+            self.apiserver.kill();
+        }
+        let (ns, args) = &self.apiserver_command;
+        let mut command = in_namespace(ns, &self.binaries.kube_apiserver);
+        command.args(args);
+        let (apiserver, _) = Process::spawn(command, &[])?;
+        self.apiserver = apiserver;
+        self.wait_ready()
     }
 
     /// Runs kubectl with the admin kubeconfig.

@@ -26,6 +26,8 @@ pub struct Images {
     pub busybox: Archive,
     /// e2e/go/testserver: the backend of the proxy subresources, webhook and aggregated API.
     pub testserver: Archive,
+    /// konnectivity's proxy-server and proxy-agent, where asked for ([`Images::with_konnectivity`]).
+    pub konnectivity: Option<Archive>,
 }
 
 impl Images {
@@ -33,20 +35,33 @@ impl Images {
     pub fn get() -> anyhow::Result<Images> {
         static BUILT: OnceLock<Result<Images, String>> = OnceLock::new();
         BUILT
-            .get_or_init(|| Images::build().map_err(|e| format!("{e:#}")))
+            .get_or_init(|| Images::build(false).map_err(|e| format!("{e:#}")))
             .clone()
             .map_err(anyhow::Error::msg)
     }
 
-    fn build() -> anyhow::Result<Images> {
+    /// The archives and konnectivity's (`scripts/image.sh --konnectivity`, which builds it
+    /// from its Go module with `scripts/anp-build.sh`), once per process.
+    pub fn with_konnectivity() -> anyhow::Result<Images> {
+        static BUILT: OnceLock<Result<Images, String>> = OnceLock::new();
+        BUILT
+            .get_or_init(|| Images::build(true).map_err(|e| format!("{e:#}")))
+            .clone()
+            .map_err(anyhow::Error::msg)
+    }
+
+    fn build(konnectivity: bool) -> anyhow::Result<Images> {
         // The binaries first: the image holds them.
         crate::process::binary("bridgehead-server")?;
         let bin = crate::process::bin_dir();
         let out = bin.join("images");
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/image.sh");
-        let output = Command::new(&script)
-            .arg("--bin-dir")
-            .arg(&bin)
+        let mut command = Command::new(&script);
+        command.arg("--bin-dir").arg(&bin);
+        if konnectivity {
+            command.arg("--konnectivity");
+        }
+        let output = command
             .arg(&out)
             .stdin(Stdio::null())
             .output()
@@ -80,6 +95,11 @@ impl Images {
             pause: archive("/pause.oci.tar")?,
             busybox: archive("/busybox.oci.tar")?,
             testserver: archive("/testserver.oci.tar")?,
+            konnectivity: if konnectivity {
+                Some(archive("/konnectivity.oci.tar")?)
+            } else {
+                None
+            },
         })
     }
 }

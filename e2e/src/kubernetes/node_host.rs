@@ -231,12 +231,14 @@ impl NodeHost {
                 .is_ok_and(|out| out.status.success())
         })
         .with_context(|| format!("containerd did not start:\n{}", containerd.stderr()))?;
-        for archive in [
-            &images.pause,
-            &images.busybox,
-            &images.testserver,
-            &images.bridgehead,
-        ] {
+        let archives = [
+            Some(&images.pause),
+            Some(&images.busybox),
+            Some(&images.testserver),
+            Some(&images.bridgehead),
+            images.konnectivity.as_ref(),
+        ];
+        for archive in archives.into_iter().flatten() {
             let out = host.run(&strs(&ctr(&[
                 "-n",
                 "k8s.io",
