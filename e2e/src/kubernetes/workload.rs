@@ -2,9 +2,14 @@
 //! behind the Service `testserver`, with a serving certificate made at test time, and what
 //! kube-apiserver reaches through it: the pod and service proxy subresources (HTTP on 8080),
 //! a validating admission webhook and an aggregated API (HTTPS on 8443, the Service's 443). No
-//! kube-proxy runs, so kube-apiserver finds the pods as it does with
-//! `--enable-aggregator-routing=true`: the Service's endpoints, dialed through the egress
-//! selector.
+//! kube-proxy runs, and kube-apiserver needs none: what it dials for each, in v1.37.2, is an
+//! endpoint's pod IP through the egress selector's `cluster` dialer. The service proxy picks a
+//! random endpoint (`pkg/registry/core/service/storage` `ResourceLocation`) and, like the pod
+//! proxy, uses the proxy transport whose dialer `cmd/kube-apiserver/app/server.go` sets to the
+//! `cluster` network; webhooks resolve the Service to an endpoint per request
+//! (k8s.io/apiserver `pkg/util/webhook/client.go`, `WebhookRoundTripLoadBalancing`, on by
+//! default) and aggregated APIs per connection with `--enable-aggregator-routing=true`, both on
+//! the `cluster` dialer (kube-aggregator `pkg/apiserver/apiserver.go`).
 
 use anyhow::Context;
 use bridgehead_certs::Authority;
