@@ -15,7 +15,8 @@ cargo build --workspace --bins
 # dialer) from their Go modules, cached under target/k8s: minutes the first time, nothing after.
 if command -v go >/dev/null; then
   scripts/k8s-build.sh
-  # konnectivity itself, for the --fallback-proxy tests (and the bench's side by side).
+  # konnectivity itself, for the --fallback-proxy tests, the migration test on the real
+  # cluster (an image of it) and the bench's side by side.
   scripts/anp-build.sh
 fi
 # Prometheus and promtool from Debian's package, unpacked under target/prometheus (not

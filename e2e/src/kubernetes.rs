@@ -11,7 +11,8 @@
 //! - [`cluster`]: all of it together, with a bridgehead-server and agents.
 //! - [`node_host`]: [`node_host::NodeHost`], a real node (containerd and kubelet) on a test
 //!   host; [`controllers`]: kube-scheduler and kube-controller-manager beside kube-apiserver;
-//!   [`images`]: the images a real node imports. [`require_nodes`] skips loudly without them.
+//!   [`images`]: the images a real node imports; [`workload`]: the test pods behind a Service
+//!   (proxy subresources, a webhook, an aggregated API). [`require_nodes`] skips loudly without them.
 //!
 //! Everything runs in namespaces the test created, on their own addresses; kube-apiserver's
 //! resolver is the namespace's loopback, where nothing answers, so no query leaves the test.
@@ -20,9 +21,11 @@ pub mod cluster;
 pub mod control_plane;
 pub mod controllers;
 pub mod images;
+pub mod konnectivity;
 pub mod node;
 pub mod node_host;
 pub mod real_cluster;
+pub mod workload;
 
 use std::path::PathBuf;
 

@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bridgehead_e2e::kubernetes::real_cluster::{RealCluster, CONTROL_PLANE_HOST, POD_READY};
+use bridgehead_e2e::kubernetes::workload::{self, TestServer, API_GROUP, DENIAL, SERVICE};
 use bridgehead_e2e::kubernetes::{self};
 use bridgehead_e2e::netns;
 
@@ -95,6 +96,7 @@ fn kubectl_reaches_real_pods_on_two_nodes_through_bridgehead_installed_from_depl
             assert_eq!(String::from_utf8_lossy(&anonymous.stdout), "401");
         }
 
+        servers_counted_by_leases(&cluster);
         cluster.control_plane.apply(&pods()).unwrap();
         let ready = cluster
             .control_plane
@@ -127,6 +129,7 @@ fn kubectl_reaches_real_pods_on_two_nodes_through_bridgehead_installed_from_depl
         copy_both_ways(&cluster, "shell-1", scratch.path());
         port_forward(&cluster);
         attach(&cluster);
+        through_services(&cluster);
         byte_counters_agree(&cluster);
 
         // All of it went through the server: it counted the tunnels.
@@ -371,6 +374,198 @@ fn attach(cluster: &RealCluster) {
     let _ = attach.wait();
 }
 
+/// What kube-apiserver reaches at pods behind a Service, each through the egress selector and
+/// so through Bridgehead (the server counts a tunnel for each; kube-apiserver's namespace has
+/// no route of its own to a worker's pods, which is checked first): `kubectl get --raw` to
+/// each pod's proxy subresource and to the Service's (1 MiB checked byte for byte, and the
+/// Service's endpoints on both nodes answering), a validating webhook with `failurePolicy:
+/// Fail` (a denial carrying the answering pod's node, an allowed write stored), an aggregated
+/// API (the APIService Available, a list served by a pod). The webhook and the APIService are
+/// removed at the end, so the drills that follow touch neither.
+fn through_services(cluster: &RealCluster) {
+    let workers: Vec<&str> = cluster.workers.iter().map(|w| w.name.as_str()).collect();
+    let server = TestServer::start(&cluster.control_plane, &workers)
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", cluster.describe_pods("default")));
+    let cp = &cluster.control_plane;
+    for pod in &server.pods {
+        let ip = cp
+            .kubectl_ok(&["get", "pod", pod, "-o", "jsonpath={.status.podIP}"])
+            .unwrap();
+        let direct = cluster.net.run_in(
+            CONTROL_PLANE_HOST,
+            &[
+                "curl",
+                "-sS",
+                "--max-time",
+                "5",
+                &format!("http://{ip}:8080/"),
+            ],
+        );
+        assert!(
+            direct.is_err(),
+            "the control plane reached {pod} at {ip} directly: {direct:?}"
+        );
+    }
+    // kube-apiserver keeps connections alive (a tunnel may carry several requests), so each
+    // kind of request shows as at least one new tunnel.
+    let carried = |what: &str, before: f64| {
+        let after = tunnels(cluster);
+        assert!(
+            after > before,
+            "{what}: no tunnel counted ({before} before and after)"
+        );
+        after
+    };
+    let mut before = tunnels(cluster);
+    let first = before;
+    let expected: Vec<u8> = (0..1u32 << 20).map(workload::pattern_byte).collect();
+    let raw = |path: &str| -> Vec<u8> {
+        let out = cp.kubectl(&["get", "--raw", path]).unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl get --raw {path}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    for (pod, node) in server.pods.iter().zip(&workers) {
+        let proxy = format!("/api/v1/namespaces/default/pods/{pod}:8080/proxy");
+        assert!(
+            raw(&format!("{proxy}/bytes?n={}", expected.len())) == expected,
+            "pod proxy to {pod}: the bytes differ"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&raw(&format!("{proxy}/hello"))),
+            format!("testserver {node}: /hello\n")
+        );
+    }
+    let proxy = format!("/api/v1/namespaces/default/services/{SERVICE}:http/proxy");
+    assert!(
+        raw(&format!("{proxy}/bytes?n={}", expected.len())) == expected,
+        "service proxy: the bytes differ"
+    );
+    // The service proxy picks an endpoint at random: both nodes' pods answer within a few
+    // tries (40 tries all on one of two endpoints: 2^-39).
+    let mut answered = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let answer = String::from_utf8_lossy(&raw(&format!("{proxy}/hello"))).into_owned();
+        let node = answer
+            .strip_prefix("testserver ")
+            .and_then(|rest| rest.strip_suffix(": /hello\n"))
+            .unwrap_or_else(|| panic!("service proxy answered {answer:?}"))
+            .to_owned();
+        answered.insert(node);
+        if answered.len() == workers.len() {
+            break;
+        }
+    }
+    assert_eq!(answered.len(), workers.len(), "answered: {answered:?}");
+    // Pod and service proxy share kube-apiserver's proxy transport (and its idle connections).
+    before = carried("pod and service proxy", before);
+
+    // The webhook: kube-apiserver picks the configuration up shortly after it is stored
+    // (bounded poll), then every guarded write goes to a pod of the Service.
+    cp.apply(&server.webhook_yaml("bridgehead-test")).unwrap();
+    let mut denied_by = std::collections::BTreeSet::new();
+    let started = Instant::now();
+    for attempt in 0.. {
+        let name = format!("denied-{attempt}");
+        let out = cp
+            .kubectl_as(
+                &cp.kubeconfig,
+                &["create", "-f", "-"],
+                Some(&TestServer::guarded_configmap_yaml(&name)),
+            )
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if let Some((_, node)) = stderr.split_once(DENIAL) {
+            denied_by.insert(node.trim().to_owned());
+            if denied_by.len() == workers.len() {
+                break;
+            }
+        } else {
+            assert!(
+                started.elapsed() < Duration::from_secs(30) && attempt < 200,
+                "the webhook did not answer for {name}: {stderr}"
+            );
+            if out.status.success() {
+                // Stored before the configuration took effect.
+                cp.kubectl_ok(&["delete", "configmap", &name]).unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    cp.apply(&TestServer::guarded_configmap_yaml("allowed"))
+        .unwrap();
+    before = carried("webhook", before);
+    assert_eq!(
+        cp.kubectl_ok(&[
+            "get",
+            "configmap",
+            "allowed",
+            "-o",
+            "jsonpath={.data.written}"
+        ])
+        .unwrap(),
+        "allowed"
+    );
+
+    // The aggregated API: the availability check (discovery through a tunnel) marks it
+    // Available (bounded poll: nothing announces it), then lists come from the pods.
+    cp.apply(&server.api_service_yaml()).unwrap();
+    let available = Instant::now();
+    loop {
+        let status = cp
+            .kubectl_ok(&[
+                "get",
+                "apiservice",
+                &format!("v1.{API_GROUP}"),
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
+            ])
+            .unwrap_or_default();
+        if status.trim() == "True" {
+            break;
+        }
+        assert!(
+            available.elapsed() < Duration::from_secs(60),
+            "the APIService is not Available: {}",
+            cp.kubectl_ok(&[
+                "get",
+                "apiservice",
+                &format!("v1.{API_GROUP}"),
+                "-o",
+                "yaml"
+            ])
+            .unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let greetings =
+        String::from_utf8_lossy(&raw(&format!("/apis/{API_GROUP}/v1/greetings"))).into_owned();
+    assert!(
+        workers
+            .iter()
+            .any(|node| greetings.contains(&format!("\"hello-from-{node}\""))),
+        "{greetings}"
+    );
+
+    let after = carried("aggregated API", before);
+    cp.kubectl_ok(&[
+        "delete",
+        "validatingwebhookconfiguration",
+        "bridgehead-test",
+    ])
+    .unwrap();
+    cp.kubectl_ok(&["delete", "apiservice", &format!("v1.{API_GROUP}")])
+        .unwrap();
+    let _ = writeln!(
+        std::io::stderr(),
+        "pod and service proxy, webhook (denied by {denied_by:?}) and aggregated API: {} tunnels",
+        after - first
+    );
+}
+
 /// The server's byte counters agree with the sums of the agents' (each agent's metrics scraped
 /// on its health port, from inside its node): every byte of every tunnel is counted on each
 /// side. Not to the byte: a tunnel cut while its target still writes (a `kubectl logs -f`
@@ -379,38 +574,10 @@ fn attach(cluster: &RealCluster) {
 /// never below the server's for what came from targets. Polled (bounded) until a tunnel still
 /// winding down has counted its last bytes.
 fn byte_counters_agree(cluster: &RealCluster) {
-    let agents = cluster
-        .control_plane
-        .kubectl_ok(&[
-            "get",
-            "pods",
-            "-n",
-            "kube-system",
-            "-l",
-            "app.kubernetes.io/name=bridgehead-agent",
-            "-o",
-            "jsonpath={range .items[*]}{.spec.nodeName} {.status.podIP}{\"\\n\"}{end}",
-        ])
-        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let mut summed = [0.0; 2];
-        for line in agents.lines() {
-            let (node, ip) = line.split_once(' ').unwrap();
-            let host = std::iter::once(&cluster.control_plane_node)
-                .chain(&cluster.workers)
-                .find(|host| host.name == node)
-                .unwrap_or_else(|| panic!("no node {node}"));
-            let out = host
-                .run(&[
-                    "curl",
-                    "-sS",
-                    "--max-time",
-                    "5",
-                    &format!("http://{ip}:8134/metrics"),
-                ])
-                .unwrap();
-            let metrics = String::from_utf8_lossy(&out.stdout);
+        for (_, metrics) in agent_metrics(cluster) {
             for (i, direction) in ["to_target", "from_target"].iter().enumerate() {
                 summed[i] += metric(
                     &metrics,
@@ -440,6 +607,119 @@ fn byte_counters_agree(cluster: &RealCluster) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Each agent's metrics (with its node's name), scraped on its health port from inside its
+/// node.
+fn agent_metrics(cluster: &RealCluster) -> Vec<(String, String)> {
+    let agents = cluster
+        .control_plane
+        .kubectl_ok(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/name=bridgehead-agent",
+            "-o",
+            "jsonpath={range .items[*]}{.spec.nodeName} {.status.podIP}{\"\\n\"}{end}",
+        ])
+        .unwrap();
+    agents
+        .lines()
+        .map(|line| {
+            let (node, ip) = line.split_once(' ').unwrap();
+            let host = std::iter::once(&cluster.control_plane_node)
+                .chain(&cluster.workers)
+                .find(|host| host.name == node)
+                .unwrap_or_else(|| panic!("no node {node}"));
+            let out = host
+                .run(&[
+                    "curl",
+                    "-sS",
+                    "--max-time",
+                    "5",
+                    &format!("http://{ip}:8134/metrics"),
+                ])
+                .unwrap();
+            (
+                node.to_owned(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Lease counting as deploy/ sets it up: the server (`--enable-lease-controller`) holds its
+/// Lease, and the agents (`--count-server-leases`, in-cluster configuration through the
+/// `kubernetes` Service) count the valid Leases: one more valid Lease of a server that does
+/// not exist makes every agent look for two servers, and its removal for one again.
+fn servers_counted_by_leases(cluster: &RealCluster) {
+    const SELECTOR: &str = "k8s-app=konnectivity-server";
+    let cp = &cluster.control_plane;
+    let holders = cp
+        .kubectl_ok(&[
+            "get",
+            "leases",
+            "-n",
+            "kube-system",
+            "-l",
+            SELECTOR,
+            "-o",
+            "jsonpath={.items[*].spec.holderIdentity}",
+        ])
+        .unwrap();
+    assert_eq!(
+        holders.split_whitespace().count(),
+        1,
+        "the server's Lease: {holders:?}"
+    );
+    let counted = |servers: f64| {
+        let started = Instant::now();
+        loop {
+            let counts: Vec<(String, f64)> = agent_metrics(cluster)
+                .into_iter()
+                .map(|(node, text)| (node, metric(&text, "bridgehead_agent_known_servers")))
+                .collect();
+            if counts.len() == 3 && counts.iter().all(|(_, n)| *n == servers) {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "agents count {counts:?} servers, not {servers}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    counted(1.0);
+    let now = utc_now();
+    cp.apply(&format!(
+        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: bridgehead-test-absent-server\n  namespace: kube-system\n  labels:\n    k8s-app: konnectivity-server\nspec:\n  holderIdentity: absent-server\n  leaseDurationSeconds: 3600\n  renewTime: \"{now}\"\n"
+    ))
+    .unwrap();
+    let up = counted(2.0);
+    cp.kubectl_ok(&[
+        "delete",
+        "lease",
+        "-n",
+        "kube-system",
+        "bridgehead-test-absent-server",
+    ])
+    .unwrap();
+    let down = counted(1.0);
+    let _ = writeln!(
+        std::io::stderr(),
+        "Lease counting: a second valid Lease counted by every agent after {up:?}, its removal after {down:?}"
+    );
+}
+
+/// Now as a Lease's `renewTime` (RFC 3339 with microseconds, UTC).
+fn utc_now() -> String {
+    let out = Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%S.%6NZ"])
+        .output()
+        .expect("running date");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// The value of `series` (its full name with labels) in Prometheus text, 0 when absent.
@@ -584,23 +864,9 @@ fn agents_rolled(cluster: &RealCluster) {
             "agent=bridgehead:0.1.0-rolled",
         ])
         .unwrap();
-    let rollout = cluster
-        .control_plane
-        .kubectl(&[
-            "rollout",
-            "status",
-            "-n",
-            "kube-system",
-            "daemonset/bridgehead-agent",
-            "--timeout=180s",
-        ])
-        .unwrap();
-    assert!(
-        rollout.status.success(),
-        "rollout: {}\n{}",
-        String::from_utf8_lossy(&rollout.stderr),
-        cluster.describe_pods("kube-system")
-    );
+    cluster
+        .rollout("bridgehead-agent", Duration::from_secs(180))
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let rolled = started.elapsed();
     let images = cluster
         .control_plane

@@ -19,6 +19,8 @@ use crate::process::Process;
 const STARTUP: Duration = Duration::from_secs(90);
 /// kube-apiserver's port inside its namespace (nothing else listens there).
 pub const APISERVER_PORT: u16 = 6443;
+/// The `kubernetes` Service's ClusterIP: the first address of `--service-cluster-ip-range`.
+pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
 /// The service-account issuer, and so the default audience of tokens.
 pub const ISSUER: &str = "https://kubernetes.default.svc";
 
@@ -52,6 +54,8 @@ pub struct ControlPlane {
     pub ca: PathBuf,
     authority: Authority,
     apiserver: Process,
+    /// kube-apiserver's namespace and arguments, to start it again.
+    apiserver_command: (String, Vec<std::ffi::OsString>),
     _etcd: Process,
     dir: tempfile::TempDir,
 }
@@ -81,6 +85,9 @@ impl ControlPlane {
                 "kubernetes".into(),
                 "kubernetes.default".into(),
                 "kubernetes.default.svc".into(),
+                // The `kubernetes` Service's ClusterIP (the first of the service range), which
+                // pods' in-cluster configuration dials, as kubeadm's certificate names it.
+                KUBERNETES_SERVICE_IP.into(),
                 "127.0.0.1".into(),
                 address.to_string(),
             ],
@@ -154,6 +161,15 @@ impl ControlPlane {
             apiserver.arg(file("egress-selector-config-file", "egress.yaml"));
         }
         apiserver.args(extra);
+        // After `ip netns exec NS PROGRAM`: the arguments.
+        let apiserver_command = (
+            ns.clone(),
+            apiserver
+                .get_args()
+                .skip(4)
+                .map(ToOwned::to_owned)
+                .collect(),
+        );
         let (apiserver, _) = Process::spawn(apiserver, &[])?;
 
         let url = format!("https://{address}:{APISERVER_PORT}");
@@ -175,6 +191,7 @@ impl ControlPlane {
             ca: path("ca.crt"),
             authority,
             apiserver,
+            apiserver_command,
             _etcd: etcd,
             dir,
         };
@@ -214,6 +231,24 @@ impl ControlPlane {
     /// Kills kube-apiserver (SIGKILL): the API is gone, etcd stays.
     pub fn kill_apiserver(&mut self) {
         self.apiserver.kill();
+    }
+
+    /// Stops kube-apiserver (SIGTERM, SIGKILL after 10 s as a short grace period would), writes its
+    /// EgressSelectorConfiguration anew for `egress`, starts it again with the same flags and
+    /// waits until it is ready: what an operator's edit of the egress file and restart does.
+    pub fn restart_apiserver(&mut self, egress: &Egress) -> anyhow::Result<()> {
+        let config = egress_config(egress).context("a restart keeps an egress selector")?;
+        write(&self.dir.path().join("egress.yaml"), &config)?;
+        let _ = self.apiserver.signal("TERM");
+        if self.apiserver.wait_exit(Duration::from_secs(10)).is_err() {
+            self.apiserver.kill();
+        }
+        let (ns, args) = &self.apiserver_command;
+        let mut command = in_namespace(ns, &self.binaries.kube_apiserver);
+        command.args(args);
+        let (apiserver, _) = Process::spawn(command, &[])?;
+        self.apiserver = apiserver;
+        self.wait_ready()
     }
 
     /// Runs kubectl with the admin kubeconfig.

@@ -1,5 +1,5 @@
 //! The images a test node imports: Bridgehead's own (the binaries under test, as
-//! `scripts/image.sh` packs them for a registry-less node), pause and busybox. Built once per
+//! `scripts/image.sh` packs them for a registry-less node), pause, busybox and testserver. Built once per
 //! test process into `images/` beside the binaries.
 
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ pub struct Archive {
     pub name: String,
 }
 
-/// The three archives.
+/// The archives.
 #[derive(Debug, Clone)]
 pub struct Images {
     /// `docker.io/library/bridgehead:<version>`: what `bridgehead:<version>` in deploy/ names.
@@ -24,6 +24,10 @@ pub struct Images {
     pub pause: Archive,
     /// A shell and tools for the tests' pods.
     pub busybox: Archive,
+    /// e2e/go/testserver: the backend of the proxy subresources, webhook and aggregated API.
+    pub testserver: Archive,
+    /// konnectivity's proxy-server and proxy-agent, where asked for ([`Images::with_konnectivity`]).
+    pub konnectivity: Option<Archive>,
 }
 
 impl Images {
@@ -31,20 +35,33 @@ impl Images {
     pub fn get() -> anyhow::Result<Images> {
         static BUILT: OnceLock<Result<Images, String>> = OnceLock::new();
         BUILT
-            .get_or_init(|| Images::build().map_err(|e| format!("{e:#}")))
+            .get_or_init(|| Images::build(false).map_err(|e| format!("{e:#}")))
             .clone()
             .map_err(anyhow::Error::msg)
     }
 
-    fn build() -> anyhow::Result<Images> {
+    /// The archives and konnectivity's (`scripts/image.sh --konnectivity`, which builds it
+    /// from its Go module with `scripts/anp-build.sh`), once per process.
+    pub fn with_konnectivity() -> anyhow::Result<Images> {
+        static BUILT: OnceLock<Result<Images, String>> = OnceLock::new();
+        BUILT
+            .get_or_init(|| Images::build(true).map_err(|e| format!("{e:#}")))
+            .clone()
+            .map_err(anyhow::Error::msg)
+    }
+
+    fn build(konnectivity: bool) -> anyhow::Result<Images> {
         // The binaries first: the image holds them.
         crate::process::binary("bridgehead-server")?;
         let bin = crate::process::bin_dir();
         let out = bin.join("images");
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/image.sh");
-        let output = Command::new(&script)
-            .arg("--bin-dir")
-            .arg(&bin)
+        let mut command = Command::new(&script);
+        command.arg("--bin-dir").arg(&bin);
+        if konnectivity {
+            command.arg("--konnectivity");
+        }
+        let output = command
             .arg(&out)
             .stdin(Stdio::null())
             .output()
@@ -77,6 +94,12 @@ impl Images {
             bridgehead: archive("/bridgehead.oci.tar")?,
             pause: archive("/pause.oci.tar")?,
             busybox: archive("/busybox.oci.tar")?,
+            testserver: archive("/testserver.oci.tar")?,
+            konnectivity: if konnectivity {
+                Some(archive("/konnectivity.oci.tar")?)
+            } else {
+                None
+            },
         })
     }
 }

@@ -12,9 +12,12 @@
 //!   ...), so the machine keeps its own values;
 //! - a worker's link: a veth to the control plane's namespace, the node's address
 //!   ([`NodeHost::node_ip`], where kubelet serves) on its loopback and its pods on a bridge
-//!   (`10.244.<index>.0/24`, masqueraded on the way out): the control plane's namespace has
-//!   no route to either, so kube-apiserver reaches the node only through Bridgehead; a TCP
-//!   connection to where a host has no route is refused at once (a reset), on every host;
+//!   (`10.244.<index>.0/24`, masqueraded on the way out), routed to every other node host
+//!   through the control plane's namespace (host-gw style: any agent reaches any pod), whose
+//!   own processes are refused the workers' pods and have no route to a kubelet, so
+//!   kube-apiserver reaches the node only through Bridgehead; a TCP connection to where a host
+//!   has no route is refused at once (a reset), on every host; the `kubernetes` Service's
+//!   ClusterIP translated to kube-apiserver's address, as kube-proxy would;
 //! - containerd with its own root, state and socket in the test's folder; the pause, busybox
 //!   and Bridgehead images imported ([`super::images`]); kubelet on cgroupfs (cgroup v1 is what
 //!   these machines have) under a cgroup root of its own.
@@ -45,7 +48,7 @@ mod network;
 use cgroups::Cgroups;
 use config::{cni_config, containerd_config, kubelet_config, write, write_node_kubeconfig};
 use host::{kill_inner, Host};
-use network::{link, refuse_elsewhere};
+use network::{kubernetes_service, link, refuse_elsewhere};
 
 use super::images::Images;
 use super::ControlPlane;
@@ -200,6 +203,11 @@ impl NodeHost {
             )?;
         }
         refuse_elsewhere(host.holder_pid)?;
+        kubernetes_service(
+            host.holder_pid,
+            control_plane.address,
+            super::control_plane::APISERVER_PORT,
+        )?;
 
         let containerd = host.spawn(
             &[
@@ -223,7 +231,14 @@ impl NodeHost {
                 .is_ok_and(|out| out.status.success())
         })
         .with_context(|| format!("containerd did not start:\n{}", containerd.stderr()))?;
-        for archive in [&images.pause, &images.busybox, &images.bridgehead] {
+        let archives = [
+            Some(&images.pause),
+            Some(&images.busybox),
+            Some(&images.testserver),
+            Some(&images.bridgehead),
+            images.konnectivity.as_ref(),
+        ];
+        for archive in archives.into_iter().flatten() {
             let out = host.run(&strs(&ctr(&[
                 "-n",
                 "k8s.io",

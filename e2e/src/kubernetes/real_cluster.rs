@@ -25,7 +25,17 @@ pub const CONTROL_PLANE_NODE: &str = "control-plane";
 /// Where deploy/server-static-pod's EgressSelectorConfiguration puts the server's socket.
 const SOCKET: &str = "/etc/kubernetes/konnectivity-server/konnectivity-server.socket";
 /// How long the agents' DaemonSet may take to have a Ready pod on every node.
-const ROLLOUT: &str = "120s";
+const ROLLOUT: Duration = Duration::from_secs(120);
+
+/// Which proxy the cluster starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Install {
+    /// Bridgehead from deploy/: the server's static pod and the agents' DaemonSet.
+    Bridgehead,
+    /// konnectivity as kubernetes.io sets it up ([`super::konnectivity`]), in `http-connect`
+    /// mode on the same socket: where docs/migrating.md starts. deploy/rbac is applied too.
+    Konnectivity,
+}
 
 /// The running cluster. Torn down on drop, nodes first.
 #[derive(Debug)]
@@ -44,7 +54,19 @@ impl RealCluster {
     /// Starts the control plane, the control-plane node with the server's static pod, `workers`
     /// worker nodes and the agents' DaemonSet, and waits until an agent is Ready on every node.
     pub fn start(binaries: &Binaries, workers: u8) -> anyhow::Result<RealCluster> {
-        let images = Images::get()?;
+        RealCluster::start_with(binaries, workers, Install::Bridgehead)
+    }
+
+    /// [`RealCluster::start`] with `install` as its proxy.
+    pub fn start_with(
+        binaries: &Binaries,
+        workers: u8,
+        install: Install,
+    ) -> anyhow::Result<RealCluster> {
+        let images = match install {
+            Install::Bridgehead => Images::get()?,
+            Install::Konnectivity => Images::with_konnectivity()?,
+        };
         let mut net = TestNet::new(1)?;
         let etc_kubernetes = tempfile::Builder::new().prefix("bh-etc-k8s-").tempdir()?;
         let socket = etc_kubernetes
@@ -69,7 +91,20 @@ impl RealCluster {
         )?;
         let controllers = Controllers::start(&control_plane, &net, CONTROL_PLANE_HOST)?;
         control_plane.kubectl_ok(&["apply", "-k", &deploy().join("rbac").to_string_lossy()])?;
-        install_server_files(&control_plane, etc_kubernetes.path())?;
+        let manifest = match install {
+            Install::Bridgehead => {
+                std::fs::read_to_string(deploy().join("server-static-pod/konnectivity-server.yaml"))
+                    .context("reading deploy/'s static pod manifest")?
+            }
+            Install::Konnectivity => super::konnectivity::server_manifest(
+                &images
+                    .konnectivity
+                    .as_ref()
+                    .context("no konnectivity image")?
+                    .name,
+            ),
+        };
+        install_server_files(&control_plane, etc_kubernetes.path(), &manifest)?;
         let ns = net.host(CONTROL_PLANE_HOST).ns_name().to_owned();
         let control_plane_node = NodeHost::start(
             &control_plane,
@@ -103,44 +138,91 @@ impl RealCluster {
             net,
             etc_kubernetes,
         };
-        cluster.install_agents()?;
+        match install {
+            Install::Bridgehead => cluster.install_agents(&[])?,
+            Install::Konnectivity => {
+                let image = &images
+                    .konnectivity
+                    .as_ref()
+                    .context("no konnectivity image")?
+                    .name;
+                cluster
+                    .control_plane
+                    .apply(&super::konnectivity::agent_manifests(
+                        image,
+                        &cluster.control_plane.address.to_string(),
+                    ))?;
+                cluster.rollout("konnectivity-agent", ROLLOUT)?;
+            }
+        }
         Ok(cluster)
     }
 
     /// deploy/agent through an overlay that points `--proxy-server-host` at the control
-    /// plane's address; waits for the rollout.
-    fn install_agents(&self) -> anyhow::Result<()> {
+    /// plane's address and replaces each of `args` (`--flag=value`) that the DaemonSet
+    /// already gives with that value; waits for the rollout.
+    pub fn install_agents(&self, args: &[&str]) -> anyhow::Result<()> {
         let overlay = tempfile::Builder::new()
             .prefix("bh-agent-overlay-")
             .tempdir()?;
         // kustomize takes a base only by a relative path.
         let agent = relative_to(overlay.path(), &deploy().join("agent").canonicalize()?);
+        let daemonset = std::fs::read_to_string(deploy().join("agent/daemonset.yaml"))?;
+        let given: Vec<&str> = daemonset
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("- --"))
+            .collect();
+        let mut replaced = String::new();
+        for arg in args {
+            let flag = arg.trim_start_matches("--").split('=').next().unwrap_or("");
+            let index = given
+                .iter()
+                .position(|given| given.split('=').next() == Some(flag))
+                .with_context(|| format!("deploy/agent gives no --{flag}"))?;
+            replaced.push_str(&format!(
+                "    - op: replace\n      path: /spec/template/spec/containers/0/args/{index}\n      value: {arg}\n"
+            ));
+        }
         std::fs::write(
             overlay.path().join("kustomization.yaml"),
             format!(
-                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {agent}\npatches:\n- target:\n    kind: DaemonSet\n    name: bridgehead-agent\n  patch: |-\n    - op: test\n      path: /spec/template/spec/containers/0/args/1\n      value: --proxy-server-host=control-plane.example.internal\n    - op: replace\n      path: /spec/template/spec/containers/0/args/1\n      value: --proxy-server-host={address}\n",
+                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {agent}\npatches:\n- target:\n    kind: DaemonSet\n    name: bridgehead-agent\n  patch: |-\n    - op: test\n      path: /spec/template/spec/containers/0/args/1\n      value: --proxy-server-host=control-plane.example.internal\n    - op: replace\n      path: /spec/template/spec/containers/0/args/1\n      value: --proxy-server-host={address}\n{replaced}",
                 agent = agent.display(),
                 address = self.control_plane.address,
             ),
         )?;
         self.control_plane
             .kubectl_ok(&["apply", "-k", &overlay.path().to_string_lossy()])?;
-        let rollout = self.control_plane.kubectl(&[
-            "rollout",
-            "status",
-            "-n",
-            "kube-system",
-            "daemonset/bridgehead-agent",
-            &format!("--timeout={ROLLOUT}"),
-        ])?;
-        if !rollout.status.success() {
-            bail!(
-                "the agents' DaemonSet did not roll out: {}\n{}",
-                String::from_utf8_lossy(&rollout.stderr),
-                self.describe_pods("kube-system")
-            );
+        self.rollout("bridgehead-agent", ROLLOUT)
+    }
+
+    /// Waits until DaemonSet `name` in kube-system has rolled out, at most `within`.
+    /// `kubectl rollout status` in rounds shorter than the `--request-timeout` (30 s) every
+    /// kubectl here runs with: one long call failed with nothing on stderr after about that
+    /// long, while an old agent took its 40 s grace period to terminate.
+    pub fn rollout(&self, name: &str, within: Duration) -> anyhow::Result<()> {
+        let started = std::time::Instant::now();
+        loop {
+            let rollout = self.control_plane.kubectl(&[
+                "rollout",
+                "status",
+                "-n",
+                "kube-system",
+                &format!("daemonset/{name}"),
+                "--timeout=20s",
+            ])?;
+            if rollout.status.success() {
+                return Ok(());
+            }
+            if started.elapsed() > within {
+                bail!(
+                    "DaemonSet {name} did not roll out within {within:?}: {}{}\n{}",
+                    String::from_utf8_lossy(&rollout.stdout),
+                    String::from_utf8_lossy(&rollout.stderr),
+                    self.describe_pods("kube-system")
+                );
+            }
         }
-        Ok(())
     }
 
     /// `kubectl get pods -o wide` and their events, for a failure's message.
@@ -165,6 +247,12 @@ impl RealCluster {
     /// GETs `path` from the server's health port (8134 on the control-plane node, from
     /// deploy/server-static-pod) inside the control plane's namespace.
     pub fn server_health(&self, path: &str) -> anyhow::Result<String> {
+        self.control_plane_get(8134, path)
+    }
+
+    /// GETs `path` from `127.0.0.1:port` inside the control plane's namespace (a static
+    /// pod's health or admin port).
+    pub fn control_plane_get(&self, port: u16, path: &str) -> anyhow::Result<String> {
         let out = self.net.run_in(
             CONTROL_PLANE_HOST,
             &[
@@ -172,7 +260,7 @@ impl RealCluster {
                 "-sS",
                 "--max-time",
                 "10",
-                &format!("http://127.0.0.1:8134{path}"),
+                &format!("http://127.0.0.1:{port}{path}"),
             ],
         )?;
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -201,9 +289,14 @@ pub fn deploy() -> PathBuf {
 /// What a kubeadm control-plane node holds for the server's static pod: the kube-apiserver's
 /// serving pair in `pki/` (the server's agent endpoint uses it, so agents verify it with the
 /// cluster CA of their ServiceAccount volume), `konnectivity-server.conf` (a kubeconfig for
-/// `system:konnectivity-server`), and the manifest, copied unchanged from deploy/, in
-/// `manifests/`. Keys are 0600 as kubeadm writes them.
-fn install_server_files(control_plane: &ControlPlane, etc: &Path) -> anyhow::Result<()> {
+/// `system:konnectivity-server`), and the manifest in `manifests/` (deploy/'s copied
+/// unchanged, or konnectivity's). Keys are 0600 as kubeadm
+/// writes them.
+fn install_server_files(
+    control_plane: &ControlPlane,
+    etc: &Path,
+    manifest: &str,
+) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     for folder in ["pki", "manifests", "konnectivity-server"] {
         std::fs::create_dir_all(etc.join(folder))?;
@@ -231,17 +324,30 @@ fn install_server_files(control_plane: &ControlPlane, etc: &Path) -> anyhow::Res
         ),
     )?;
     std::fs::set_permissions(&conf, std::fs::Permissions::from_mode(0o600))?;
-    std::fs::copy(
-        deploy().join("server-static-pod/konnectivity-server.yaml"),
-        etc.join("manifests/konnectivity-server.yaml"),
-    )
-    .context("copying the server's static pod manifest")?;
+    std::fs::write(etc.join("manifests/konnectivity-server.yaml"), manifest)
+        .context("writing the server's static pod manifest")?;
     Ok(())
 }
 
 fn base64(data: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+/// The sum of every sample of `name` in Prometheus text whose labels contain each of
+/// `labels` (`result="ok"`); 0 when there is none.
+pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let rest = series.strip_prefix(name)?;
+            let matches = (rest.is_empty() || rest.starts_with('{'))
+                && labels.iter().all(|label| rest.contains(label));
+            matches.then(|| value.parse::<f64>().ok()).flatten()
+        })
+        // A fold from +0: an empty f64 sum is -0, which prints as "-0".
+        .fold(0.0, |sum, value| sum + value)
 }
 
 /// How long a pod of the tests may take to become Ready.

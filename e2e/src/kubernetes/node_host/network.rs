@@ -10,8 +10,19 @@ use crate::netns::ip;
 
 /// The worker's veth: `eth0` (`10.201.<index>.2/30`) in the host, its peer
 /// (`10.201.<index>.1/30`) in the control plane's namespace `ns`; the node's address on the
-/// host's loopback; a route from the host to kube-apiserver's address over the link. The
-/// control plane gets no route to the node's address or its pods.
+/// host's loopback; a route from the host to kube-apiserver's address over the link.
+///
+/// The pod network, host-gw style (what flannel's host-gw backend or Calico without overlay
+/// set up in a real cluster): every node routes every other node's pod CIDR
+/// (`10.244.<index>.0/24`) to that node. The control plane's namespace is the one link
+/// between the node hosts, so it is their router: it forwards `10.244.<index>.0/24` to worker
+/// `index`, and each worker sends the whole pod network (and the other links, where its
+/// masqueraded pods' answers go) to it. So an agent on any node reaches any pod, as the
+/// `default` strategy assumes. Node addresses (kubelets) are routed the same way, as nodes
+/// reach each other in a real cluster. What the control plane's own processes send to a
+/// worker's pods or node address is refused (a reset) in its OUTPUT chain: kube-apiserver
+/// reaches them only through Bridgehead, while what the pods on the control-plane node (its
+/// agent) send is forwarded.
 pub(super) fn link(
     holder_pid: u32,
     ns: &str,
@@ -50,6 +61,9 @@ pub(super) fn link(
             "via",
             &near.to_string(),
         ],
+        vec!["ip", "route", "add", POD_NETWORK, "via", &near.to_string()],
+        vec!["ip", "route", "add", NODES, "via", &near.to_string()],
+        vec!["ip", "route", "add", LINKS, "via", &near.to_string()],
     ] {
         let command: Vec<&str> = command.iter().map(|s| s.as_ref()).collect();
         let out = enter(holder_pid, &command)?;
@@ -60,8 +74,64 @@ pub(super) fn link(
             );
         }
     }
+    let pods = format!("10.244.{index}.0/24");
+    let node = format!("{node_ip}/32");
+    let mut commands = vec![vec!["sysctl", "-qw", "net.ipv4.ip_forward=1"]];
+    for destination in [&pods, &node] {
+        ip(&[
+            "-n",
+            ns,
+            "route",
+            "add",
+            destination,
+            "via",
+            &far.to_string(),
+        ])?;
+        commands.push(vec![
+            "iptables",
+            "-A",
+            "OUTPUT",
+            "-d",
+            destination,
+            "-p",
+            "tcp",
+            "-j",
+            "REJECT",
+            "--reject-with",
+            "tcp-reset",
+        ]);
+        commands.push(vec![
+            "iptables",
+            "-A",
+            "OUTPUT",
+            "-d",
+            destination,
+            "-j",
+            "DROP",
+        ]);
+    }
+    for command in commands {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", ns])
+            .args(&command)
+            .stdin(std::process::Stdio::null())
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "{command:?} in {ns}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
     Ok(())
 }
+
+/// Every node's pod CIDR (`10.244.<index>.0/24`; the control-plane node's is index 0).
+const POD_NETWORK: &str = "10.244.0.0/16";
+/// Every worker's node address (`10.202.<index>.1`, where its kubelet serves).
+const NODES: &str = "10.202.0.0/16";
+/// Every worker's link to the control plane's namespace.
+const LINKS: &str = "10.201.0.0/16";
 
 /// Makes a connection to an address this host has no route to fail at once, as a firewall's
 /// reset would, rather than vanish: a default route into an interface that leads nowhere (one
@@ -82,6 +152,47 @@ pub(super) fn refuse_elsewhere(holder_pid: u32) -> anyhow::Result<()> {
         "iptables -A OUTPUT -o nowhere -j DROP",
     ] {
         let command: Vec<&str> = command.split(' ').collect();
+        let out = enter(holder_pid, &command)?;
+        if !out.status.success() {
+            bail!(
+                "{command:?} in the node host: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// What kube-proxy would program on the node for the one Service the node's own pods need,
+/// `kubernetes` (in-cluster configuration: the agents' Lease counting): connections to its
+/// ClusterIP, port 443, from the node's pods (PREROUTING) and its own processes (OUTPUT) go
+/// to kube-apiserver. No kube-proxy runs on the test nodes; other Services' ClusterIPs stay
+/// unrouted (kube-apiserver reaches Services' pods by their endpoints).
+pub(super) fn kubernetes_service(
+    holder_pid: u32,
+    apiserver: Ipv4Addr,
+    port: u16,
+) -> anyhow::Result<()> {
+    let to = format!("{apiserver}:{port}");
+    let service = format!("{}/32", super::super::control_plane::KUBERNETES_SERVICE_IP);
+    for chain in ["PREROUTING", "OUTPUT"] {
+        let command = [
+            "iptables",
+            "-t",
+            "nat",
+            "-A",
+            chain,
+            "-d",
+            &service,
+            "-p",
+            "tcp",
+            "--dport",
+            "443",
+            "-j",
+            "DNAT",
+            "--to-destination",
+            &to,
+        ];
         let out = enter(holder_pid, &command)?;
         if !out.status.success() {
             bail!(
