@@ -162,6 +162,9 @@ pub async fn run(
     if let Some(verifier) = &verifier {
         ctx.metrics.watch_token_verifier(verifier.clone());
     }
+    if let Some(kube) = &kube {
+        ctx.metrics.watch_kube_requests(kube.requests());
+    }
     let ctx = Arc::new(ctx);
     ctx.metrics
         .set_ready_backends(&ctx.registry.ready_backends());
