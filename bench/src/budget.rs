@@ -66,6 +66,7 @@ impl Budget {
                 recovery_bound: Duration::from_secs(300),
                 trickle_interval: Duration::from_millis(50),
                 stalled: 0,
+                servers: 1,
             },
         }
     }
@@ -97,6 +98,7 @@ impl Budget {
                 recovery_bound: Duration::from_secs(60),
                 trickle_interval: Duration::from_millis(50),
                 stalled: 0,
+                servers: 1,
             },
         }
     }

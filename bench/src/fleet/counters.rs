@@ -17,6 +17,7 @@ pub struct Counters {
     drained: AtomicU64,
     lost: AtomicU64,
     hints: AtomicU64,
+    duplicates: AtomicU64,
     dials: AtomicU64,
     misrouted: AtomicU64,
     echoed: AtomicU64,
@@ -40,6 +41,9 @@ pub struct Snapshot {
     pub lost: u64,
     /// Retry hints (`Retry-After`) honoured.
     pub hints: u64,
+    /// Attempts answered 409: a server the agent holds already (several servers behind one
+    /// address; not a failure).
+    pub duplicates: u64,
     /// Dials the server asked for.
     pub dials: u64,
     /// Dials for a host that is not the agent's own: a routing error.
@@ -74,6 +78,10 @@ impl Counters {
         self.hints.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub fn duplicate(&self) {
+        self.duplicates.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn dial(&self) {
         self.dials.fetch_add(1, Ordering::Relaxed);
     }
@@ -100,6 +108,7 @@ impl Counters {
             drained: self.drained.load(Ordering::Relaxed),
             lost: self.lost.load(Ordering::Relaxed),
             hints: self.hints.load(Ordering::Relaxed),
+            duplicates: self.duplicates.load(Ordering::Relaxed),
             dials: self.dials.load(Ordering::Relaxed),
             misrouted: self.misrouted.load(Ordering::Relaxed),
             echoed: self.echoed.load(Ordering::Relaxed),
@@ -133,6 +142,7 @@ impl Snapshot {
             total.drained += s.drained;
             total.lost += s.lost;
             total.hints += s.hints;
+            total.duplicates += s.duplicates;
             total.dials += s.dials;
             total.misrouted += s.misrouted;
             total.echoed += s.echoed;
@@ -157,6 +167,7 @@ impl Snapshot {
             drained: self.drained.saturating_sub(earlier.drained),
             lost: self.lost.saturating_sub(earlier.lost),
             hints: self.hints.saturating_sub(earlier.hints),
+            duplicates: self.duplicates.saturating_sub(earlier.duplicates),
             dials: self.dials.saturating_sub(earlier.dials),
             misrouted: self.misrouted.saturating_sub(earlier.misrouted),
             echoed: self.echoed.saturating_sub(earlier.echoed),
