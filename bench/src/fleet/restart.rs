@@ -45,6 +45,9 @@ struct Recovery {
     /// (`cluster::PER_AGENT`) over the restart, when the bench runs the control plane.
     kube: Option<KubeLoad>,
     apiserver_per_agent: Option<Vec<f64>>,
+    /// The new server's agent handshakes by how they ended, until every agent was back
+    /// (`bridgehead_server_agent_handshakes_total`): whether it cut or refused any itself.
+    handshakes: String,
     /// The recovery target.
     target: Duration,
     error: Option<String>,
@@ -98,6 +101,7 @@ pub(super) fn restart(
         _ => None,
     };
     let after = fleet.workers.stats()?;
+    let handshakes = handshakes_text(&fleet.server);
     let stalled = stalled.map(|stalled| runtime.block_on(stalled.stop()));
     let server_cpu = procfs::cpu_seconds(fleet.server.process.pid()).unwrap_or(f64::NAN);
     let simulator_cpu = procfs::cpu_sample(&simulator)?.seconds_since(&simulator_before);
@@ -116,6 +120,7 @@ pub(super) fn restart(
         stalled,
         kube,
         apiserver_per_agent,
+        handshakes,
         target: if plan.auth == Auth::Cert {
             TARGET_RECOVERY_CERT
         } else {
@@ -129,6 +134,23 @@ pub(super) fn restart(
         Some(error) => bail!("after SIG{signal}: {error}"),
         None => Ok(()),
     }
+}
+
+/// `ok 10000, stalled 3` from the server's `agent_handshakes` counter (the non-zero ones).
+fn handshakes_text(server: &Server) -> String {
+    const SERIES: &str = "bridgehead_server_agent_handshakes_total{result=\"";
+    let Ok((200, page)) = server.get("/metrics") else {
+        return "unknown".to_owned();
+    };
+    page.lines()
+        .filter_map(|line| line.strip_prefix(SERIES))
+        .filter_map(|rest| {
+            let (result, value) = rest.split_once("\"} ")?;
+            let n = value.trim().parse::<f64>().ok()? as u64;
+            (n > 0).then(|| format!("{result} {n}"))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn report_recovery(
@@ -149,11 +171,12 @@ fn report_recovery(
         |d| format!("{:.1} s", d.as_secs_f64()),
     );
     eprintln!(
-        "  SIG{signal}: old server gone after {:.2} s, new one listening after {:.2} s; all back {back} later; failed attempts {failed} ({}); refused (no server) {refused}; simulator CPU {:.1} s",
+        "  SIG{signal}: old server gone after {:.2} s, new one listening after {:.2} s; all back {back} later; failed attempts {failed} ({}); refused (no server) {refused}; simulator CPU {:.1} s; the new server's handshakes: {}",
         r.exited.as_secs_f64(),
         r.listening.as_secs_f64(),
         failures.failures_text(),
-        r.simulator_cpu
+        r.simulator_cpu,
+        r.handshakes
     );
     report.record(
         "fleet_restart",
@@ -175,6 +198,7 @@ fn report_recovery(
             "stalled_opened": r.stalled.map(|(opened, _)| opened),
             "stalled_closed": r.stalled.map(|(_, closed)| closed),
             "server_cpu_s": r.server_cpu,
+            "server_handshakes": r.handshakes,
             "foreign_cpu_s": r.foreign_cpu,
             "wall_s": r.wall,
             "error": r.error,
