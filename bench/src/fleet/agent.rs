@@ -125,6 +125,7 @@ pub async fn run(agent: Agent, shared: Arc<Shared>, start: Duration) {
             continue;
         }
         counters.attempt();
+        let began = std::time::SystemTime::now();
         let attempt = tokio::select! {
             attempt = connect::connect(&shared.endpoint, &query, agent.token.as_deref(), &live) => attempt,
             () = shared.stop.cancelled() => return,
@@ -161,7 +162,7 @@ pub async fn run(agent: Agent, shared: Arc<Shared>, start: Duration) {
                 schedule.after_success(&mut rng)
             }
             Err(failure) => {
-                counters.failed(&failure.kind());
+                counters.failed_began(&failure.kind(), began);
                 let backoff = schedule.after_failure(&mut rng);
                 match failure.retry_after() {
                     Some(hint) => {

@@ -54,9 +54,9 @@ pub struct Endpoint {
 pub enum Failure {
     /// Nothing listens (the server is down).
     Refused,
-    /// The server closed or reset the connection before the upgrade was answered (a
-    /// handshake cut).
-    Reset,
+    /// The server closed or reset the connection at this step, before the upgrade was
+    /// answered (a handshake cut, or a connection queued on a listener that closed).
+    Reset(Step),
     /// A step took longer than [`STEP_TIMEOUT`].
     TimedOut(Step),
     /// The TLS handshake failed otherwise (certificate, protocol).
@@ -81,12 +81,14 @@ pub enum Step {
 }
 
 impl Failure {
-    /// The kind counted: `refused`, `reset`, `timeout:tcp|tls|upgrade`, `tls`, `http:NNN`,
-    /// `other`.
+    /// The kind counted: `refused`, `reset:tcp|tls|upgrade`, `timeout:tcp|tls|upgrade`, `tls`,
+    /// `http:NNN`, `duplicate`, `other`.
     pub fn kind(&self) -> String {
         match self {
             Failure::Refused => "refused".to_owned(),
-            Failure::Reset => "reset".to_owned(),
+            Failure::Reset(Step::Tcp) => "reset:tcp".to_owned(),
+            Failure::Reset(Step::Tls) => "reset:tls".to_owned(),
+            Failure::Reset(Step::Upgrade) => "reset:upgrade".to_owned(),
             Failure::TimedOut(Step::Tcp) => "timeout:tcp".to_owned(),
             Failure::TimedOut(Step::Tls) => "timeout:tls".to_owned(),
             Failure::TimedOut(Step::Upgrade) => "timeout:upgrade".to_owned(),
@@ -115,7 +117,7 @@ impl Failure {
             io::ErrorKind::ConnectionReset
             | io::ErrorKind::ConnectionAborted
             | io::ErrorKind::BrokenPipe
-            | io::ErrorKind::UnexpectedEof => Failure::Reset,
+            | io::ErrorKind::UnexpectedEof => Failure::Reset(step),
             io::ErrorKind::TimedOut => Failure::TimedOut(step),
             _ if step == Step::Tls => Failure::Tls(error.to_string()),
             _ => Failure::Other(error.to_string()),
@@ -209,7 +211,7 @@ async fn upgrade(
         .map_err(|error| Failure::io(Step::Upgrade, &error))?;
     let (buf, end) = match http_head::read(tls).await {
         RawHead::Complete { buf, end } => (buf, end),
-        RawHead::Closed => return Err(Failure::Reset),
+        RawHead::Closed => return Err(Failure::Reset(Step::Upgrade)),
         RawHead::TooLarge => return Err(Failure::Other("answer head too large".to_owned())),
     };
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -286,7 +288,8 @@ mod tests {
         let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
         assert_eq!(Failure::io(Step::Tcp, &refused), Failure::Refused);
         let eof = io::Error::from(io::ErrorKind::UnexpectedEof);
-        assert_eq!(Failure::io(Step::Tls, &eof), Failure::Reset);
+        assert_eq!(Failure::io(Step::Tls, &eof), Failure::Reset(Step::Tls));
+        assert_eq!(Failure::Reset(Step::Tls).kind(), "reset:tls");
     }
 
     #[test]

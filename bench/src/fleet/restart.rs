@@ -27,6 +27,8 @@ struct Recovery {
     /// From the signal until the old server exited, and until the new one listened.
     exited: Duration,
     listening: Duration,
+    /// When the new server listened, by the clock the simulator's processes share.
+    listening_at: std::time::SystemTime,
     /// From the new server listening until every agent was back (`None`: not within the bound).
     back: Option<Duration>,
     /// What the simulator saw from the signal until every agent was back.
@@ -86,6 +88,7 @@ pub(super) fn restart(
     let spawned = Instant::now();
     fleet.server = Server::start(&fleet.pki, fleet.options.clone())?;
     let listening = started.elapsed();
+    let listening_at = std::time::SystemTime::now();
     let mut sampler = (plan.auth != Auth::Cert).then(|| Sampler::new(spawned));
     let waited = fleet.wait_all_back(plan.recovery_bound, sampler.as_mut());
     let kube = sampler.map(|sampler| sampler.finish(&fleet.server));
@@ -109,6 +112,7 @@ pub(super) fn restart(
     let recovery = Recovery {
         exited,
         listening,
+        listening_at,
         back: waited.as_ref().ok().copied(),
         seen: after.since(&before),
         server_cpu,
@@ -160,10 +164,13 @@ fn report_recovery(
     r: &Recovery,
 ) -> anyhow::Result<()> {
     // Linux refuses a connection only where nothing listens (a full backlog drops the SYN
-    // instead): a refused attempt found the restart's gap, not the server's admission. Every
-    // other failed attempt counts.
+    // instead): a refused attempt found the restart's gap, not the server's admission. So did
+    // an attempt begun before the new server listened (after SIGKILL: connections queued on
+    // the dying process's listener, reset when the kernel closed it): the new server never
+    // saw it. Every other failed attempt counts.
     let refused = r.seen.failed_of("refused");
-    let failed = r.seen.failed() - refused;
+    let early = r.seen.failed_before(r.listening_at);
+    let failed = r.seen.failed() - refused - early;
     let mut failures = r.seen.clone();
     failures.failures.remove("refused");
     let back = r.back.map_or_else(
@@ -171,7 +178,7 @@ fn report_recovery(
         |d| format!("{:.1} s", d.as_secs_f64()),
     );
     eprintln!(
-        "  SIG{signal}: old server gone after {:.2} s, new one listening after {:.2} s; all back {back} later; failed attempts {failed} ({}); refused (no server) {refused}; simulator CPU {:.1} s; the new server's handshakes: {}",
+        "  SIG{signal}: old server gone after {:.2} s, new one listening after {:.2} s; all back {back} later; failed attempts {failed} (all kinds: {}); begun before the new server listened {early}; refused (no server) {refused}; simulator CPU {:.1} s; the new server's handshakes: {}",
         r.exited.as_secs_f64(),
         r.listening.as_secs_f64(),
         failures.failures_text(),
@@ -187,6 +194,7 @@ fn report_recovery(
             "listening_s": r.listening.as_secs_f64(),
             "back_s": r.back.map(|d| d.as_secs_f64()),
             "failed": failed,
+            "failed_begun_before_listening": early,
             "failures": failures.failures,
             "refused_no_server": refused,
             "simulator_cpu_s": r.simulator_cpu,
@@ -212,7 +220,8 @@ fn report_recovery(
             "old gone / new listening",
             "all back (from new server)",
             "failed attempts",
-            "by kind",
+            "by kind (with the gap's)",
+            "begun before the new server listened",
             "refused (no server)",
             "retry hints",
             "stalled handshakes opened / cut",
@@ -231,6 +240,7 @@ fn report_recovery(
             back.clone(),
             failed.to_string(),
             failures.failures_text(),
+            early.to_string(),
             refused.to_string(),
             r.seen.hints.to_string(),
             r.stalled.map_or_else(
