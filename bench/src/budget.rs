@@ -67,6 +67,7 @@ impl Budget {
                 trickle_interval: Duration::from_millis(50),
                 stalled: 0,
                 servers: 1,
+                round_robin: false,
             },
         }
     }
@@ -99,6 +100,7 @@ impl Budget {
                 trickle_interval: Duration::from_millis(50),
                 stalled: 0,
                 servers: 1,
+                round_robin: false,
             },
         }
     }

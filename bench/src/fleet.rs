@@ -18,7 +18,12 @@
 //! dial sent to another agent, so every dial an agent gets for another's address is a
 //! routing error); `--max-sessions-per-identity` above N, since every agent presents the same
 //! certificate; no `--cluster-ca-cert` when the agents present tokens alone. `--server-arg`
-//! adds more (token authentication's flags, say).
+//! adds more.
+//!
+//! With tokens and no token file, [`cluster`] starts the control-plane fixture and makes a
+//! Node, a Pod and a pod-bound token per agent; each restart then also measures the new
+//! server's requests to kube-apiserver ([`kube_load`]). With `--fleet-servers`, [`ha`] runs
+//! several servers behind haproxy instead, every agent on each, restarted one after another.
 
 pub mod agent;
 pub mod cluster;
@@ -77,6 +82,8 @@ pub struct Plan {
     pub stalled: usize,
     /// Servers behind haproxy, every agent on each ([`ha`]); 1 for the single server.
     pub servers: usize,
+    /// haproxy balances round robin rather than by least connections.
+    pub round_robin: bool,
 }
 
 /// How the simulated agents prove who they are; the server is started to match (its token

@@ -171,6 +171,10 @@ pub struct Options {
     /// holding a session with each, restarted one after another [default: 1, no haproxy].
     #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
     pub fleet_servers: Option<usize>,
+    /// `--only fleet --fleet-servers N`: haproxy balances round robin instead of by least
+    /// connections (to compare the two).
+    #[arg(long)]
+    pub fleet_round_robin: bool,
     /// Internal: be a fleet simulator process (its spec and commands on stdin).
     #[arg(long, hide = true)]
     pub fleet_worker: bool,
@@ -577,6 +581,7 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
             tokens: options.fleet_tokens.clone(),
             stalled: options.fleet_stalled.unwrap_or(budget.fleet.stalled),
             servers: options.fleet_servers.unwrap_or(budget.fleet.servers),
+            round_robin: options.fleet_round_robin,
             ..budget.fleet.clone()
         };
         fleet::run(&plan, &extra, &runtime, &mut report);

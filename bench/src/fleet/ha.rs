@@ -43,6 +43,8 @@ struct Ha {
     balancers: Vec<Haproxy>,
     workers: Workers,
     agents: usize,
+    /// haproxy's `balance`.
+    balance: &'static str,
     _dir: tempfile::TempDir,
 }
 
@@ -103,7 +105,7 @@ impl Ha {
         let per_worker = (SESSIONS_PER_WORKER / k).max(1);
         let processes = plan.agents.div_ceil(per_worker).max(1);
         let balance = Balance {
-            least_connections: true,
+            least_connections: !plan.round_robin,
             // Every session of its worker, and each agent's attempt besides.
             max_connections: u32::try_from(SESSIONS_PER_WORKER + per_worker + 256)?,
         };
@@ -131,6 +133,11 @@ impl Ha {
             balancers,
             workers,
             agents: plan.agents,
+            balance: if plan.round_robin {
+                "roundrobin"
+            } else {
+                "leastconn"
+            },
             _dir: dir,
         })
     }
@@ -233,6 +240,7 @@ fn restart(ha: &mut Ha, i: usize, report: &mut Report) -> anyhow::Result<()> {
             "agents": n,
             "servers": k,
             "server": i,
+            "balance": ha.balance,
             "signal": "TERM",
             "exited_s": exited.as_secs_f64(),
             "listening_s": listening.as_secs_f64(),
@@ -251,9 +259,10 @@ fn restart(ha: &mut Ha, i: usize, report: &mut Report) -> anyhow::Result<()> {
         }),
     )?;
     report.row(
-        "Fleet: servers behind haproxy (least connections), every agent on each, restarted one after another",
+        "Fleet: servers behind haproxy, every agent on each, restarted one after another",
         &[
             "agents × servers",
+            "balance",
             "restarted",
             "old gone / new listening",
             "all back (from new server)",
@@ -264,8 +273,13 @@ fn restart(ha: &mut Ha, i: usize, report: &mut Report) -> anyhow::Result<()> {
         ],
         vec![
             format!("{n} × {k}"),
+            ha.balance.to_owned(),
             format!("server {i} (SIGTERM)"),
-            format!("{:.2} s / {:.2} s", exited.as_secs_f64(), listening.as_secs_f64()),
+            format!(
+                "{:.2} s / {:.2} s",
+                exited.as_secs_f64(),
+                listening.as_secs_f64()
+            ),
             back.clone(),
             failed.to_string(),
             seen.failures_text(),
