@@ -66,6 +66,8 @@ impl Budget {
                 recovery_bound: Duration::from_secs(300),
                 trickle_interval: Duration::from_millis(50),
                 stalled: 0,
+                servers: 1,
+                round_robin: false,
             },
         }
     }
@@ -97,6 +99,8 @@ impl Budget {
                 recovery_bound: Duration::from_secs(60),
                 trickle_interval: Duration::from_millis(50),
                 stalled: 0,
+                servers: 1,
+                round_robin: false,
             },
         }
     }

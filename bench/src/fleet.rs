@@ -18,12 +18,20 @@
 //! dial sent to another agent, so every dial an agent gets for another's address is a
 //! routing error); `--max-sessions-per-identity` above N, since every agent presents the same
 //! certificate; no `--cluster-ca-cert` when the agents present tokens alone. `--server-arg`
-//! adds more (token authentication's flags, say).
+//! adds more.
+//!
+//! With tokens and no token file, [`cluster`] starts the control-plane fixture and makes a
+//! Node, a Pod and a pod-bound token per agent; each restart then also measures the new
+//! server's requests to kube-apiserver ([`kube_load`]). With `--fleet-servers`, [`ha`] runs
+//! several servers behind haproxy instead, every agent on each, restarted one after another.
 
 pub mod agent;
+pub mod cluster;
 pub mod connect;
 pub mod counters;
+mod ha;
 pub mod identity;
+pub mod kube_load;
 pub mod probe;
 mod restart;
 pub mod stalled;
@@ -42,6 +50,8 @@ use crate::noise::Noise;
 use crate::report::{Check, Outcome, Report};
 use crate::rig::ExtraArgs;
 use crate::route::Route;
+use cluster::TokenCluster;
+use kube_load::Sampler;
 use probe::Trickle;
 use workers::Workers;
 
@@ -57,7 +67,8 @@ pub struct Plan {
     /// How the agents authenticate.
     pub auth: Auth,
     /// Bearer tokens, one a line, agent `i` presenting line `i` (for [`Auth::Token`] and
-    /// [`Auth::Both`]).
+    /// [`Auth::Both`]); without them the bench makes them against the control-plane fixture
+    /// ([`cluster`]).
     pub tokens: Option<PathBuf>,
     /// How long the idle fleet's CPU is measured.
     pub idle_window: Duration,
@@ -69,6 +80,10 @@ pub struct Plan {
     pub trickle_interval: Duration,
     /// Stalled handshakes held on the agent endpoint through each restart.
     pub stalled: usize,
+    /// Servers behind haproxy, every agent on each ([`ha`]); 1 for the single server.
+    pub servers: usize,
+    /// haproxy balances round robin rather than by least connections.
+    pub round_robin: bool,
 }
 
 /// How the simulated agents prove who they are; the server is started to match (its token
@@ -95,6 +110,8 @@ struct Fleet {
     agents: usize,
     /// When every agent was last back.
     back_at: Instant,
+    /// The control plane the tokens came from, when the bench made them.
+    cluster: Option<TokenCluster>,
     _dir: tempfile::TempDir,
 }
 
@@ -116,13 +133,19 @@ fn measure(
     runtime: &tokio::runtime::Runtime,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    match (plan.auth, &plan.tokens) {
-        (Auth::Cert, _) => {}
-        // Checked before anything starts: each worker reads its own slice again.
-        (_, Some(path)) => drop(worker::tokens(path, 0, plan.agents)?),
-        (_, None) => bail!("--fleet-auth token and both need --fleet-tokens"),
+    if plan.servers > 1 {
+        return ha::run(plan, extra, report);
     }
-    let (mut fleet, baseline_rss) = Fleet::start(plan, extra)?;
+    let cluster = match (plan.auth, &plan.tokens) {
+        (Auth::Cert, _) => None,
+        // Checked before anything starts: each worker reads its own slice again.
+        (_, Some(path)) => {
+            drop(worker::tokens(path, 0, plan.agents)?);
+            None
+        }
+        (_, None) => Some(TokenCluster::start(plan.agents, runtime)?),
+    };
+    let (mut fleet, baseline_rss) = Fleet::start(plan, extra, cluster)?;
     first_start(&mut fleet, plan, report)?;
     let mut pids = fleet.workers.pids();
     pids.push(fleet.server.process.pid());
@@ -173,7 +196,11 @@ fn measure(
 
 impl Fleet {
     /// A fresh server (its RSS with no agent returned) and the simulator connecting to it.
-    fn start(plan: &Plan, extra: &ExtraArgs) -> anyhow::Result<(Fleet, u64)> {
+    fn start(
+        plan: &Plan,
+        extra: &ExtraArgs,
+        cluster: Option<TokenCluster>,
+    ) -> anyhow::Result<(Fleet, u64)> {
         let pki = Pki::new()?;
         let dir = tempfile::tempdir()?;
         let uds = dir.path().join("bridgehead.sock");
@@ -181,7 +208,14 @@ impl Fleet {
             "--proxy-strategies=destHost".to_owned(),
             format!("--max-sessions-per-identity={}", plan.agents * 2),
         ];
+        if let Some(cluster) = &cluster {
+            args.extend(cluster.server_args.iter().cloned());
+        }
         args.extend(extra.server.iter().cloned());
+        let tokens = match &cluster {
+            Some(cluster) => Some(cluster.tokens.clone()),
+            None => plan.tokens.clone(),
+        };
         let options = ServerOptions {
             uds: Some(uds.clone()),
             args,
@@ -197,12 +231,11 @@ impl Fleet {
             ca: pki.path("cluster-ca.crt"),
             certificate: (plan.auth != Auth::Token)
                 .then(|| (pki.path("agent.crt"), pki.path("agent.key"))),
-            tokens: (plan.auth != Auth::Cert)
-                .then(|| plan.tokens.clone())
-                .flatten(),
+            tokens: (plan.auth != Auth::Cert).then_some(tokens).flatten(),
             first: 0,
             count: plan.agents,
             start_within: Duration::from_secs(1),
+            sessions_per_agent: 1,
         };
         let workers = Workers::start(plan.agents, &spec)?;
         let options = ServerOptions {
@@ -218,6 +251,7 @@ impl Fleet {
                 route: Route::uds(uds),
                 agents: plan.agents,
                 back_at: Instant::now(),
+                cluster,
                 _dir: dir,
             },
             baseline,
@@ -239,10 +273,18 @@ impl Fleet {
     /// agent (bounded poll: neither side can be waited on directly); the time it took. The
     /// server is asked only once the simulator holds them all: a `/metrics` costs the server
     /// CPU in proportion to its agents, which ten a second would add to what is measured.
-    fn wait_all_back(&mut self, bound: Duration) -> anyhow::Result<Duration> {
+    /// `kube`, when given, reads the server's requests to kube-apiserver meanwhile.
+    fn wait_all_back(
+        &mut self,
+        bound: Duration,
+        mut kube: Option<&mut Sampler>,
+    ) -> anyhow::Result<Duration> {
         let started = Instant::now();
         let n = self.agents as u64;
         loop {
+            if let Some(sampler) = kube.as_deref_mut() {
+                sampler.sample(&self.server);
+            }
             let up = self.workers.stats()?.up;
             let gauge = if up >= n { self.gauge()? } else { 0 };
             if up >= n && gauge >= n {
@@ -264,7 +306,7 @@ impl Fleet {
 /// second, as when the agents start together.
 fn first_start(fleet: &mut Fleet, plan: &Plan, report: &mut Report) -> anyhow::Result<()> {
     let started = Instant::now();
-    let waited = fleet.wait_all_back(plan.recovery_bound);
+    let waited = fleet.wait_all_back(plan.recovery_bound, None);
     let seen = fleet.workers.stats()?;
     let elapsed = started.elapsed().as_secs_f64();
     eprintln!(

@@ -153,7 +153,9 @@ pub struct Options {
     #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=fleet::identity::MAX_AGENTS as u64))]
     pub agents: Option<usize>,
     /// `--only fleet`: a file of bearer tokens, one a line; simulated agent i presents line i
-    /// in `Authorization: Bearer`.
+    /// in `Authorization: Bearer`. Without it, `--fleet-auth token` makes them: it starts the
+    /// control-plane fixture (root, scripts/k8s-build.sh), a Node, a Pod and a pod-bound token
+    /// per agent, and runs the server with token authentication and --bind-agent-identifiers.
     #[arg(long, value_name = "FILE")]
     pub fleet_tokens: Option<PathBuf>,
     /// `--only fleet`: how the simulated agents authenticate [default: token with
@@ -165,6 +167,14 @@ pub struct Options {
     /// nothing) held on the agent endpoint through each restart [default: 0].
     #[arg(long, value_name = "N")]
     pub fleet_stalled: Option<usize>,
+    /// `--only fleet`: servers behind haproxy (`--server-count N`), every simulated agent
+    /// holding a session with each, restarted one after another [default: 1, no haproxy].
+    #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
+    pub fleet_servers: Option<usize>,
+    /// `--only fleet --fleet-servers N`: haproxy balances round robin instead of by least
+    /// connections (to compare the two).
+    #[arg(long)]
+    pub fleet_round_robin: bool,
     /// Internal: be a fleet simulator process (its spec and commands on stdin).
     #[arg(long, hide = true)]
     pub fleet_worker: bool,
@@ -675,6 +685,8 @@ impl<'a> Bench<'a> {
                 }),
             tokens: options.fleet_tokens.clone(),
             stalled: options.fleet_stalled.unwrap_or(budget.fleet.stalled),
+            servers: options.fleet_servers.unwrap_or(budget.fleet.servers),
+            round_robin: options.fleet_round_robin,
             ..budget.fleet.clone()
         };
         fleet::run(&plan, &self.extra, &self.runtime, report);

@@ -39,14 +39,42 @@ pub fn available() -> bool {
         .is_ok_and(|status| status.success())
 }
 
+/// How haproxy picks a backend, and how many connections it holds.
+#[derive(Debug, Clone, Copy)]
+pub struct Balance {
+    /// `leastconn` rather than `roundrobin`: a new connection goes to the backend with the
+    /// fewest, so a restarted server (none) gets the fleet's reconnections first.
+    pub least_connections: bool,
+    /// `maxconn`: each connection costs haproxy two descriptors.
+    pub max_connections: u32,
+}
+
+impl Default for Balance {
+    fn default() -> Balance {
+        Balance {
+            least_connections: false,
+            max_connections: 4096,
+        }
+    }
+}
+
 impl Haproxy {
     /// haproxy listening on `ip` (an ephemeral port), balancing over `backends` round robin.
     pub fn start(ip: std::net::IpAddr, backends: &[SocketAddr]) -> anyhow::Result<Haproxy> {
+        Haproxy::start_balanced(ip, backends, Balance::default())
+    }
+
+    /// haproxy as [`Haproxy::start`], balancing as `balance` says.
+    pub fn start_balanced(
+        ip: std::net::IpAddr,
+        backends: &[SocketAddr],
+        balance: Balance,
+    ) -> anyhow::Result<Haproxy> {
         let listener = TcpListener::bind((ip, 0)).context("binding haproxy's listener")?;
         let addr = listener.local_addr()?;
         let dir = tempfile::tempdir()?;
         let config = dir.path().join("haproxy.cfg");
-        std::fs::write(&config, config_text(backends))?;
+        std::fs::write(&config, config_text(backends, balance))?;
         check(&config, &listener)?;
         let mut command = Command::new("haproxy");
         command.arg("-db").arg("-f").arg(&config);
@@ -81,11 +109,18 @@ fn check(config: &Path, listener: &TcpListener) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// TCP mode, round robin, health checks, retries with redispatch; long idle timeouts (agent
-/// sessions are long-lived, kept alive by WebSocket pings).
-fn config_text(backends: &[SocketAddr]) -> String {
+/// TCP mode, round robin (or least connections), health checks, retries with redispatch; long
+/// idle timeouts (agent sessions are long-lived, kept alive by WebSocket pings).
+fn config_text(backends: &[SocketAddr], balance: Balance) -> String {
     let mut text = format!(
-        "global\n  maxconn 4096\n\ndefaults\n  mode tcp\n  timeout connect 1s\n  timeout client 1h\n  timeout server 1h\n  retries 3\n  option redispatch\n\nfrontend agents\n  bind fd@0\n  default_backend servers\n\nbackend servers\n  balance roundrobin\n  default-server check inter {}ms fall 2 rise 1\n",
+        "global\n  maxconn {}\n\ndefaults\n  mode tcp\n  maxconn {}\n  timeout connect 1s\n  timeout client 1h\n  timeout server 1h\n  retries 3\n  option redispatch\n\nfrontend agents\n  bind fd@0\n  default_backend servers\n\nbackend servers\n  balance {}\n  default-server check inter {}ms fall 2 rise 1\n",
+        balance.max_connections,
+        balance.max_connections,
+        if balance.least_connections {
+            "leastconn"
+        } else {
+            "roundrobin"
+        },
         CHECK_INTERVAL.as_millis()
     );
     for (i, backend) in backends.iter().enumerate() {

@@ -9,6 +9,7 @@
 //! - [`control_plane`]: [`ControlPlane`], the running etcd + kube-apiserver and kubectl.
 //! - [`node`]: [`node::NodeStandIn`], what kube-apiserver reaches on a node.
 //! - [`cluster`]: all of it together, with a bridgehead-server and agents.
+//! - [`fleet`]: a simulated fleet's Nodes, Pods and pod-bound tokens, made concurrently.
 //! - [`node_host`]: [`node_host::NodeHost`], a real node (containerd and kubelet) on a test
 //!   host; [`controllers`]: kube-scheduler and kube-controller-manager beside kube-apiserver;
 //!   [`images`]: the images a real node imports; [`workload`]: the test pods behind a Service
@@ -20,6 +21,7 @@
 pub mod cluster;
 pub mod control_plane;
 pub mod controllers;
+pub mod fleet;
 pub mod images;
 pub mod konnectivity;
 pub mod node;

@@ -4,7 +4,7 @@ use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -305,6 +305,33 @@ impl Drop for Process {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Runs `command` to its end and collects its output, killing it (SIGKILL) if it runs longer
+/// than `timeout`: an error then.
+pub fn output_within(mut command: Command, timeout: Duration) -> anyhow::Result<Output> {
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("spawning")?;
+    let pid = rustix::process::Pid::from_child(&child);
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let late = finished.recv_timeout(timeout).is_err();
+        if late {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+        late
+    });
+    let output = child.wait_with_output();
+    let _ = done.send(());
+    let killed = watchdog.join().unwrap_or(false);
+    if killed {
+        bail!("killed after {timeout:?}");
+    }
+    Ok(output?)
 }
 
 /// Polls `check` until it holds, at most `timeout`: the last resort when nothing can be waited

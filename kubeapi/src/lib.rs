@@ -12,15 +12,19 @@
 
 pub mod labels;
 pub mod leases;
+pub mod requests;
 pub mod serviceaccount;
 
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tokio::time::Instant;
+
+pub use requests::RequestCounts;
 
 pub use k8s_openapi;
 pub use kube;
@@ -49,6 +53,7 @@ pub enum ApiError {
 pub struct KubeApi {
     client: Client,
     bucket: Mutex<Bucket>,
+    requests: RequestCounts,
 }
 
 impl std::fmt::Debug for KubeApi {
@@ -82,7 +87,18 @@ impl KubeApi {
     /// A client from a configuration made elsewhere (tests, a server with its own
     /// discovery of the API); `qps` and `burst` as for [`KubeApi::connect`].
     pub fn with_config(config: Config, qps: f32, burst: u32) -> Result<KubeApi, ApiError> {
-        let client = Client::try_from(config).map_err(|e| ApiError::Config(e.to_string()))?;
+        let requests = RequestCounts::default();
+        let counted = requests.clone();
+        // Every request of the client, paced or not (watches, discovery), is counted here.
+        let client = ClientBuilder::try_from(config)
+            .map_err(|e| ApiError::Config(e.to_string()))?
+            .with_layer(&tower::util::MapRequestLayer::new(
+                move |request: http::Request<kube::client::Body>| {
+                    counted.count(request.method(), request.uri());
+                    request
+                },
+            ))
+            .build();
         let qps = if qps > 0.0 {
             f64::from(qps)
         } else {
@@ -92,12 +108,18 @@ impl KubeApi {
         Ok(KubeApi {
             client,
             bucket: Mutex::new(Bucket::new(qps, burst)),
+            requests,
         })
     }
 
     /// The underlying client, for [`kube::Api`] handles.
     pub fn client(&self) -> Client {
         self.client.clone()
+    }
+
+    /// The requests this client made so far, by verb and resource.
+    pub fn requests(&self) -> RequestCounts {
+        self.requests.clone()
     }
 
     /// How long a request made now would wait for the rate limit.

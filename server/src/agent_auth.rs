@@ -141,8 +141,12 @@ pub struct TokenPolicy {
 }
 
 /// How long a token presented while the local verifier starts (keys and watches not in yet)
-/// waits for it before it goes to TokenReview: well inside the agent's patience.
-const VERIFIER_STARTUP_WAIT: Duration = Duration::from_secs(3);
+/// waits for it before it goes to TokenReview. Inside the agent's patience for the upgrade
+/// answer (10 s) with room for the rest of the answer; long enough for the first lists of a
+/// large cluster made while the returning fleet's handshakes take the server's CPU (a
+/// restarted server's streaming lists of 10,000 pods and nodes took longer than 3 s on 2
+/// busy cores, and each token that gave up cost a TokenReview and a Node GET).
+const VERIFIER_STARTUP_WAIT: Duration = Duration::from_secs(7);
 
 /// The agent endpoint's authentication.
 #[derive(Debug)]

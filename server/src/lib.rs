@@ -246,6 +246,9 @@ async fn start(
     if let Some(verifier) = &verifier {
         ctx.metrics.watch_token_verifier(verifier.clone());
     }
+    if let Some(kube) = &kube {
+        ctx.metrics.watch_kube_requests(kube.requests());
+    }
     ctx.metrics
         .set_ready_backends(&ctx.registry.ready_backends());
     Ok((Arc::new(ctx), kube, verifier))

@@ -170,6 +170,35 @@ impl prometheus_client::collector::Collector for VerifierCollector {
     }
 }
 
+/// `bridgehead_server_kube_apiserver_requests_total{verb, resource}`: every request the
+/// server's Kubernetes client made, named as kube-apiserver's `apiserver_request_total` names
+/// them, read at every scrape.
+#[derive(Debug)]
+struct KubeRequestsCollector(bridgehead_kubeapi::RequestCounts);
+
+impl prometheus_client::collector::Collector for KubeRequestsCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        let mut family = encoder.encode_descriptor(
+            "kube_apiserver_requests",
+            "Requests this server made to kube-apiserver (token reviews, Node reads, watches and their lists, issuer discovery, Leases), by verb and resource as kube-apiserver's apiserver_request_total names them",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (verb, resource, n) in self.0.snapshot() {
+            let counter = ConstCounter::new(n);
+            counter.encode(
+                family.encode_family(&[("verb", verb), ("resource", resource.as_str())])?,
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// `bridgehead_server_token_reviews_total`, held by a review task.
 #[derive(Debug, Clone)]
 pub struct TokenReviews(Family<ResultLabel, Counter>);
@@ -574,6 +603,13 @@ impl Metrics {
         self.registry
             .sub_registry_with_prefix("bridgehead_server")
             .register_collector(Box::new(VerifierCollector(verifier)));
+    }
+
+    /// Exports the requests of the server's Kubernetes client, read at every scrape.
+    pub fn watch_kube_requests(&mut self, requests: bridgehead_kubeapi::RequestCounts) {
+        self.registry
+            .sub_registry_with_prefix("bridgehead_server")
+            .register_collector(Box::new(KubeRequestsCollector(requests)));
     }
 
     /// The token review counter, for a review that runs as its own task.

@@ -1,9 +1,11 @@
 //! One simulated agent's way to a session, as the agent takes it (agent/src/server_connection.rs,
 //! written again here from docs/protocol.md §1: the agent's own is private to its crate): TCP,
 //! TLS with the agent's client certificate, the WebSocket upgrade to `/connect?<identifiers>`
-//! with the subprotocol and, when given, `Authorization: Bearer`. Every step has the agent's
-//! timeout. A failure says what kind it was, so a storm's failed attempts can be counted by
-//! kind, and carries the server's retry hint when it gave one.
+//! with the subprotocol, when given `Authorization: Bearer`, and the servers the agent holds
+//! already (`bridgehead-connected-servers`, §1.1). Every step has the agent's timeout. A
+//! failure says what kind it was, so a storm's failed attempts can be counted by kind, and
+//! carries the server's retry hint when it gave one; a 409 (a server held already) is not a
+//! failure.
 
 use std::io;
 use std::net::SocketAddr;
@@ -27,6 +29,19 @@ pub const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The WebSocket of an upgraded session.
 pub type AgentWebSocket = WebSocket<TlsStream<TcpStream>>;
 
+/// An upgraded session and who answered (docs/protocol.md §1.1).
+#[derive(Debug)]
+pub struct Connected {
+    pub ws: AgentWebSocket,
+    /// `bridgehead-server-id`.
+    pub server_id: String,
+    /// `bridgehead-server-count`, when given and in range.
+    pub server_count: Option<usize>,
+}
+
+/// Most servers an agent counts (the protocol's range of `bridgehead-server-count`).
+const MAX_SERVER_COUNT: usize = 1024;
+
 /// Where and how the simulated agents connect.
 #[derive(Debug, Clone)]
 pub struct Endpoint {
@@ -39,9 +54,9 @@ pub struct Endpoint {
 pub enum Failure {
     /// Nothing listens (the server is down).
     Refused,
-    /// The server closed or reset the connection before the upgrade was answered (a
-    /// handshake cut).
-    Reset,
+    /// The server closed or reset the connection at this step, before the upgrade was
+    /// answered (a handshake cut, or a connection queued on a listener that closed).
+    Reset(Step),
     /// A step took longer than [`STEP_TIMEOUT`].
     TimedOut(Step),
     /// The TLS handshake failed otherwise (certificate, protocol).
@@ -51,6 +66,8 @@ pub enum Failure {
         status: u16,
         retry_after: Option<Duration>,
     },
+    /// A 409: this server (its id) holds a session with the agent already. Not a failure.
+    Duplicate(String),
     /// Anything else (a malformed answer, a wrong accept key or subprotocol, a local error).
     Other(String),
 }
@@ -64,17 +81,20 @@ pub enum Step {
 }
 
 impl Failure {
-    /// The kind counted: `refused`, `reset`, `timeout:tcp|tls|upgrade`, `tls`, `http:NNN`,
-    /// `other`.
+    /// The kind counted: `refused`, `reset:tcp|tls|upgrade`, `timeout:tcp|tls|upgrade`, `tls`,
+    /// `http:NNN`, `duplicate`, `other`.
     pub fn kind(&self) -> String {
         match self {
             Failure::Refused => "refused".to_owned(),
-            Failure::Reset => "reset".to_owned(),
+            Failure::Reset(Step::Tcp) => "reset:tcp".to_owned(),
+            Failure::Reset(Step::Tls) => "reset:tls".to_owned(),
+            Failure::Reset(Step::Upgrade) => "reset:upgrade".to_owned(),
             Failure::TimedOut(Step::Tcp) => "timeout:tcp".to_owned(),
             Failure::TimedOut(Step::Tls) => "timeout:tls".to_owned(),
             Failure::TimedOut(Step::Upgrade) => "timeout:upgrade".to_owned(),
             Failure::Tls(_) => "tls".to_owned(),
             Failure::Status { status, .. } => format!("http:{status}"),
+            Failure::Duplicate(_) => "duplicate".to_owned(),
             Failure::Other(_) => "other".to_owned(),
         }
     }
@@ -97,7 +117,7 @@ impl Failure {
             io::ErrorKind::ConnectionReset
             | io::ErrorKind::ConnectionAborted
             | io::ErrorKind::BrokenPipe
-            | io::ErrorKind::UnexpectedEof => Failure::Reset,
+            | io::ErrorKind::UnexpectedEof => Failure::Reset(step),
             io::ErrorKind::TimedOut => Failure::TimedOut(step),
             _ if step == Step::Tls => Failure::Tls(error.to_string()),
             _ => Failure::Other(error.to_string()),
@@ -105,12 +125,14 @@ impl Failure {
     }
 }
 
-/// Connects, shakes hands and upgrades: the session's WebSocket, or why not.
+/// Connects, shakes hands and upgrades: the session's WebSocket and its server, or why not.
+/// `held` are the ids of the servers the agent holds a live session with.
 pub async fn connect(
     endpoint: &Endpoint,
     query: &str,
     token: Option<&str>,
-) -> Result<AgentWebSocket, Failure> {
+    held: &[String],
+) -> Result<Connected, Failure> {
     let tcp = tokio::time::timeout(STEP_TIMEOUT, TcpStream::connect(endpoint.addr))
         .await
         .map_err(|_| Failure::TimedOut(Step::Tcp))?
@@ -129,15 +151,25 @@ pub async fn connect(
         .1
         .set_buffer_limit(Some(bridgehead_mux::SESSION_TLS_BUFFER));
     let key = base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 16]>());
-    let request = request(endpoint.addr, query, token, &key);
-    let early = tokio::time::timeout(STEP_TIMEOUT, upgrade(&mut tls, &request, &key))
+    let request = request(endpoint.addr, query, token, held, &key);
+    let answer = tokio::time::timeout(STEP_TIMEOUT, upgrade(&mut tls, &request, &key))
         .await
         .map_err(|_| Failure::TimedOut(Step::Upgrade))??;
-    Ok(WebSocket::new(tls, WsRole::Client, early))
+    Ok(Connected {
+        ws: WebSocket::new(tls, WsRole::Client, answer.early),
+        server_id: answer.server_id,
+        server_count: answer.server_count,
+    })
 }
 
 /// The upgrade request's bytes (docs/protocol.md §1).
-fn request(addr: SocketAddr, query: &str, token: Option<&str>, key: &str) -> Vec<u8> {
+fn request(
+    addr: SocketAddr,
+    query: &str,
+    token: Option<&str>,
+    held: &[String],
+    key: &str,
+) -> Vec<u8> {
     let mut head = format!(
         "GET /connect?{query} HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\n\
          Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\
@@ -146,17 +178,31 @@ fn request(addr: SocketAddr, query: &str, token: Option<&str>, key: &str) -> Vec
     if let Some(token) = token {
         head.push_str(&format!("Authorization: Bearer {token}\r\n"));
     }
+    if !held.is_empty() {
+        head.push_str(&format!(
+            "bridgehead-connected-servers: {}\r\n",
+            held.join(",")
+        ));
+    }
     head.push_str("\r\n");
     head.into_bytes()
 }
 
-/// Sends the upgrade request and checks the answer: `101`, the accept key, the subprotocol.
-/// Returns the bytes that followed the head (the server's first frames).
+/// A `101` answer.
+struct Upgraded {
+    /// The bytes that followed the head (the server's first frames).
+    early: bytes::Bytes,
+    server_id: String,
+    server_count: Option<usize>,
+}
+
+/// Sends the upgrade request and checks the answer: `101`, the accept key, the subprotocol,
+/// the server's id.
 async fn upgrade(
     tls: &mut TlsStream<TcpStream>,
     request: &[u8],
     key: &str,
-) -> Result<bytes::Bytes, Failure> {
+) -> Result<Upgraded, Failure> {
     tls.write_all(request)
         .await
         .map_err(|error| Failure::io(Step::Upgrade, &error))?;
@@ -165,7 +211,7 @@ async fn upgrade(
         .map_err(|error| Failure::io(Step::Upgrade, &error))?;
     let (buf, end) = match http_head::read(tls).await {
         RawHead::Complete { buf, end } => (buf, end),
-        RawHead::Closed => return Err(Failure::Reset),
+        RawHead::Closed => return Err(Failure::Reset(Step::Upgrade)),
         RawHead::TooLarge => return Err(Failure::Other("answer head too large".to_owned())),
     };
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -182,6 +228,9 @@ async fn upgrade(
             .map(|h| String::from_utf8_lossy(h.value).trim().to_owned())
     };
     let status = response.code.unwrap_or(0);
+    if let (409, Some(id)) = (status, header("bridgehead-server-id")) {
+        return Err(Failure::Duplicate(id));
+    }
     if status != 101 {
         return Err(Failure::Status {
             status,
@@ -194,7 +243,17 @@ async fn upgrade(
     if header("sec-websocket-protocol").as_deref() != Some(SUBPROTOCOL) {
         return Err(Failure::Other("no bridgehead.v1 subprotocol".to_owned()));
     }
-    Ok(buf.freeze().slice(end..))
+    let server_id = header("bridgehead-server-id")
+        .filter(|id| !id.is_empty())
+        .ok_or_else(|| Failure::Other("no bridgehead-server-id".to_owned()))?;
+    let server_count = header("bridgehead-server-count")
+        .and_then(|n| n.parse::<usize>().ok())
+        .filter(|n| (1..=MAX_SERVER_COUNT).contains(n));
+    Ok(Upgraded {
+        early: buf.freeze().slice(end..),
+        server_id,
+        server_count,
+    })
 }
 
 /// `Retry-After` as delay-seconds (RFC 9110 §10.2.3; a fraction is taken too), up to an hour.
@@ -229,7 +288,8 @@ mod tests {
         let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
         assert_eq!(Failure::io(Step::Tcp, &refused), Failure::Refused);
         let eof = io::Error::from(io::ErrorKind::UnexpectedEof);
-        assert_eq!(Failure::io(Step::Tls, &eof), Failure::Reset);
+        assert_eq!(Failure::io(Step::Tls, &eof), Failure::Reset(Step::Tls));
+        assert_eq!(Failure::Reset(Step::Tls).kind(), "reset:tls");
     }
 
     #[test]

@@ -17,12 +17,26 @@ pub struct Counters {
     drained: AtomicU64,
     lost: AtomicU64,
     hints: AtomicU64,
+    duplicates: AtomicU64,
     dials: AtomicU64,
     misrouted: AtomicU64,
     echoed: AtomicU64,
     /// Failed attempts by kind ([`super::connect::Failure::kind`]); a failure is the slow
     /// path, so a lock is fine here.
     failures: Mutex<BTreeMap<String, u64>>,
+    /// Failed attempts other than refused ones by when they began ([`STARTS_BUCKET_MS`]).
+    failed_starts: Mutex<BTreeMap<u64, u64>>,
+}
+
+/// The width of [`Snapshot::failed_starts`]'s buckets, in milliseconds.
+pub const STARTS_BUCKET_MS: u64 = 10;
+
+/// The bucket of `at` in [`Snapshot::failed_starts`].
+pub fn starts_bucket(at: std::time::SystemTime) -> u64 {
+    let ms = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    ms / STARTS_BUCKET_MS
 }
 
 /// A point-in-time copy of one or more processes' [`Counters`].
@@ -40,14 +54,21 @@ pub struct Snapshot {
     pub lost: u64,
     /// Retry hints (`Retry-After`) honoured.
     pub hints: u64,
+    /// Attempts answered 409: a server the agent holds already (several servers behind one
+    /// address; not a failure).
+    pub duplicates: u64,
     /// Dials the server asked for.
     pub dials: u64,
     /// Dials for a host that is not the agent's own: a routing error.
     pub misrouted: u64,
     /// Bytes echoed back through tunnels.
     pub echoed: u64,
-    /// Failed attempts by kind (`refused`, `reset`, `timeout:tls`, `http:503`, ...).
+    /// Failed attempts by kind (`refused`, `reset:tls`, `timeout:tls`, `http:503`, ...).
     pub failures: BTreeMap<String, u64>,
+    /// Failed attempts but refused ones, by the wall-clock bucket ([`starts_bucket`]) in which
+    /// they began: the processes share the clock, so a restart can tell the attempts begun
+    /// before its new server listened.
+    pub failed_starts: BTreeMap<u64, u64>,
 }
 
 impl Counters {
@@ -74,6 +95,10 @@ impl Counters {
         self.hints.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub fn duplicate(&self) {
+        self.duplicates.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn dial(&self) {
         self.dials.fetch_add(1, Ordering::Relaxed);
     }
@@ -92,6 +117,15 @@ impl Counters {
         *failures.entry(kind.to_owned()).or_default() += 1;
     }
 
+    /// One failed attempt of `kind` that began at `began`.
+    pub fn failed_began(&self, kind: &str, began: std::time::SystemTime) {
+        self.failed(kind);
+        if kind != "refused" {
+            let mut starts = self.failed_starts.lock().unwrap_or_else(|p| p.into_inner());
+            *starts.entry(starts_bucket(began)).or_default() += 1;
+        }
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
             attempts: self.attempts.load(Ordering::Relaxed),
@@ -100,11 +134,17 @@ impl Counters {
             drained: self.drained.load(Ordering::Relaxed),
             lost: self.lost.load(Ordering::Relaxed),
             hints: self.hints.load(Ordering::Relaxed),
+            duplicates: self.duplicates.load(Ordering::Relaxed),
             dials: self.dials.load(Ordering::Relaxed),
             misrouted: self.misrouted.load(Ordering::Relaxed),
             echoed: self.echoed.load(Ordering::Relaxed),
             failures: self
                 .failures
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            failed_starts: self
+                .failed_starts
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
@@ -133,11 +173,15 @@ impl Snapshot {
             total.drained += s.drained;
             total.lost += s.lost;
             total.hints += s.hints;
+            total.duplicates += s.duplicates;
             total.dials += s.dials;
             total.misrouted += s.misrouted;
             total.echoed += s.echoed;
             for (kind, n) in &s.failures {
                 *total.failures.entry(kind.clone()).or_default() += n;
+            }
+            for (bucket, n) in &s.failed_starts {
+                *total.failed_starts.entry(*bucket).or_default() += n;
             }
         }
         total
@@ -150,6 +194,16 @@ impl Snapshot {
             *n -= earlier.failures.get(kind).copied().unwrap_or(0).min(*n);
         }
         failures.retain(|_, n| *n > 0);
+        let mut failed_starts = self.failed_starts.clone();
+        for (bucket, n) in failed_starts.iter_mut() {
+            *n -= earlier
+                .failed_starts
+                .get(bucket)
+                .copied()
+                .unwrap_or(0)
+                .min(*n);
+        }
+        failed_starts.retain(|_, n| *n > 0);
         Snapshot {
             attempts: self.attempts.saturating_sub(earlier.attempts),
             connected: self.connected.saturating_sub(earlier.connected),
@@ -157,11 +211,21 @@ impl Snapshot {
             drained: self.drained.saturating_sub(earlier.drained),
             lost: self.lost.saturating_sub(earlier.lost),
             hints: self.hints.saturating_sub(earlier.hints),
+            duplicates: self.duplicates.saturating_sub(earlier.duplicates),
             dials: self.dials.saturating_sub(earlier.dials),
             misrouted: self.misrouted.saturating_sub(earlier.misrouted),
             echoed: self.echoed.saturating_sub(earlier.echoed),
             failures,
+            failed_starts,
         }
+    }
+
+    /// Failed attempts (refused ones aside) that began before `at`.
+    pub fn failed_before(&self, at: std::time::SystemTime) -> u64 {
+        self.failed_starts
+            .range(..starts_bucket(at))
+            .map(|(_, n)| n)
+            .sum()
     }
 
     /// Failed attempts of every kind.
@@ -208,5 +272,15 @@ mod tests {
         assert_eq!(total.attempts, 6);
         assert_eq!(total.failed_of("refused"), 4);
         assert_eq!(Snapshot::default().failures_text(), "none");
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
+        counters.failed_began("reset:tls", t);
+        counters.failed_began("refused", t);
+        let later = counters.snapshot().since(&after);
+        assert_eq!(later.failed(), 2);
+        assert_eq!(later.failed_before(t), 0);
+        assert_eq!(
+            later.failed_before(t + std::time::Duration::from_millis(10)),
+            1
+        );
     }
 }

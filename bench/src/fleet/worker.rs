@@ -19,8 +19,8 @@ use super::connect::Endpoint;
 use super::counters::{Counters, Snapshot};
 use super::identity::{Identity, MAX_AGENTS};
 
-/// Descriptors a worker needs beyond two per agent (a session and, while a drained one
-/// finishes, the next attempt).
+/// Descriptors a worker needs beyond one per session and one per agent (while a drained
+/// session finishes, the next attempt).
 pub const FD_SLACK: u64 = 256;
 
 /// What one worker simulates.
@@ -39,6 +39,8 @@ pub struct Spec {
     pub count: usize,
     /// Each agent's first attempt comes at a random moment within this.
     pub start_within: Duration,
+    /// Sessions each agent holds at most (one per server behind the address).
+    pub sessions_per_agent: usize,
 }
 
 /// Runs a worker: the spec from the first line of stdin, then commands until stdin ends.
@@ -51,7 +53,8 @@ pub fn serve() -> anyhow::Result<()> {
     if spec.first + spec.count > MAX_AGENTS {
         bail!("at most {MAX_AGENTS} agents");
     }
-    let want = spec.count as u64 * 2 + FD_SLACK;
+    // A session with each server, and the next attempt.
+    let want = spec.count as u64 * (spec.sessions_per_agent.max(1) as u64 + 1) + FD_SLACK;
     let have = bridgehead_runtime::limits::raise_nofile_to(Some(want)).unwrap_or(0);
     if have < want {
         bail!(

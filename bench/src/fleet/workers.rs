@@ -35,7 +35,17 @@ impl Workers {
     /// Starts `agents` agents in as few workers as [`AGENTS_PER_WORKER`] allows, each given
     /// `spec` with its own slice of the agents.
     pub fn start(agents: usize, spec: &Spec) -> anyhow::Result<Workers> {
-        let processes = agents.div_ceil(AGENTS_PER_WORKER).max(1);
+        Workers::start_spread(agents, AGENTS_PER_WORKER, |_| spec.clone())
+    }
+
+    /// Starts `agents` agents, at most `per_worker` in a worker, worker `i` given
+    /// `spec_for(i)` with its own slice of the agents.
+    pub fn start_spread(
+        agents: usize,
+        per_worker: usize,
+        spec_for: impl Fn(usize) -> Spec,
+    ) -> anyhow::Result<Workers> {
+        let processes = agents.div_ceil(per_worker.max(1)).max(1);
         let mut workers = Vec::with_capacity(processes);
         let mut first = 0;
         for i in 0..processes {
@@ -44,7 +54,7 @@ impl Workers {
             let spec = Spec {
                 first,
                 count,
-                ..spec.clone()
+                ..spec_for(i)
             };
             first += count;
             workers.push(Worker::start(&spec)?);

@@ -37,6 +37,8 @@ struct StandIn {
     pod_watch_started: tokio::sync::Notify,
     /// Answer 403 to lists and watches, as for a server with only TokenReview's RBAC.
     forbid_watches: bool,
+    /// Streaming lists refused (each watch asks once, then lists in pages).
+    streaming_refused: AtomicUsize,
 }
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
@@ -83,6 +85,20 @@ impl StandIn {
         if self.forbid_watches {
             let status = serde_json::json!({"kind": "Status", "code": 403, "message": object});
             return json(403, status.to_string());
+        }
+        // As a kube-apiserver without streaming lists (WatchList off, or before 1.27): the
+        // verifier lists in pages then.
+        if watch
+            && request
+                .uri()
+                .query()
+                .unwrap_or("")
+                .contains("sendInitialEvents=true")
+        {
+            self.streaming_refused.fetch_add(1, Ordering::SeqCst);
+            let status = serde_json::json!({"kind": "Status", "code": 422, "reason": "Invalid",
+                "message": "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled"});
+            return json(422, status.to_string());
         }
         if !watch {
             let list = serde_json::json!({
@@ -155,6 +171,7 @@ async fn start(
         pod_events: broadcast::channel(EVENTS).0,
         pod_watch_started: tokio::sync::Notify::new(),
         forbid_watches,
+        streaming_refused: AtomicUsize::new(0),
     });
     let url = serve(stand_in.clone(), stop.clone()).await;
     let config = kube::Config::new(url.parse().unwrap());
@@ -227,6 +244,8 @@ async fn tokens_are_verified_from_discovery_and_watches_with_paced_key_fetches()
         .expect("the verifier never got ready");
     let fetches = || stand_in.jwks_fetches.load(Ordering::SeqCst);
     assert_eq!(fetches(), 1);
+    // Both watches asked for a streaming list once, were refused, and listed in pages.
+    assert_eq!(stand_in.streaming_refused.load(Ordering::SeqCst), 2);
     let freshness = verifier.freshness();
     assert_eq!(freshness.watches(), Some(Duration::ZERO));
     assert!(freshness.keys.is_some());
