@@ -217,6 +217,15 @@ impl Frame {
     /// Decodes the first frame of `src` and advances `src` past it. DATA payloads are slices of
     /// `src`, not copies.
     pub fn decode_one(src: &mut Bytes) -> Result<Frame, DecodeError> {
+        let (kind, stream, len) = Frame::decode_header(src)?;
+        src.advance(HEADER_LEN);
+        Frame::decode_body(kind, stream, src.split_to(len))
+    }
+
+    /// The header's type, stream and body length, checked against each other and against
+    /// what `src` holds; `src` is not advanced.
+    #[inline]
+    fn decode_header(src: &Bytes) -> Result<(u8, u32, usize), DecodeError> {
         if src.len() < HEADER_LEN {
             return Err(DecodeError::Truncated {
                 needed: HEADER_LEN,
@@ -241,26 +250,26 @@ impl Frame {
                 available: src.len(),
             });
         }
-        match (kind, stream) {
-            (kind::DRAIN, 0) => {}
-            (kind::DRAIN, _) => {
-                return Err(DecodeError::BadStream {
-                    kind,
-                    stream,
-                    expected: "session frames use stream 0",
-                })
-            }
-            (_, 0) => {
-                return Err(DecodeError::BadStream {
-                    kind,
-                    stream,
-                    expected: "stream frames need a non-zero stream id",
-                })
-            }
-            _ => {}
+        let expected = match (kind, stream) {
+            (kind::DRAIN, 0) => None,
+            (kind::DRAIN, _) => Some("session frames use stream 0"),
+            (_, 0) => Some("stream frames need a non-zero stream id"),
+            _ => None,
+        };
+        match expected {
+            Some(expected) => Err(DecodeError::BadStream {
+                kind,
+                stream,
+                expected,
+            }),
+            None => Ok((kind, stream, len)),
         }
-        src.advance(HEADER_LEN);
-        let mut body = src.split_to(len);
+    }
+
+    /// The frame of type `kind` on `stream` from its whole `body`.
+    #[inline]
+    fn decode_body(kind: u8, stream: u32, mut body: Bytes) -> Result<Frame, DecodeError> {
+        let len = body.len();
         let exact = |expected: usize, name: &'static str| {
             if len == expected {
                 Ok(())
@@ -273,31 +282,7 @@ impl Frame {
             }
         };
         let frame = match kind {
-            kind::DIAL => {
-                if len < 11 {
-                    return Err(DecodeError::BadLength {
-                        kind,
-                        len,
-                        expected: "11 + host length",
-                    });
-                }
-                let timeout_ms = body.get_u32();
-                let window = body.get_u32();
-                let port = body.get_u16();
-                let host_len = body.get_u8() as usize;
-                exact(11 + host_len, "11 + host length")?;
-                if host_len == 0 {
-                    return Err(DecodeError::EmptyHost);
-                }
-                let host = text(body)?;
-                Frame::Dial {
-                    stream,
-                    timeout_ms,
-                    window,
-                    port,
-                    host,
-                }
-            }
+            kind::DIAL => Frame::decode_dial(stream, body)?,
             kind::DIAL_OK => {
                 exact(4, "4")?;
                 Frame::DialOk {
@@ -305,30 +290,7 @@ impl Frame {
                     window: body.get_u32(),
                 }
             }
-            kind::DIAL_ERR | kind::RESET => {
-                if !(1..=1 + MAX_REASON_LEN).contains(&len) {
-                    return Err(DecodeError::BadLength {
-                        kind,
-                        len,
-                        expected: "1 to 1025",
-                    });
-                }
-                let code = ErrorCode::from_u8(body.get_u8());
-                let reason = text(body)?;
-                if kind == kind::DIAL_ERR {
-                    Frame::DialErr {
-                        stream,
-                        code,
-                        message: reason,
-                    }
-                } else {
-                    Frame::Reset {
-                        stream,
-                        code,
-                        reason,
-                    }
-                }
-            }
+            kind::DIAL_ERR | kind::RESET => Frame::decode_error(kind, stream, body)?,
             kind::DATA => {
                 if len == 0 {
                     return Err(DecodeError::EmptyData);
@@ -356,6 +318,63 @@ impl Frame {
             }
         };
         Ok(frame)
+    }
+
+    /// DIAL's body: timeout, window, port, the host's length and the host.
+    fn decode_dial(stream: u32, mut body: Bytes) -> Result<Frame, DecodeError> {
+        let len = body.len();
+        let bad_length = || DecodeError::BadLength {
+            kind: kind::DIAL,
+            len,
+            expected: "11 + host length",
+        };
+        if len < 11 {
+            return Err(bad_length());
+        }
+        let timeout_ms = body.get_u32();
+        let window = body.get_u32();
+        let port = body.get_u16();
+        let host_len = body.get_u8() as usize;
+        if len != 11 + host_len {
+            return Err(bad_length());
+        }
+        if host_len == 0 {
+            return Err(DecodeError::EmptyHost);
+        }
+        Ok(Frame::Dial {
+            stream,
+            timeout_ms,
+            window,
+            port,
+            host: text(body)?,
+        })
+    }
+
+    /// DIAL_ERR's or RESET's body: the code and the reason.
+    fn decode_error(kind: u8, stream: u32, mut body: Bytes) -> Result<Frame, DecodeError> {
+        let len = body.len();
+        if !(1..=1 + MAX_REASON_LEN).contains(&len) {
+            return Err(DecodeError::BadLength {
+                kind,
+                len,
+                expected: "1 to 1025",
+            });
+        }
+        let code = ErrorCode::from_u8(body.get_u8());
+        let reason = text(body)?;
+        Ok(if kind == kind::DIAL_ERR {
+            Frame::DialErr {
+                stream,
+                code,
+                message: reason,
+            }
+        } else {
+            Frame::Reset {
+                stream,
+                code,
+                reason,
+            }
+        })
     }
 
     /// Iterates over the frames of one WebSocket message. After the first error the iterator
