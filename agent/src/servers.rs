@@ -60,251 +60,296 @@ pub(crate) async fn run(
     config: Arc<Config>,
     health: Health,
     policy: Arc<Policy>,
-    mut count: ServerCount,
+    count: ServerCount,
     shards: Shards,
     shutdown: CancellationToken,
 ) {
-    let sessions = TaskTracker::new();
     let (events_tx, mut events) = mpsc::channel(EVENTS);
-    let mut held: BTreeMap<u64, Held> = BTreeMap::new();
-    let mut next_key: u64 = 0;
-    let mut schedule = Schedule::new(
-        config.servers.sync_interval,
-        config.servers.sync_interval_cap,
-    );
-    let mut rng = StdRng::from_os_rng();
+    let mut search = Search {
+        schedule: Schedule::new(
+            config.servers.sync_interval,
+            config.servers.sync_interval_cap,
+        ),
+        addresses: Addresses::new(
+            config.servers.hosts.clone(),
+            config.servers.port,
+            config.servers.sync_interval,
+        ),
+        config,
+        health,
+        policy,
+        count,
+        shards,
+        shutdown,
+        sessions: TaskTracker::new(),
+        events: events_tx,
+        held: BTreeMap::new(),
+        next_key: 0,
+        rng: StdRng::from_os_rng(),
+        attempts: 0,
+    };
     let mut next_attempt = tokio::time::Instant::now();
-    let mut attempts: u64 = 0;
-    let mut addresses = Addresses::new(
-        config.servers.hosts.clone(),
-        config.servers.port,
-        config.servers.sync_interval,
-    );
-
     loop {
         tokio::select! {
             () = tokio::time::sleep_until(next_attempt) => {}
             Some(event) = events.recv() => {
-                let delay = match event {
-                    Event::Draining(key) => {
-                        let Some(session) = held.get_mut(&key) else { continue };
-                        session.draining = true;
-                        health.session_draining(key);
-                        info!(
-                            server_id = %session.server_id,
-                            "the server drains: looking for its replacement now; its open tunnels finish on the old session"
-                        );
-                        schedule.after_drain(&mut rng)
-                    }
-                    Event::Ended(key) => {
-                        let Some(session) = held.remove(&key) else { continue };
-                        if session.draining {
-                            // Replaced already, or being replaced.
-                            continue;
-                        }
-                        if session.started.elapsed() > HEALTHY_SESSION {
-                            schedule.after_loss(&mut rng)
-                        } else {
-                            schedule.after_failure(&mut rng)
-                        }
-                    }
-                };
-                let at = tokio::time::Instant::now() + delay;
-                next_attempt = next_attempt.min(at);
+                if let Some(delay) = search.on_event(event) {
+                    next_attempt = next_attempt.min(tokio::time::Instant::now() + delay);
+                }
                 continue;
             }
-            () = shutdown.cancelled() => break,
+            () = search.shutdown.cancelled() => break,
         }
+        let Some(delay) = search.attempt().await else {
+            break;
+        };
+        next_attempt = tokio::time::Instant::now() + delay;
+    }
+    search.health.set_shutting_down();
+    // Session tasks waiting for room to report see the loop gone.
+    drop(events);
+    search.sessions.close();
+    search.sessions.wait().await;
+}
 
-        addresses.refresh().await;
-        count.found(addresses.count());
-        let wanted = count.count();
-        health.set_known(wanted);
-        let live: Vec<String> = held
+/// The search loop's state: the sessions it holds, when to try next, where the servers are.
+struct Search {
+    config: Arc<Config>,
+    health: Health,
+    policy: Arc<Policy>,
+    count: ServerCount,
+    shards: Shards,
+    shutdown: CancellationToken,
+    /// Every session's task.
+    sessions: TaskTracker,
+    /// Where session tasks report their drain and their end.
+    events: mpsc::Sender<Event>,
+    held: BTreeMap<u64, Held>,
+    next_key: u64,
+    schedule: Schedule,
+    rng: StdRng,
+    addresses: Addresses,
+    attempts: u64,
+}
+
+impl Search {
+    /// A session drained or ended: when to look again, if at all.
+    fn on_event(&mut self, event: Event) -> Option<Duration> {
+        match event {
+            Event::Draining(key) => {
+                let session = self.held.get_mut(&key)?;
+                session.draining = true;
+                self.health.session_draining(key);
+                info!(
+                    server_id = %session.server_id,
+                    "the server drains: looking for its replacement now; its open tunnels finish on the old session"
+                );
+                Some(self.schedule.after_drain(&mut self.rng))
+            }
+            Event::Ended(key) => {
+                let session = self.held.remove(&key)?;
+                if session.draining {
+                    // Replaced already, or being replaced.
+                    return None;
+                }
+                Some(if session.started.elapsed() > HEALTHY_SESSION {
+                    self.schedule.after_loss(&mut self.rng)
+                } else {
+                    self.schedule.after_failure(&mut self.rng)
+                })
+            }
+        }
+    }
+
+    /// One look for a server the agent lacks: the delay until the next, or `None` at
+    /// shutdown.
+    async fn attempt(&mut self) -> Option<Duration> {
+        self.addresses.refresh().await;
+        self.count.found(self.addresses.count());
+        let wanted = self.count.count();
+        self.health.set_known(wanted);
+        let live: Vec<String> = self
+            .held
             .values()
             .filter(|s| !s.draining)
             .map(|s| s.server_id.clone())
             .collect();
-        if !config.servers.sync_forever && live.len() >= wanted as usize {
-            next_attempt = tokio::time::Instant::now() + schedule.after_success(&mut rng);
-            continue;
+        if !self.config.servers.sync_forever && live.len() >= wanted as usize {
+            return Some(self.schedule.after_success(&mut self.rng));
         }
-
-        if attempts > 0 {
-            health.metrics().reconnecting();
+        if self.attempts > 0 {
+            self.health.metrics().reconnecting();
         }
-        attempts += 1;
+        self.attempts += 1;
         // A session's connection is made on the thread the session will run on, so that its
         // socket is that thread's runtime's.
-        let home = shards.home();
+        let home = self.shards.home();
         // With several addresses, one whose server the agent holds no session with yet.
-        let address = addresses.next(&live);
+        let address = self.addresses.next(&live);
+        let attempt = self.connect(address, &live, home.as_ref()).await?;
+        Some(match attempt {
+            Ok(connected) if live.contains(&connected.server_id) => {
+                self.addresses.learn(connected.peer, &connected.server_id);
+                // A server that did not honour the header: keep the older session.
+                debug!(server_id = %connected.server_id, "reached a server held already; closing the new session");
+                drop(connected);
+                self.schedule.after_success(&mut self.rng)
+            }
+            Ok(connected) => self.hold(connected, home),
+            Err(ConnectError::Duplicate(server_id)) => {
+                if let Some(address) = address {
+                    self.addresses.learn(address, &server_id);
+                }
+                debug!(%server_id, "reached a server held already");
+                self.schedule.after_success(&mut self.rng)
+            }
+            Err(error) => self.failed(&error, live.len()),
+        })
+    }
+
+    /// Connects to `address` (the configured name when `None`) on `home`'s thread; `None` at
+    /// shutdown.
+    async fn connect(
+        &self,
+        address: Option<std::net::SocketAddr>,
+        live: &[String],
+        home: Option<&Home>,
+    ) -> Option<Result<Connected, ConnectError>> {
         // Each entry of a list is its own server, verified for its own name unless
         // --server-name says otherwise.
         let name = address
-            .filter(|_| !config.tls.server_name_given)
-            .and_then(|address| addresses.entry(address))
+            .filter(|_| !self.config.tls.server_name_given)
+            .and_then(|address| self.addresses.entry(address))
             .and_then(|entry| rustls_pki_types::ServerName::try_from(entry.to_owned()).ok());
         let connect = {
-            let (config, live) = (config.clone(), live.clone());
+            let (config, live) = (self.config.clone(), live.to_vec());
             async move { server_connection::connect_to_server(&config, &live, address, name).await }
         };
-        let attempt = match &home {
+        match home {
             Some(home) => {
                 let connecting = AbortOnDropHandle::new(home.handle().spawn(connect));
                 tokio::select! {
                     joined = connecting => match joined {
-                        Ok(attempt) => attempt,
+                        Ok(attempt) => Some(attempt),
                         Err(failed) => std::panic::resume_unwind(failed.into_panic()),
                     },
-                    () = shutdown.cancelled() => break,
+                    () = self.shutdown.cancelled() => None,
                 }
             }
             None => tokio::select! {
-                attempt = connect => attempt,
-                () = shutdown.cancelled() => break,
+                attempt = connect => Some(attempt),
+                () = self.shutdown.cancelled() => None,
             },
-        };
-        let delay = match attempt {
-            Ok(connected) if live.contains(&connected.server_id) => {
-                addresses.learn(connected.peer, &connected.server_id);
-                // A server that did not honour the header: keep the older session.
-                debug!(server_id = %connected.server_id, "reached a server held already; closing the new session");
-                drop(connected);
-                schedule.after_success(&mut rng)
-            }
-            Ok(connected) => {
-                addresses.learn(connected.peer, &connected.server_id);
-                if let Some(n) = connected.server_count {
-                    count.received(n);
-                }
-                let key = next_key;
-                next_key += 1;
-                held.insert(
-                    key,
-                    Held {
-                        server_id: connected.server_id.clone(),
-                        started: Instant::now(),
-                        draining: false,
-                    },
-                );
-                let live = held.values().filter(|s| !s.draining).count();
-                info!(
-                    server = %connected.peer,
-                    server_id = %connected.server_id,
-                    server_count = count.count(),
-                    sessions = live,
-                    identifiers = %config.identifiers,
-                    "connected to server"
-                );
-                health.set_known(count.count());
-                spawn_session(
-                    &sessions, key, connected, home, &config, &health, &policy, &shutdown,
-                    &events_tx,
-                );
-                schedule.after_success(&mut rng)
-            }
-            Err(ConnectError::Duplicate(server_id)) => {
-                if let Some(address) = address {
-                    addresses.learn(address, &server_id);
-                }
-                debug!(%server_id, "reached a server held already");
-                schedule.after_success(&mut rng)
-            }
-            Err(error) => {
-                let mut delay = schedule.after_failure(&mut rng);
-                // A server that said when its answer is due (a queued token review) is asked
-                // again then, each agent at its own moment around it.
-                if let ConnectError::Refused {
-                    retry_after: Some(after),
-                    ..
-                } = &error
-                {
-                    delay = delay.max(crate::schedule::jitter(*after, &mut rng));
-                }
-                // Nothing held: the agent is down, and that is worth a line every time.
-                match &error {
-                    // The server looked at us and said no (bad identifiers, auth): that needs
-                    // an operator, whatever the retries do.
-                    ConnectError::Refused { status, body, .. } => error!(
-                        status = status.as_u16(),
-                        reason = %body,
-                        retry_in = ?delay,
-                        "server refused the connection"
-                    ),
-                    _ if live.is_empty() => {
-                        warn!(%error, retry_in = ?delay, "connecting to server failed")
-                    }
-                    _ => {
-                        info!(%error, retry_in = ?delay, sessions = live.len(), "looking for more servers: connecting failed")
-                    }
-                }
-                health.attempt_failed(error.to_string());
-                delay
-            }
-        };
-        next_attempt = tokio::time::Instant::now() + delay;
-    }
-
-    health.set_shutting_down();
-    // Session tasks waiting for room to report see the loop gone.
-    drop(events);
-    sessions.close();
-    sessions.wait().await;
-}
-
-/// Runs one session in its own task, reporting its drain and its end.
-#[allow(clippy::too_many_arguments, reason = "the task takes a clone of each")]
-fn spawn_session(
-    sessions: &TaskTracker,
-    key: u64,
-    connected: Connected,
-    home: Option<Home>,
-    config: &Arc<Config>,
-    health: &Health,
-    policy: &Arc<Policy>,
-    shutdown: &CancellationToken,
-    events: &mpsc::Sender<Event>,
-) {
-    let Connected {
-        ws,
-        peer,
-        server_id,
-        server_count: _,
-    } = connected;
-    health.session_opened(key, &server_id, peer);
-    let (config, health, policy, shutdown, events) = (
-        config.clone(),
-        health.clone(),
-        policy.clone(),
-        shutdown.clone(),
-        events.clone(),
-    );
-    let span = info_span!("session", server = %peer, server_id = %server_id);
-    let handle = home.as_ref().map(|home| home.handle().clone());
-    let session = async move {
-        // Counted on its thread while it runs.
-        let _home = home;
-        let drained = {
-            let events = events.clone();
-            async move {
-                let _ = events.send(Event::Draining(key)).await;
-            }
-        };
-        let reason = crate::session::run(ws, &config, &health, &policy, &shutdown, drained).await;
-        health.metrics().session_ended(&reason);
-        health.session_closed(key, reason.to_string());
-        if shutdown.is_cancelled() {
-            info!(%reason, "session closed");
-        } else {
-            warn!(%reason, "session with server ended");
         }
-        let _ = events.send(Event::Ended(key)).await;
     }
-    .instrument(span);
-    // Its tunnels' tasks are spawned from it, onto the same thread.
-    match handle {
-        Some(handle) => drop(handle.spawn(sessions.track_future(session))),
-        None => drop(sessions.spawn(session)),
+
+    /// A new server: held, its session started on `home`.
+    fn hold(&mut self, connected: Connected, home: Option<Home>) -> Duration {
+        self.addresses.learn(connected.peer, &connected.server_id);
+        if let Some(n) = connected.server_count {
+            self.count.received(n);
+        }
+        let key = self.next_key;
+        self.next_key += 1;
+        self.held.insert(
+            key,
+            Held {
+                server_id: connected.server_id.clone(),
+                started: Instant::now(),
+                draining: false,
+            },
+        );
+        let live = self.held.values().filter(|s| !s.draining).count();
+        info!(
+            server = %connected.peer,
+            server_id = %connected.server_id,
+            server_count = self.count.count(),
+            sessions = live,
+            identifiers = %self.config.identifiers,
+            "connected to server"
+        );
+        self.health.set_known(self.count.count());
+        self.spawn_session(key, connected, home);
+        self.schedule.after_success(&mut self.rng)
+    }
+
+    /// A failed attempt: logged by how much it matters, and the delay before the next (at
+    /// least what a server's `Retry-After` asked for).
+    fn failed(&mut self, error: &ConnectError, live: usize) -> Duration {
+        let mut delay = self.schedule.after_failure(&mut self.rng);
+        // A server that said when its answer is due (a queued token review) is asked again
+        // then, each agent at its own moment around it.
+        if let ConnectError::Refused {
+            retry_after: Some(after),
+            ..
+        } = error
+        {
+            delay = delay.max(crate::schedule::jitter(*after, &mut self.rng));
+        }
+        match error {
+            // The server looked at us and said no (bad identifiers, auth): that needs an
+            // operator, whatever the retries do.
+            ConnectError::Refused { status, body, .. } => error!(
+                status = status.as_u16(),
+                reason = %body,
+                retry_in = ?delay,
+                "server refused the connection"
+            ),
+            // Nothing held: the agent is down, and that is worth a line every time.
+            _ if live == 0 => {
+                warn!(%error, retry_in = ?delay, "connecting to server failed")
+            }
+            _ => {
+                info!(%error, retry_in = ?delay, sessions = live, "looking for more servers: connecting failed")
+            }
+        }
+        self.health.attempt_failed(error.to_string());
+        delay
+    }
+
+    /// Runs one session in its own task, reporting its drain and its end.
+    fn spawn_session(&self, key: u64, connected: Connected, home: Option<Home>) {
+        let Connected {
+            ws,
+            peer,
+            server_id,
+            server_count: _,
+        } = connected;
+        self.health.session_opened(key, &server_id, peer);
+        let (config, health, policy, shutdown, events) = (
+            self.config.clone(),
+            self.health.clone(),
+            self.policy.clone(),
+            self.shutdown.clone(),
+            self.events.clone(),
+        );
+        let span = info_span!("session", server = %peer, server_id = %server_id);
+        let handle = home.as_ref().map(|home| home.handle().clone());
+        let session = async move {
+            // Counted on its thread while it runs.
+            let _home = home;
+            let drained = {
+                let events = events.clone();
+                async move {
+                    let _ = events.send(Event::Draining(key)).await;
+                }
+            };
+            let reason =
+                crate::session::run(ws, &config, &health, &policy, &shutdown, drained).await;
+            health.metrics().session_ended(&reason);
+            health.session_closed(key, reason.to_string());
+            if shutdown.is_cancelled() {
+                info!(%reason, "session closed");
+            } else {
+                warn!(%reason, "session with server ended");
+            }
+            let _ = events.send(Event::Ended(key)).await;
+        }
+        .instrument(span);
+        // Its tunnels' tasks are spawned from it, onto the same thread.
+        match handle {
+            Some(handle) => drop(handle.spawn(self.sessions.track_future(session))),
+            None => drop(self.sessions.spawn(session)),
+        }
     }
 }
