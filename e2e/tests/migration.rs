@@ -290,9 +290,11 @@ fn from_konnectivity_to_bridgehead_without_a_failed_request() {
                 "--wait=false",
             ])
             .unwrap();
-        // Bounded poll: each agent takes up to its grace period (30 s) to go.
+        // Bounded poll. kube-controller-manager's garbage collector deletes the pods: seen, they
+        // stayed Running some 40 s after the DaemonSet went (shortly after kube-apiserver's
+        // restart), then Terminating for up to their grace period (30 s); 110 s in all.
         until(
-            Duration::from_secs(120),
+            Duration::from_secs(240),
             "konnectivity's agents gone",
             || {
                 cluster
