@@ -1,18 +1,20 @@
 //! docs/migrating.md's path "Without a failed request", step by step, on a real cluster
 //! ([`RealCluster`] started on konnectivity, `Install::Konnectivity`): konnectivity's own
-//! server (a static pod in `http-connect` mode on the Unix socket kube-apiserver's egress
-//! selector names) and agents (a DaemonSet), built from their Go module into an image built as
-//! ours is, carry the workloads first. Then, while a client loop runs `kubectl exec` into both
-//! workers, `kubectl logs -f` of a pod, and writes that a validating webhook
-//! (`failurePolicy: Fail`, served by a pod on each worker behind a Service) guards: Bridgehead's
+//! server (a static pod in `grpc` mode, kubernetes.io's, on the Unix socket kube-apiserver's
+//! egress selector names) and agents (a DaemonSet), built from their Go module into an image
+//! built as ours is, carry the workloads first. Then, while a client loop runs `kubectl exec`
+//! into both workers, `kubectl logs -f` of a pod, and writes that a validating webhook
+//! (`failurePolicy: Fail`, served by a pod on each worker behind a Service) guards: step 0
+//! (konnectivity to `http-connect`), Bridgehead's
 //! server beside konnectivity's with `--fallback-proxy` at konnectivity's socket, Bridgehead's
 //! agents, kube-apiserver's egress moved to Bridgehead's socket, konnectivity's agents out,
 //! konnectivity's server out. Zero failed requests from start to end, and at the end no tunnel
 //! through konnectivity: its metrics and Bridgehead's agree.
 //!
-//! One control-plane node: step 3's kube-apiserver restart is an outage of the API itself
-//! (on several control-plane nodes the others serve meanwhile). The loop pauses across it,
-//! as a client of a load balancer would be sent elsewhere, and counts every other request.
+//! One control-plane node: the kube-apiserver restarts of steps 0 and 3 are outages of the API
+//! itself (on several control-plane nodes the others serve meanwhile), step 0's until
+//! konnectivity's agents are back. The loop pauses across them, as a client of a load balancer
+//! would be sent elsewhere, and counts every other request.
 //! Needs root, `scripts/k8s-build.sh`, `scripts/install-test-deps.sh` and Go (konnectivity
 //! from its module); skipped loudly otherwise.
 
@@ -24,6 +26,7 @@ use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use bridgehead_e2e::kubernetes::konnectivity::Mode;
 use bridgehead_e2e::kubernetes::real_cluster::{
     deploy, metric_sum, Install, RealCluster, POD_READY,
 };
@@ -37,6 +40,8 @@ const TIMEOUT: Duration = Duration::from_secs(600);
 const KONNECTIVITY_HEALTH: u16 = 8134;
 /// Bridgehead's health port beside konnectivity's, as docs/migrating.md step 1 sets it.
 const BRIDGEHEAD_HEALTH: u16 = 8144;
+/// konnectivity's socket, under /etc/kubernetes (kubernetes.io's and deploy/'s).
+const KONNECTIVITY_SOCKET: &str = "konnectivity-server/konnectivity-server.socket";
 /// Bridgehead's socket beside konnectivity's (docs/migrating.md), under /etc/kubernetes.
 const BRIDGEHEAD_SOCKET: &str = "bridgehead/bridgehead.sock";
 /// Successful rounds each client makes after a step before the next one starts.
@@ -68,7 +73,7 @@ fn from_konnectivity_to_bridgehead_without_a_failed_request() {
         return;
     };
     netns::with_net(TEST, 1, TIMEOUT, move |_| {
-        let mut cluster = RealCluster::start_with(&binaries, 2, Install::Konnectivity)
+        let mut cluster = RealCluster::start_with(&binaries, 2, Install::Konnectivity(Mode::Grpc))
             .unwrap_or_else(|e| panic!("{e:#}"));
         let konnectivity = |cluster: &RealCluster| {
             cluster
@@ -141,6 +146,58 @@ fn from_konnectivity_to_bridgehead_without_a_failed_request() {
         clients.progress(ROUNDS);
         let started = Instant::now();
 
+        // Step 0: konnectivity's server to http-connect, with kube-apiserver stopped (the loop
+        // paused: with one control-plane node the API is out until the agents are back).
+        let manifests = cluster.etc_kubernetes().join("manifests");
+        let step_0 = {
+            let _paused = clients.gate.write().unwrap();
+            let stopped = Instant::now();
+            let old_start = metric_sum(&konnectivity(&cluster), "process_start_time_seconds", &[]);
+            cluster.control_plane.stop_apiserver();
+            // docs/migrating.md step 0: its --mode, and nothing else.
+            let manifest = manifests.join("konnectivity-server.yaml");
+            let grpc = std::fs::read_to_string(&manifest).unwrap();
+            assert!(grpc.contains("- --mode=grpc\n"), "{grpc}");
+            write_atomically(
+                &manifest,
+                &grpc.replace("- --mode=grpc\n", "- --mode=http-connect\n"),
+            );
+            until(
+                Duration::from_secs(60),
+                "konnectivity's server restarted in http-connect mode",
+                || {
+                    let now = konnectivity(&cluster);
+                    let started = metric_sum(&now, "process_start_time_seconds", &[]);
+                    started > 0.0 && started != old_start
+                },
+            );
+            cluster
+                .control_plane
+                .start_apiserver(&Egress::Uds(
+                    cluster.etc_kubernetes().join(KONNECTIVITY_SOCKET),
+                ))
+                .unwrap();
+            // Its agents authenticate by TokenReview: back only once kube-apiserver is.
+            let api_back = stopped.elapsed();
+            until(
+                Duration::from_secs(90),
+                "konnectivity's agents back",
+                || {
+                    metric_sum(
+                        &konnectivity(&cluster),
+                        "konnectivity_network_proxy_server_ready_backend_connections",
+                        &[],
+                    ) == 3.0
+                },
+            );
+            (api_back, stopped.elapsed())
+        };
+        clients.progress(ROUNDS);
+        log(&format!(
+            "step 0: konnectivity in http-connect mode; kube-apiserver back after {:?}, konnectivity's agents after {:?}",
+            step_0.0, step_0.1
+        ));
+
         let fallback_ok = |cluster: &RealCluster| {
             metric_sum(
                 &bridgehead(cluster),
@@ -151,7 +208,6 @@ fn from_konnectivity_to_bridgehead_without_a_failed_request() {
 
         // Step 1: Bridgehead's server beside konnectivity's, its fallback konnectivity's
         // socket.
-        let manifests = cluster.etc_kubernetes().join("manifests");
         write_atomically(
             &manifests.join("bridgehead-server.yaml"),
             &bridgehead_beside_konnectivity(),
@@ -231,22 +287,31 @@ fn from_konnectivity_to_bridgehead_without_a_failed_request() {
                 "-n",
                 "kube-system",
                 "konnectivity-agent",
-                "--wait=true",
+                "--wait=false",
             ])
             .unwrap();
-        cluster
-            .control_plane
-            .kubectl_ok(&[
-                "wait",
-                "--for=delete",
-                "pod",
-                "-n",
-                "kube-system",
-                "-l",
-                "k8s-app=konnectivity-agent",
-                "--timeout=90s",
-            ])
-            .unwrap();
+        // Bounded poll. kube-controller-manager's garbage collector deletes the pods: seen, they
+        // stayed Running some 40 s after the DaemonSet went (shortly after kube-apiserver's
+        // restart), then Terminating for up to their grace period (30 s); 110 s in all.
+        until(
+            Duration::from_secs(240),
+            "konnectivity's agents gone",
+            || {
+                cluster
+                    .control_plane
+                    .kubectl_ok(&[
+                        "get",
+                        "pods",
+                        "-n",
+                        "kube-system",
+                        "-l",
+                        "k8s-app=konnectivity-agent",
+                        "-o",
+                        "name",
+                    ])
+                    .is_ok_and(|pods| pods.trim().is_empty())
+            },
+        );
         clients.progress(ROUNDS);
         log(&format!(
             "step 4: konnectivity's agents out after {:?} (its last tunnel ended {:?} after step 3)",

@@ -31,6 +31,9 @@ pub enum Egress {
     Direct,
     /// `proxyProtocol: HTTPConnect` over this Unix socket.
     Uds(PathBuf),
+    /// `proxyProtocol: GRPC` over this Unix socket: konnectivity's default mode, which
+    /// Bridgehead does not speak (the migration's starting point).
+    GrpcUds(PathBuf),
     /// `proxyProtocol: HTTPConnect` over mTLS to `url` (`https://host:port`).
     Tcp {
         url: String,
@@ -233,16 +236,28 @@ impl ControlPlane {
         self.apiserver.kill();
     }
 
-    /// Stops kube-apiserver (SIGTERM, SIGKILL after 10 s as a short grace period would), writes its
-    /// EgressSelectorConfiguration anew for `egress`, starts it again with the same flags and
-    /// waits until it is ready: what an operator's edit of the egress file and restart does.
+    /// Stops kube-apiserver (SIGTERM, SIGKILL after 10 s as a short grace period would), writes
+    /// its EgressSelectorConfiguration anew for `egress`, starts it again with the same flags
+    /// and waits until it is ready: what an operator's edit of the egress file and restart does.
     pub fn restart_apiserver(&mut self, egress: &Egress) -> anyhow::Result<()> {
-        let config = egress_config(egress).context("a restart keeps an egress selector")?;
-        write(&self.dir.path().join("egress.yaml"), &config)?;
+        self.stop_apiserver();
+        self.start_apiserver(egress)
+    }
+
+    /// Stops kube-apiserver (SIGTERM, SIGKILL after 10 s), as kubelet stops its static pod
+    /// when its manifest is moved away; [`ControlPlane::start_apiserver`] brings it back.
+    pub fn stop_apiserver(&mut self) {
         let _ = self.apiserver.signal("TERM");
         if self.apiserver.wait_exit(Duration::from_secs(10)).is_err() {
             self.apiserver.kill();
         }
+    }
+
+    /// Starts kube-apiserver again with the flags it started with and its egress file written
+    /// anew for `egress`, and waits until it is ready.
+    pub fn start_apiserver(&mut self, egress: &Egress) -> anyhow::Result<()> {
+        let config = egress_config(egress).context("a restart keeps an egress selector")?;
+        write(&self.dir.path().join("egress.yaml"), &config)?;
         let (ns, args) = &self.apiserver_command;
         let mut command = in_namespace(ns, &self.binaries.kube_apiserver);
         command.args(args);
@@ -384,9 +399,15 @@ impl ControlPlane {
 
 /// The EgressSelectorConfiguration kube-apiserver reads, as the docs show it.
 fn egress_config(egress: &Egress) -> Option<String> {
+    let protocol = match egress {
+        Egress::GrpcUds(_) => "GRPC",
+        _ => "HTTPConnect",
+    };
     let transport = match egress {
         Egress::Direct => return None,
-        Egress::Uds(path) => format!("uds:\n        udsName: {}", path.display()),
+        Egress::Uds(path) | Egress::GrpcUds(path) => {
+            format!("uds:\n        udsName: {}", path.display())
+        }
         Egress::Tcp {
             url,
             ca,
@@ -400,7 +421,7 @@ fn egress_config(egress: &Egress) -> Option<String> {
         ),
     };
     Some(format!(
-        "apiVersion: apiserver.k8s.io/v1beta1\nkind: EgressSelectorConfiguration\negressSelections:\n- name: cluster\n  connection:\n    proxyProtocol: HTTPConnect\n    transport:\n      {transport}\n"
+        "apiVersion: apiserver.k8s.io/v1beta1\nkind: EgressSelectorConfiguration\negressSelections:\n- name: cluster\n  connection:\n    proxyProtocol: {protocol}\n    transport:\n      {transport}\n"
     ))
 }
 

@@ -1,5 +1,6 @@
-//! konnectivity as kubernetes.io's "Set up Konnectivity service" task installs it, in
-//! `http-connect` mode: the starting point of docs/migrating.md, for the migration test. The
+//! konnectivity as kubernetes.io's "Set up Konnectivity service" task installs it (in its
+//! `grpc` mode, or in `http-connect`): the starting points of docs/migrating.md, for the
+//! migration test. The
 //! server is a static pod beside kube-apiserver on the Unix socket deploy/'s
 //! EgressSelectorConfiguration names, ports 8132-8134; the agents a DaemonSet with projected
 //! tokens (audience `system:konnectivity-server`); the user `system:konnectivity-server` bound
@@ -9,8 +10,27 @@
 //! name and address. The image is `scripts/image.sh --konnectivity`'s, konnectivity's own
 //! binaries built from their Go module.
 
+/// How kube-apiserver speaks to konnectivity's server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `--mode=grpc`, egress `proxyProtocol: GRPC` (kubernetes.io's manifest).
+    Grpc,
+    /// `--mode=http-connect`, egress `proxyProtocol: HTTPConnect`.
+    HttpConnect,
+}
+
+impl Mode {
+    fn flag(self) -> &'static str {
+        match self {
+            Mode::Grpc => "grpc",
+            Mode::HttpConnect => "http-connect",
+        }
+    }
+}
+
 /// The server's static pod manifest (`/etc/kubernetes/manifests/konnectivity-server.yaml`).
-pub fn server_manifest(image: &str) -> String {
+pub fn server_manifest(image: &str, mode: Mode) -> String {
+    let mode = mode.flag();
     format!(
         r#"apiVersion: v1
 kind: Pod
@@ -31,7 +51,7 @@ spec:
     - --delete-existing-uds-file
     - --cluster-cert=/etc/kubernetes/pki/apiserver.crt
     - --cluster-key=/etc/kubernetes/pki/apiserver.key
-    - --mode=http-connect
+    - --mode={mode}
     - --server-port=0
     - --agent-port=8132
     - --admin-port=8133

@@ -14,6 +14,7 @@ use anyhow::{bail, Context};
 
 use super::controllers::Controllers;
 use super::images::Images;
+use super::konnectivity::Mode;
 use super::node_host::{Network, NodeHost, NodeOptions};
 use super::{Binaries, ControlPlane, Egress};
 use crate::netns::TestNet;
@@ -32,9 +33,9 @@ const ROLLOUT: Duration = Duration::from_secs(120);
 pub enum Install {
     /// Bridgehead from deploy/: the server's static pod and the agents' DaemonSet.
     Bridgehead,
-    /// konnectivity as kubernetes.io sets it up ([`super::konnectivity`]), in `http-connect`
-    /// mode on the same socket: where docs/migrating.md starts. deploy/rbac is applied too.
-    Konnectivity,
+    /// konnectivity as kubernetes.io sets it up ([`super::konnectivity`]), in this mode, on
+    /// the same socket: where docs/migrating.md starts. deploy/rbac is applied too.
+    Konnectivity(Mode),
 }
 
 /// The running cluster. Torn down on drop, nodes first.
@@ -65,7 +66,7 @@ impl RealCluster {
     ) -> anyhow::Result<RealCluster> {
         let images = match install {
             Install::Bridgehead => Images::get()?,
-            Install::Konnectivity => Images::with_konnectivity()?,
+            Install::Konnectivity(_) => Images::with_konnectivity()?,
         };
         let mut net = TestNet::new(1)?;
         let etc_kubernetes = tempfile::Builder::new().prefix("bh-etc-k8s-").tempdir()?;
@@ -86,7 +87,10 @@ impl RealCluster {
             binaries,
             &mut net,
             CONTROL_PLANE_HOST,
-            Egress::Uds(socket),
+            match install {
+                Install::Konnectivity(Mode::Grpc) => Egress::GrpcUds(socket),
+                _ => Egress::Uds(socket),
+            },
             &[],
         )?;
         let controllers = Controllers::start(&control_plane, &net, CONTROL_PLANE_HOST)?;
@@ -96,12 +100,13 @@ impl RealCluster {
                 std::fs::read_to_string(deploy().join("server-static-pod/konnectivity-server.yaml"))
                     .context("reading deploy/'s static pod manifest")?
             }
-            Install::Konnectivity => super::konnectivity::server_manifest(
+            Install::Konnectivity(mode) => super::konnectivity::server_manifest(
                 &images
                     .konnectivity
                     .as_ref()
                     .context("no konnectivity image")?
                     .name,
+                mode,
             ),
         };
         install_server_files(&control_plane, etc_kubernetes.path(), &manifest)?;
@@ -140,7 +145,7 @@ impl RealCluster {
         };
         match install {
             Install::Bridgehead => cluster.install_agents(&[])?,
-            Install::Konnectivity => {
+            Install::Konnectivity(_) => {
                 let image = &images
                     .konnectivity
                     .as_ref()
