@@ -852,6 +852,10 @@ fn agents_rolled(cluster: &RealCluster) {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    // A log stream through the agents while they roll: shorter than their drain grace
+    // period, so even the one whose own node's agent is replaced meanwhile must end cleanly,
+    // every line in order.
+    let (countdown, countdown_lines) = countdown(cluster);
     let started = Instant::now();
     cluster
         .control_plane
@@ -868,6 +872,19 @@ fn agents_rolled(cluster: &RealCluster) {
         .rollout("bridgehead-agent", Duration::from_secs(180))
         .unwrap_or_else(|e| panic!("{e:#}"));
     let rolled = started.elapsed();
+    let followed = countdown.wait_with_output().unwrap();
+    let lines = countdown_lines.join().unwrap();
+    assert!(
+        followed.status.success(),
+        "kubectl logs -f through the rollout failed: {}",
+        String::from_utf8_lossy(&followed.stderr)
+    );
+    let expected: Vec<String> = (0..COUNTDOWN_LINES).map(|i| format!("left {i}")).collect();
+    assert_eq!(lines, expected, "the log stream through the rollout");
+    cluster
+        .control_plane
+        .kubectl_ok(&["delete", "pod", "countdown", "--wait=false"])
+        .unwrap();
     let images = cluster
         .control_plane
         .kubectl_ok(&[
@@ -952,6 +969,47 @@ fn server_replaced(cluster: &RealCluster) {
 
 /// `kubectl logs -f` of the ticker, its lines on a channel (closed when the stream ends), once
 /// its first line came.
+/// Lines the countdown pod prints, one every 0.1 s: about 20 s, within the agents' 30 s
+/// drain grace period.
+const COUNTDOWN_LINES: usize = 200;
+
+/// A pod on worker-2 that prints [`COUNTDOWN_LINES`] lines and exits, once Running, and a
+/// `kubectl logs -f` of it from its first line; the lines it read come back from the thread.
+fn countdown(cluster: &RealCluster) -> (Child, std::thread::JoinHandle<Vec<String>>) {
+    let script = format!(
+        "i=0; while [ $i -lt {COUNTDOWN_LINES} ]; do echo left $i; i=$((i+1)); usleep 100000; done"
+    );
+    cluster
+        .control_plane
+        .apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: countdown\n  namespace: default\nspec:\n  nodeName: worker-2\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: bridgehead.invalid/busybox:1\n    imagePullPolicy: Never\n    command: [sh, -c, '{script}']\n"
+        ))
+        .unwrap();
+    let ready = cluster
+        .control_plane
+        .kubectl(&[
+            "wait",
+            "--for=condition=Ready",
+            "pod/countdown",
+            &format!("--timeout={}s", POD_READY.as_secs()),
+        ])
+        .unwrap();
+    assert!(
+        ready.status.success(),
+        "countdown not Ready: {}",
+        String::from_utf8_lossy(&ready.stderr)
+    );
+    let mut follow = kubectl(cluster, &["logs", "-f", "countdown"]);
+    let stdout = follow.stdout.take().unwrap();
+    let lines = std::thread::spawn(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .collect()
+    });
+    (follow, lines)
+}
+
 fn ticker_lines(
     cluster: &RealCluster,
 ) -> (Child, std::sync::mpsc::Receiver<std::io::Result<String>>) {
