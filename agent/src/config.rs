@@ -479,7 +479,6 @@ impl Config {
             own_ports,
             own_addresses,
         )
-        .with_socket_tuning(self.memory.socket_tuning())
     }
 
     /// `host:port` of the server, with brackets around an IPv6 literal: for URLs and logs.

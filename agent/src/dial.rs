@@ -6,8 +6,8 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use bridgehead_mux::memory::{EarnedBuffer, SocketTuning};
 use bridgehead_proto::ErrorCode;
-use bridgehead_runtime::memory::{EarnedBuffer, SocketTuning};
 
 use crate::policy::{Denied, Policy};
 use tokio::net::TcpStream;
@@ -69,15 +69,16 @@ pub fn code_of(error: &io::Error) -> ErrorCode {
 
 /// Resolves `host` (an IP literal, IPv6 without brackets, or a name) and connects to each
 /// address `policy` permits in turn until one answers, all within `deadline`, the socket's
-/// receive buffer starting at `receive`'s start.
+/// kernel buffers as `tuning` says, its receive buffer starting at `receive`'s start.
 pub async fn dial(
     host: &str,
     port: u16,
     deadline: Duration,
     policy: &Policy,
+    tuning: &SocketTuning,
     receive: Option<EarnedBuffer>,
 ) -> Result<TcpStream, DialError> {
-    let tuning = policy.socket_tuning();
+    let tuning = *tuning;
     let socket = dial_with(host, port, deadline, policy, |addr| {
         connect(addr, tuning, receive)
     })

@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bridgehead_mux::splice::Meter;
-use bridgehead_proto::budget::Budget;
+
+use bridgehead_mux::memory::TunnelMemory;
 use bridgehead_proto::ErrorCode;
 use bridgehead_runtime::health::{metrics_reply, Reply};
 use bridgehead_runtime::legacy_counter::LegacyCounter;
-use bridgehead_runtime::memory::EarnedTotal;
 use http::StatusCode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -70,10 +70,9 @@ struct Inner {
     status: Mutex<Status>,
     registry: Registry,
     metrics: Metrics,
-    /// `--tunnel-memory-budget`, shared by every session.
-    budget: Budget,
-    /// What target sockets earn beyond `--tunnel-receive-buffer`, all tunnels together.
-    earned: Arc<EarnedTotal>,
+    /// The tunnels' memory: the budget every session's buffered data counts against, the
+    /// kernel buffers of every target socket, the largest window.
+    memory: TunnelMemory,
 }
 
 /// The agent's metrics. Clones share the values.
@@ -212,15 +211,13 @@ impl Metrics {
 }
 
 impl Health {
-    /// The health state of an agent of `server`, its metrics showing `budget`, what target
-    /// sockets earned of `earned` and when each of `certificates` (role, file) expires.
+    /// The health state of an agent of `server`, its metrics showing `memory`'s budget and
+    /// what target sockets earned, and when each of `certificates` (role, file) expires.
     pub(crate) fn new(
         server: &str,
-        budget: Budget,
-        earned: EarnedTotal,
+        memory: TunnelMemory,
         certificates: Vec<(&'static str, std::path::PathBuf)>,
     ) -> Health {
-        let earned = Arc::new(earned);
         let metrics = Metrics::new();
         let mut root = Registry::default();
         root.register_collector(Box::new(
@@ -231,12 +228,12 @@ impl Health {
         registry.register_collector(Box::new(
             bridgehead_runtime::certificates::ExpiryCollector::new(certificates),
         ));
-        let shown = budget.clone();
+        let shown = memory.budget.clone();
         registry.register_collector(Box::new(bridgehead_runtime::memory::BudgetCollector(
             move || (shown.buffered(), shown.limit(), shown.refused()),
         )));
         registry.register_collector(Box::new(bridgehead_runtime::memory::EarnedCollector(
-            earned.clone(),
+            memory.earned.clone(),
         )));
         metrics.register(registry);
         // konnectivity's names, for dashboards built on them.
@@ -251,8 +248,7 @@ impl Health {
                 }),
                 registry: root,
                 metrics,
-                budget,
-                earned,
+                memory,
             }),
         }
     }
@@ -261,14 +257,9 @@ impl Health {
         &self.inner.metrics
     }
 
-    /// The process's budget of buffered tunnel data.
-    pub(crate) fn budget(&self) -> &Budget {
-        &self.inner.budget
-    }
-
-    /// What target sockets earn beyond `--tunnel-receive-buffer`, all tunnels together.
-    pub(crate) fn earned(&self) -> &EarnedTotal {
-        &self.inner.earned
+    /// The tunnels' memory: budget, target sockets' buffers, largest window.
+    pub(crate) fn memory(&self) -> &TunnelMemory {
+        &self.inner.memory
     }
 
     /// Session `key` with `server_id` at `peer` is up.
@@ -490,7 +481,7 @@ impl Meter for Metrics {
         }
     }
 
-    fn waited(&self, why: bridgehead_runtime::memory::SendWait) {
+    fn waited(&self, why: bridgehead_mux::splice::SendWait) {
         self.send_waits.waited(why);
     }
 }

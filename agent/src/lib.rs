@@ -94,8 +94,7 @@ pub async fn run(
 
     let health = Health::new(
         &config.server_authority(),
-        bridgehead_proto::budget::Budget::new(config.memory.tunnel_memory_budget),
-        config.memory.earned_total(),
+        config.memory.tunnel_memory(),
         config.certificate_files(),
     );
     // The health and admin servers answer until the sessions drained: readiness says so

@@ -17,7 +17,6 @@ use std::fmt;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::ops::RangeInclusive;
 
-use bridgehead_runtime::memory::SocketTuning;
 use ipnet::IpNet;
 
 /// One rule: a network and a port range.
@@ -126,9 +125,6 @@ pub struct Policy {
     own_ports: Vec<u16>,
     /// Addresses that are this host (besides loopback and unspecified): what it announces.
     own_addresses: Vec<IpAddr>,
-    /// `--tunnel-receive-buffer`, `--tunnel-unsent-limit`: the kernel buffer options every
-    /// permitted connection is made with.
-    socket_tuning: SocketTuning,
 }
 
 impl Policy {
@@ -143,21 +139,7 @@ impl Policy {
             denied,
             own_ports,
             own_addresses: own_addresses.into_iter().map(canonical).collect(),
-            socket_tuning: SocketTuning::default(),
         }
-    }
-
-    /// The policy, its connections made with `tuning`'s kernel buffer options.
-    pub fn with_socket_tuning(self, tuning: SocketTuning) -> Policy {
-        Policy {
-            socket_tuning: tuning,
-            ..self
-        }
-    }
-
-    /// The kernel buffer options of the connections this policy permits.
-    pub fn socket_tuning(&self) -> SocketTuning {
-        self.socket_tuning
     }
 
     /// Whether the agent may connect to `addr`.

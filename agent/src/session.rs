@@ -5,11 +5,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bridgehead_mux::memory::{EarnedBuffer, SocketTuning};
 use bridgehead_mux::splice::{self, Moved, TunnelSocket};
 use bridgehead_mux::{DialRequest, Mux, MuxStream, Serve, SessionEnd};
 use bridgehead_proto::host::HostPort;
 use bridgehead_proto::session::{Role, SessionConfig, DEFAULT_INITIAL_WINDOW};
-use bridgehead_runtime::memory::EarnedBuffer;
 use bytes::Bytes;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -37,9 +37,9 @@ pub(crate) async fn run(
     on_server_drain: impl Future<Output = ()>,
 ) -> SessionEnd {
     let mux = Mux::new(SessionConfig {
-        budget: health.budget().clone(),
+        budget: health.memory().budget.clone(),
         max_streams: config.sessions.max_tunnels,
-        max_window: config.memory.tunnel_max_window,
+        max_window: health.memory().max_window,
         ..SessionConfig::new(Role::Agent)
     });
     let tracker = TaskTracker::new();
@@ -135,10 +135,11 @@ fn tunnel(request: DialRequest, health: Health, policy: Arc<Policy>) -> impl Fut
         // A server under memory pressure grants new streams less than its usual window:
         // the target socket then starts small too, and earns the rest by reading.
         let pressed = request.window < DEFAULT_INITIAL_WINDOW;
-        let earned = policy.socket_tuning().dial_receive(pressed);
+        let sockets = &health.memory().sockets;
+        let earned = sockets.dial_receive(pressed);
         let dialed = {
             let policy = policy;
-            dial_target(request, metrics, &policy, earned).await
+            dial_target(request, metrics, &policy, sockets, earned).await
         };
         let Some((mut socket, stream)) = dialed else {
             return;
@@ -147,7 +148,7 @@ fn tunnel(request: DialRequest, health: Health, policy: Arc<Policy>) -> impl Fut
         let mut moved = Moved::default();
         let result =
             splice::splice_metered(&mut socket, &stream, Bytes::new(), &mut moved, metrics)
-                .earning_within(earned, None, Some(health.earned()))
+                .earning_within(earned, None, Some(&health.memory().earned))
                 .reading_when_ready()
                 .await;
         match result {
@@ -176,6 +177,7 @@ async fn dial_target(
     request: DialRequest,
     metrics: &Metrics,
     policy: &Policy,
+    sockets: &SocketTuning,
     receive: Option<EarnedBuffer>,
 ) -> Option<(TcpStream, MuxStream)> {
     let started = Instant::now();
@@ -185,6 +187,7 @@ async fn dial_target(
         request.port,
         request.timeout,
         policy,
+        sockets,
         receive,
     ));
     let dialed = tokio::select! {

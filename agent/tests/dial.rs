@@ -6,13 +6,22 @@ use std::time::Duration;
 
 use bridgehead_agent::dial::{code_of, dial, dial_with, DialError};
 use bridgehead_agent::policy::Policy;
+use bridgehead_mux::memory::SocketTuning;
 use bridgehead_proto::ErrorCode;
 use bridgehead_test_support::bounded;
 use tokio::net::{TcpListener, TcpStream};
 
 /// [`dial`] within 5 s, with the default policy and the kernel's socket buffers.
 async fn dial_loopback(host: &str, port: u16) -> Result<TcpStream, DialError> {
-    dial(host, port, Duration::from_secs(5), &Policy::default(), None).await
+    dial(
+        host,
+        port,
+        Duration::from_secs(5),
+        &Policy::default(),
+        &SocketTuning::default(),
+        None,
+    )
+    .await
 }
 
 #[tokio::test]
@@ -61,9 +70,16 @@ async fn unknown_name_is_not_resolved() {
         // A 64-octet label is not a valid DNS name: the resolver refuses it without sending a
         // query, so this test sends no packet off the machine.
         let name = format!("{}.invalid", "a".repeat(64));
-        let error = dial(&name, 80, Duration::from_secs(10), &Policy::default(), None)
-            .await
-            .unwrap_err();
+        let error = dial(
+            &name,
+            80,
+            Duration::from_secs(10),
+            &Policy::default(),
+            &SocketTuning::default(),
+            None,
+        )
+        .await
+        .unwrap_err();
         assert!(
             matches!(error, DialError::Resolve { .. } | DialError::NoAddress(_)),
             "{error:?}"
@@ -156,17 +172,31 @@ async fn the_policy_applies_to_resolved_addresses() {
         );
         // A name that resolves to a denied address is as denied as the address.
         for host in ["127.0.0.1", "localhost"] {
-            let error = dial(host, port, Duration::from_secs(5), &deny, None)
-                .await
-                .unwrap_err();
+            let error = dial(
+                host,
+                port,
+                Duration::from_secs(5),
+                &deny,
+                &SocketTuning::default(),
+                None,
+            )
+            .await
+            .unwrap_err();
             assert!(matches!(error, DialError::Denied(_)), "{host}: {error}");
             assert_eq!(error.code(), ErrorCode::NotPermitted);
         }
         // The agent's own port on this host is denied by default.
         let own = Policy::new(vec![], vec![], vec![port], vec![]);
-        let error = dial("127.0.0.1", port, Duration::from_secs(5), &own, None)
-            .await
-            .unwrap_err();
+        let error = dial(
+            "127.0.0.1",
+            port,
+            Duration::from_secs(5),
+            &own,
+            &SocketTuning::default(),
+            None,
+        )
+        .await
+        .unwrap_err();
         assert!(error.to_string().contains("own port"), "{error}");
     })
     .await

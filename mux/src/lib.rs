@@ -6,7 +6,8 @@
 //! [`MuxStream`] per tunnel and the agent side takes [`DialRequest`]s from [`Mux::accept`].
 //! [`splice::splice`] copies bytes between a stream and a socket, with half-close and
 //! per-stream flow control. A session's end is one [`SessionEnd`], which every stream and
-//! waiting dial of it gets.
+//! waiting dial of it gets. [`memory`] owns what tunnels may hold: the budget, the sockets'
+//! kernel buffers and what they earn, the largest window ([`memory::TunnelMemory`]).
 //!
 //! The modules, in the order a frame leaves: `mux` (the handle), `stream` (one tunnel's end),
 //! `driver` (the session's state, its reader, writer and timer), `outbox` (the sending side,
@@ -19,6 +20,7 @@
 mod branches;
 mod driver;
 mod end;
+pub mod memory;
 mod mux;
 mod outbox;
 mod slot;

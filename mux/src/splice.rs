@@ -11,7 +11,6 @@ use std::future::Future;
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{ready, Context, Poll};
 
 use bridgehead_proto::frame::MAX_DATA_PAYLOAD;
@@ -22,6 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_util::io::poll_read_buf;
 
+use crate::memory::{EarnedBuffer, EarnedTotal};
 use crate::stream::{MuxStream, StreamEnd};
 
 /// Most chunks and bytes one vectored socket write carries.
@@ -32,9 +32,9 @@ const IDLE_READ: usize = 512;
 /// Most bytes a read of a streaming tunnel takes: its first read takes [`MAX_DATA_PAYLOAD`],
 /// and each read that fills its buffer doubles the next, up to this. A bulk download reads
 /// its target in a sixteenth of the calls a frame-sized read took, and the kernel sends the
-/// target's window updates as seldom: on loopback that took 7-11 % off the server's and agent's
-/// CPU per GiB (docs/benchmarks.md). A tunnel whose reads come back short keeps reading a
-/// frame's worth at most, so a trickle pins no large buffer.
+/// target's window updates as seldom, which costs the server and agent less CPU per byte
+/// (docs/benchmark-history.md, "reads that grow"). A tunnel whose reads come back short keeps
+/// reading a frame's worth at most, so a trickle pins no large buffer.
 const STREAMING_READ: usize = 1024 * 1024;
 
 /// Bytes moved by a finished splice.
@@ -55,81 +55,6 @@ pub trait Meter: Sync {
     /// The socket had bytes for the stream and the stream could take none: told once when
     /// such a wait begins, with what it waits for.
     fn waited(&self, _why: SendWait) {}
-}
-
-/// How a tunnel's socket earns one of its kernel buffers: the one that holds the tunnel's
-/// bytes when the far end stops taking them (a TCP socket's receive buffer, which fills when
-/// this end stops reading it; a Unix socket's send buffer, which fills when its client stops
-/// reading). It starts at `start` (set before the connection was made, so that a TCP window
-/// announced in the handshake is that small too) and doubles whenever the tunnel has moved
-/// eight times the buffer it has that way, up to `max`. A socket whose tunnel stalls before
-/// moving much (a client that never reads a firehose) keeps the small buffer, and with it
-/// what the kernel holds for it; one that keeps moving soon has the largest. Growing is always
-/// safe; shrinking is not (a TCP sender that saw a large window stops sending into a small
-/// one), so a buffer never shrinks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EarnedBuffer {
-    /// The buffer every tunnel socket starts with.
-    pub start: u32,
-    /// The largest buffer a moving tunnel earns.
-    pub max: u32,
-}
-
-/// A tunnel earns its next buffer after moving this many times the one it has.
-pub const EARN_FACTOR: u64 = 8;
-
-impl EarnedBuffer {
-    /// The buffer of a tunnel that has moved `moved` bytes: `start` doubled as often as
-    /// earned, at most `max`.
-    pub fn size(&self, moved: u64) -> u32 {
-        let mut size = self.start.max(1);
-        while size < self.max && moved >= u64::from(size) * 2 * EARN_FACTOR {
-            size = size.saturating_mul(2);
-        }
-        size.min(self.max.max(self.start))
-    }
-}
-
-/// What the sockets of all of a process's tunnels together may earn beyond the buffers they
-/// started with ([`EarnedBuffer`]). A buffer a tunnel earned is what it holds in the kernel
-/// if its far end stops taking its bytes later, and buffers never shrink (see
-/// [`EarnedBuffer`]), so the sum of what was earned is bounded here: once it is spent, a
-/// socket keeps the buffer it has until another tunnel ends and gives its share back.
-#[derive(Debug)]
-pub struct EarnedTotal {
-    limit: u64,
-    earned: AtomicU64,
-}
-
-impl EarnedTotal {
-    /// A total of `limit` bytes beyond the starting buffers.
-    pub fn new(limit: u64) -> EarnedTotal {
-        EarnedTotal {
-            limit,
-            earned: AtomicU64::new(0),
-        }
-    }
-
-    /// Bytes earned beyond the starting buffers now, all tunnels together.
-    pub fn earned(&self) -> u64 {
-        self.earned.load(Ordering::Relaxed)
-    }
-
-    /// Takes `bytes` of the total, if that many are left.
-    fn take(&self, bytes: u64) -> bool {
-        self.earned
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |earned| {
-                earned.checked_add(bytes).filter(|&sum| sum <= self.limit)
-            })
-            .is_ok()
-    }
-
-    /// Gives back `bytes` that [`EarnedTotal::take`] took.
-    fn give(&self, bytes: u64) {
-        if bytes > 0 {
-            self.earned.fetch_sub(bytes, Ordering::Relaxed);
-        }
-    }
 }
 
 /// Why a splice ended abnormally. The stream has been reset; the socket should be closed with

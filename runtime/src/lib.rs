@@ -13,12 +13,14 @@
 //! - [`http_head`]: reading one HTTP/1 head (the CONNECT, the upgrade and its answer).
 //! - [`legacy_counter`]: counters under konnectivity's names without `_total`.
 //! - [`limits`]: raising the open-files limit, TCP keepalive.
-//! - [`memory`]: `--tunnel-memory-budget`, `--tunnel-receive-buffer`, `--tunnel-unsent-limit`;
-//!   byte sizes.
+//! - [`memory`]: `--tunnel-memory-budget`, `--tunnel-receive-buffer`, `--tunnel-unsent-limit`,
+//!   `--tunnel-max-window` into `bridgehead_mux::memory::TunnelMemory`, and its metrics; byte
+//!   sizes.
 //! - [`process_metrics`]: `process_*` metrics under Prometheus' standard names.
 //! - [`threads`]: the tokio runtime, sized by `--worker-threads`.
 //!
-//! Nothing here knows about tunnels beyond the numbers their flags give.
+//! Nothing here knows about tunnels beyond the numbers their flags give: what those numbers
+//! mean for a tunnel is `bridgehead_mux::memory`'s.
 
 pub mod accept;
 pub mod certificates;

@@ -3,11 +3,16 @@
 //! (`--tunnel-receive-buffer`, `--tunnel-unsent-limit`), with byte sizes written as
 //! Kubernetes quantities (`256Mi`).
 //!
-//! The flags are plain numbers here; the budget itself is `bridgehead_proto::budget`.
+//! The flags are plain numbers here; [`MemoryArgs::tunnel_memory`] turns them into the policy
+//! `bridgehead_mux::memory` owns, and the collectors below show it as metrics.
 
-use std::os::fd::AsFd;
+use std::sync::Arc;
 
-pub use bridgehead_mux::splice::{EarnedBuffer, EarnedTotal, SendWait};
+use bridgehead_mux::memory::{
+    EarnedBuffer, EarnedTotal, SocketTuning, TunnelMemory, START_BUFFER, UNIX_SEND_BUFFER,
+};
+use bridgehead_mux::splice::SendWait;
+use bridgehead_proto::budget::Budget;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -79,153 +84,30 @@ fn parse_window(input: &str) -> Result<u32, String> {
     u32::try_from(size).map_err(|_| format!("{input:?} is too large"))
 }
 
-/// The buffer a tunnel socket starts with when it starts small, before its tunnel earns more
-/// ([`EarnedBuffer::start`]): a dialed TCP socket's receive buffer while the server's memory
-/// budget is under pressure, every Unix-socket client's send buffer. The kernel doubles it:
-/// 16 KiB, of which a TCP socket whose reader stopped holds about 12 KiB. Smaller starts
-/// stop growing on Linux (a TCP socket that starts at 4 KiB keeps 4 KiB windows whatever
-/// buffer it is given later).
-pub const START_BUFFER: u32 = 8 * 1024;
-/// A receive buffer below this at the handshake gives a TCP socket window scale 0: its window
-/// can never pass 64 KiB, whatever buffer it earns later.
-const SCALED_BUFFER: u32 = 64 * 1024;
-/// The largest segment a socket dialed with a receive buffer below [`SCALED_BUFFER`] asks
-/// its peer for (`TCP_MAXSEG`, announced in the handshake): an eighth of the 64 KiB its
-/// window is capped at. Loopback's segments are 64 KiB, so without it such a window holds one
-/// segment and the sender waits for each to be read and acknowledged before it sends the
-/// next (stop and wait); on other links the path's own segment (1,448 bytes on Ethernet) is
-/// smaller and this changes nothing. On loopback with every target socket started small,
-/// smaller segments win back part of what the small start costs a download
-/// (docs/benchmark-history.md, "Smaller segments for a small window", has how much).
-pub const SMALL_WINDOW_SEGMENT: u32 = 8 * 1024;
-/// The most a Unix-socket client's send buffer earns: Linux's default for Unix sockets
-/// (net.core.wmem_default, 208 KiB once doubled), which a bulk download needs to keep its
-/// speed (half of it costs a third).
-pub const UNIX_SEND_BUFFER: u32 = 104 * 1024;
-
 impl MemoryArgs {
-    /// What all tunnel sockets together earn beyond --tunnel-receive-buffer
-    /// (--tunnel-receive-buffer-max): a quarter of --tunnel-memory-budget.
-    pub fn earned_total(&self) -> EarnedTotal {
-        EarnedTotal::new(self.tunnel_memory_budget / 4)
-    }
-
-    /// The tunnel sockets' options these flags ask for.
-    pub fn socket_tuning(&self) -> SocketTuning {
+    /// The tunnel memory these flags ask for: the budget, the sockets' buffers (what all
+    /// sockets together earn beyond their start is a quarter of the budget), the window.
+    pub fn tunnel_memory(&self) -> TunnelMemory {
         let nonzero = |value: u64| u32::try_from(value).ok().filter(|&v| v > 0);
         let receive_buffer = nonzero(self.tunnel_receive_buffer);
-        SocketTuning {
-            receive_buffer,
-            receive_buffer_max: receive_buffer.map(|start| {
-                u32::try_from(self.tunnel_receive_buffer_max)
-                    .unwrap_or(u32::MAX)
-                    .max(start)
-            }),
-            unix_send_buffer: receive_buffer.map(|_| EarnedBuffer {
-                start: START_BUFFER,
-                max: UNIX_SEND_BUFFER,
-            }),
-            unsent_limit: nonzero(self.tunnel_unsent_limit),
+        TunnelMemory {
+            budget: Budget::new(self.tunnel_memory_budget),
+            sockets: SocketTuning {
+                receive_buffer,
+                receive_buffer_max: receive_buffer.map(|start| {
+                    u32::try_from(self.tunnel_receive_buffer_max)
+                        .unwrap_or(u32::MAX)
+                        .max(start)
+                }),
+                unix_send_buffer: receive_buffer.map(|_| EarnedBuffer {
+                    start: START_BUFFER,
+                    max: UNIX_SEND_BUFFER,
+                }),
+                unsent_limit: nonzero(self.tunnel_unsent_limit),
+            },
+            earned: Arc::new(EarnedTotal::new(self.tunnel_memory_budget / 4)),
+            max_window: self.tunnel_max_window,
         }
-    }
-}
-
-/// The kernel buffer options of a tunnel's socket; `None` leaves the kernel's default.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SocketTuning {
-    /// A TCP socket's `SO_RCVBUF`: the most a tunnel's socket has.
-    pub receive_buffer: Option<u32>,
-    /// A Unix socket's `SO_SNDBUF` (CONNECT clients on the Unix-socket frontend): where every
-    /// client starts and the most its tunnel earns.
-    pub unix_send_buffer: Option<EarnedBuffer>,
-    /// A TCP socket's `TCP_NOTSENT_LOWAT`.
-    pub unsent_limit: Option<u32>,
-    /// The largest `SO_RCVBUF` a TCP tunnel socket (a dialed target, an accepted client)
-    /// earns by reading.
-    pub receive_buffer_max: Option<u32>,
-}
-
-impl SocketTuning {
-    /// The receive buffer of a target socket the agent dials: the receive buffer to start
-    /// with and up to [`SocketTuning::receive_buffer_max`] earned by reading, or, when the
-    /// server asked while under memory pressure (`pressed`), [`START_BUFFER`] to start with
-    /// and up to the receive buffer earned (what such a socket earns beyond that is of no
-    /// use: its window scale, fixed by the small start, caps its window at 64 KiB).
-    ///
-    /// Why not always start small: a TCP socket's window scale is fixed in its handshake by
-    /// the buffer it then has, and one that starts below 64 KiB can never announce a window
-    /// of more than 64 KiB. On loopback, where a segment is 64 KiB, that makes a bulk tunnel
-    /// stop and wait for each segment, which costs CPU per byte (less once it asks for
-    /// smaller segments, [`SMALL_WINDOW_SEGMENT`]; the figures are in docs/benchmark-history.md).
-    /// Under pressure, what stalled tunnels hold in the kernel matters more than that.
-    pub fn dial_receive(&self, pressed: bool) -> Option<EarnedBuffer> {
-        let buffer = self.receive_buffer?;
-        Some(if pressed {
-            EarnedBuffer {
-                start: START_BUFFER.min(buffer),
-                max: buffer,
-            }
-        } else {
-            EarnedBuffer {
-                start: buffer,
-                max: self.receive_buffer_max.unwrap_or(buffer).max(buffer),
-            }
-        })
-    }
-
-    /// Sets the options on a TCP socket about to connect, its receive buffer at
-    /// `receive.start`. Set before `connect`, the receive buffer also bounds the window
-    /// announced in the handshake, and only then: a buffer made smaller than a window already
-    /// announced stalls the sender. A start too small for a window scale also asks for
-    /// segments of at most [`SMALL_WINDOW_SEGMENT`].
-    pub fn apply_dial(
-        &self,
-        socket: &impl AsFd,
-        receive: Option<EarnedBuffer>,
-    ) -> std::io::Result<()> {
-        let sock = socket2::SockRef::from(socket);
-        self.apply(&sock, receive)?;
-        // Last: a kernel that refuses it has the buffer options all the same.
-        if receive.is_some_and(|receive| receive.start < SCALED_BUFFER) {
-            sock.set_tcp_mss(SMALL_WINDOW_SEGMENT)?;
-        }
-        Ok(())
-    }
-
-    /// The receive buffer of an accepted TCP socket (a CONNECT client): the receive buffer to
-    /// start with ([`SocketTuning::apply_accepted`]) and up to
-    /// [`SocketTuning::receive_buffer_max`] earned by reading. Set after the handshake, the
-    /// start does not bound the window scale, which the listener's buffer fixed.
-    pub fn accepted_receive(&self) -> Option<EarnedBuffer> {
-        self.dial_receive(false)
-    }
-
-    /// Sets the options on an accepted TCP socket (a CONNECT client): the receive buffer to
-    /// start with and the unsent limit.
-    pub fn apply_accepted(&self, socket: &impl AsFd) -> std::io::Result<()> {
-        self.apply(&socket2::SockRef::from(socket), self.accepted_receive())
-    }
-
-    fn apply(
-        &self,
-        sock: &socket2::SockRef<'_>,
-        receive: Option<EarnedBuffer>,
-    ) -> std::io::Result<()> {
-        if let Some(receive) = receive {
-            sock.set_recv_buffer_size(receive.start as usize)?;
-        }
-        if let Some(limit) = self.unsent_limit {
-            sock.set_tcp_notsent_lowat(limit)?;
-        }
-        Ok(())
-    }
-
-    /// Sets the starting send buffer on an accepted Unix socket.
-    pub fn apply_unix(&self, socket: &impl AsFd) -> std::io::Result<()> {
-        if let Some(earned) = self.unix_send_buffer {
-            socket2::SockRef::from(socket).set_send_buffer_size(earned.start as usize)?;
-        }
-        Ok(())
     }
 }
 
@@ -383,6 +265,7 @@ pub fn parse_size(input: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bridgehead_mux::memory::SMALL_WINDOW_SEGMENT;
 
     #[test]
     fn sizes_are_kubernetes_quantities() {
@@ -473,7 +356,7 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let socket = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let args = defaults();
-        let tuning = args.socket_tuning();
+        let tuning = args.tunnel_memory().sockets;
         tuning.apply_accepted(&socket).unwrap();
         let sock = socket2::SockRef::from(&socket);
         // Linux doubles the receive buffer for its bookkeeping.
@@ -489,7 +372,7 @@ mod tests {
             ..defaults()
         };
         assert_eq!(
-            fixed.socket_tuning().dial_receive(false),
+            fixed.tunnel_memory().sockets.dial_receive(false),
             Some(EarnedBuffer {
                 start: 128 * 1024,
                 max: 128 * 1024
@@ -502,15 +385,15 @@ mod tests {
             tunnel_unsent_limit: 0,
             ..args
         };
-        assert_eq!(off.socket_tuning(), SocketTuning::default());
-        assert_eq!(off.socket_tuning().dial_receive(true), None);
+        assert_eq!(off.tunnel_memory().sockets, SocketTuning::default());
+        assert_eq!(off.tunnel_memory().sockets.dial_receive(true), None);
     }
 
     /// Only a socket that starts too small for a window scale asks for small segments (the
     /// kernel reports the asked-for segment until the socket connects).
     #[test]
     fn a_small_start_asks_for_small_segments() {
-        let tuning = defaults().socket_tuning();
+        let tuning = defaults().tunnel_memory().sockets;
         for (pressed, small) in [(true, true), (false, false)] {
             let socket =
                 socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();

@@ -333,8 +333,8 @@ async fn establish(
         .unwrap_or_else(|| peer.to_string());
     let mux = Mux::new(SessionConfig {
         max_streams: ctx.registry.max_tunnels_per_agent(),
-        budget: ctx.budget.clone(),
-        max_window: ctx.config.memory.tunnel_max_window,
+        budget: ctx.memory.budget.clone(),
+        max_window: ctx.memory.max_window,
         ..SessionConfig::new(Role::Server)
     });
     if let Some(home) = home {

@@ -3,11 +3,10 @@
 use std::sync::Arc;
 
 use bridgehead_runtime::accept::RateLimit;
-use bridgehead_runtime::memory::{EarnedTotal, SocketTuning};
 use bridgehead_runtime::threads::Shards;
 
+use bridgehead_mux::memory::TunnelMemory;
 use bridgehead_mux::Keepalive;
-use bridgehead_proto::budget::Budget;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::Admission;
@@ -45,14 +44,9 @@ pub struct Context {
     pub refusal_log: RateLimit,
     /// Every spliced tunnel, so shutdown can wait for them.
     pub tunnels: TaskTracker,
-    /// `--tunnel-memory-budget`: every agent session's buffered data counts against it.
-    pub budget: Budget,
-    /// `--tunnel-receive-buffer`, `--tunnel-unsent-limit`: the kernel buffers of every
-    /// CONNECT client's TCP socket.
-    pub socket_tuning: SocketTuning,
-    /// What CONNECT clients' TCP sockets earn beyond `--tunnel-receive-buffer`, all tunnels
-    /// together (`--tunnel-receive-buffer-max`).
-    pub earned: Arc<EarnedTotal>,
+    /// The tunnels' memory: the budget every agent session's buffered data counts against,
+    /// the kernel buffers of every CONNECT client's socket, the largest window.
+    pub memory: TunnelMemory,
     /// `--session-threads`: where agent sessions and their tunnels run.
     pub shards: Shards,
     /// `--fallback-proxy`: where CONNECTs that no agent matches go.
@@ -68,9 +62,8 @@ impl Context {
         shards: Shards,
         fallback: Option<Fallback>,
     ) -> Context {
-        let budget = Budget::new(config.memory.tunnel_memory_budget);
-        let earned = Arc::new(config.memory.earned_total());
-        let mut metrics = Metrics::new(&budget, &earned);
+        let memory = config.memory.tunnel_memory();
+        let mut metrics = Metrics::new(&memory.budget, &memory.earned);
         metrics.watch_certificates(config.certificate_files());
         let limits = &config.limits;
         metrics
@@ -98,9 +91,7 @@ impl Context {
             ),
             refusal_log: RateLimit::new(REFUSALS_LOGGED_PER_SECOND),
             tunnels: TaskTracker::new(),
-            budget,
-            socket_tuning: config.memory.socket_tuning(),
-            earned,
+            memory,
             shards,
             fallback,
             revocation: Arc::default(),

@@ -156,7 +156,7 @@ pub async fn serve_tcp(
         connections.spawn(
             async move {
                 let _ = tcp.set_nodelay(true);
-                if let Err(error) = ctx.socket_tuning.apply_accepted(&tcp) {
+                if let Err(error) = ctx.memory.sockets.apply_accepted(&tcp) {
                     debug!(%error, "setting the socket's buffer options");
                 }
                 if let Some(idle) = ctx.config.frontend.keepalive {
@@ -185,7 +185,7 @@ pub async fn serve_tcp(
                         || ClientKey::from(&[][..]),
                         |cert| ClientKey::from(cert.as_ref()),
                     );
-                tls.count_against(ctx.budget.clone());
+                tls.count_against(ctx.memory.budget.clone());
                 connection::serve(tls, client, ctx).await;
             }
             .instrument(span),
@@ -234,7 +234,7 @@ pub async fn serve_unix(
             target = tracing::field::Empty,
             agent = tracing::field::Empty
         );
-        if let Err(error) = ctx.socket_tuning.apply_unix(&socket) {
+        if let Err(error) = ctx.memory.sockets.apply_unix(&socket) {
             debug!(%error, "setting the socket's send buffer");
         }
         // Every client of the socket is one client: its file mode is the access control.

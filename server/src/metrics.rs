@@ -378,7 +378,7 @@ impl Metrics {
     /// The server's metrics, `budget`'s and `earned`'s among them.
     pub fn new(
         budget: &bridgehead_proto::budget::Budget,
-        earned: &Arc<bridgehead_runtime::memory::EarnedTotal>,
+        earned: &Arc<bridgehead_mux::memory::EarnedTotal>,
     ) -> Metrics {
         let mut root = Registry::default();
         root.register_collector(Box::new(
@@ -664,7 +664,7 @@ impl Default for Metrics {
     fn default() -> Metrics {
         Metrics::new(
             &bridgehead_proto::budget::Budget::unlimited(),
-            &Arc::new(bridgehead_runtime::memory::EarnedTotal::new(0)),
+            &Arc::new(bridgehead_mux::memory::EarnedTotal::new(0)),
         )
     }
 }
@@ -685,7 +685,7 @@ mod tests {
     fn konnectivity_series_mean_what_anps_do() {
         let metrics = Metrics::new(
             &bridgehead_proto::budget::Budget::unlimited(),
-            &Arc::new(bridgehead_runtime::memory::EarnedTotal::new(0)),
+            &Arc::new(bridgehead_mux::memory::EarnedTotal::new(0)),
         );
         for result in [
             DialResult::Ok,

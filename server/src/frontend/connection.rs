@@ -164,10 +164,10 @@ async fn open<S: ClientSocket>(
         };
     let span = tracing::Span::current();
     span.record("target", tracing::field::display(&target));
-    if !ctx.budget.admit() {
+    if !ctx.memory.budget.admit() {
         return Err(Refusal::MemoryBudget {
-            buffered: ctx.budget.buffered(),
-            limit: ctx.budget.limit(),
+            buffered: ctx.memory.budget.buffered(),
+            limit: ctx.memory.budget.limit(),
         }
         .into());
     }
@@ -290,9 +290,9 @@ async fn tunnel<S: ClientSocket>(
             let held = Held::new(&mut *socket, hold);
             splice::splice_metered(held, &stream, early, &mut moved, &meter)
                 .earning_within(
-                    ctx.socket_tuning.accepted_receive(),
-                    ctx.socket_tuning.unix_send_buffer,
-                    Some(&ctx.earned),
+                    ctx.memory.sockets.accepted_receive(),
+                    ctx.memory.sockets.unix_send_buffer,
+                    Some(&ctx.memory.earned),
                 )
                 .reading_when_ready()
                 .await

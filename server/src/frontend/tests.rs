@@ -140,9 +140,8 @@ fn context(registry: Registry) -> Arc<Context> {
 
 /// [`context`] with `--dial-timeout` `dial_timeout`.
 fn context_with_dial_timeout(registry: Registry, dial_timeout: Duration) -> Arc<Context> {
-    let budget = bridgehead_proto::budget::Budget::unlimited();
-    let earned = Arc::new(bridgehead_runtime::memory::EarnedTotal::new(0));
-    let metrics = Metrics::new(&budget, &earned);
+    let memory = bridgehead_mux::memory::TunnelMemory::unbounded();
+    let metrics = Metrics::new(&memory.budget, &memory.earned);
     let mut config = crate::test_util::test_config();
     config.routing.dial_timeout = dial_timeout;
     Arc::new(Context {
@@ -156,9 +155,7 @@ fn context_with_dial_timeout(registry: Registry, dial_timeout: Duration) -> Arc<
         agent_admission: crate::agent_admission::AgentAdmission::new(16, TEST_TIMEOUT),
         refusal_log: RateLimit::new(10),
         tunnels: TaskTracker::new(),
-        budget,
-        socket_tuning: Default::default(),
-        earned,
+        memory,
         shards: Shards::none(),
         fallback: None,
         revocation: Default::default(),
