@@ -19,8 +19,10 @@
 
 mod addresses;
 pub mod config;
+mod context;
 pub mod dial;
 mod health;
+mod metrics;
 pub mod policy;
 pub mod schedule;
 mod server_connection;
@@ -33,7 +35,7 @@ mod upgrade;
 
 use std::sync::Arc;
 
-use anyhow::Context;
+use anyhow::Context as _;
 use bridgehead_runtime::health::{serve, serve_admin};
 use bridgehead_runtime::shutdown::Lifecycle;
 use tokio::net::TcpListener;
@@ -42,7 +44,7 @@ use tracing::info;
 
 pub use config::{Cli, Config};
 
-use health::Health;
+use context::Context;
 use server_count::ServerCount;
 
 /// The agent's two HTTP listeners, bound before [`run`].
@@ -92,7 +94,7 @@ pub async fn run(
         "starting"
     );
 
-    let health = Health::new(
+    let ctx = Context::new(
         &config.server_authority(),
         config.memory.tunnel_memory(),
         config.certificate_files(),
@@ -101,8 +103,8 @@ pub async fn run(
     // meanwhile.
     let lifecycle = Lifecycle::new();
     let routes = {
-        let health = health.clone();
-        move |path: &str| health.reply(path)
+        let ctx = ctx.clone();
+        move |path: &str| ctx.reply(path)
     };
     lifecycle.spawn(serve(
         health_listener,
@@ -111,9 +113,9 @@ pub async fn run(
         lifecycle.tasks().clone(),
     ));
     let admin_routes = {
-        let health = health.clone();
+        let ctx = ctx.clone();
         let shown = config.to_json();
-        move |path: &str| health.admin(path, &shown)
+        move |path: &str| ctx.admin(path, &shown)
     };
     lifecycle.spawn(serve_admin(
         admin_listener,
@@ -156,7 +158,7 @@ pub async fn run(
     }
     servers::run(
         Arc::new(config),
-        health.clone(),
+        ctx.clone(),
         policy,
         count,
         shards,

@@ -24,7 +24,7 @@ use tracing::{debug, error, info, info_span, warn, Instrument};
 
 use crate::addresses::Addresses;
 use crate::config::Config;
-use crate::health::Health;
+use crate::context::Context;
 use crate::policy::Policy;
 use crate::schedule::Schedule;
 use crate::server_connection::{self, ConnectError, Connected};
@@ -58,7 +58,7 @@ struct Held {
 /// Keeps sessions with the servers until `shutdown`, then waits for every session to drain.
 pub(crate) async fn run(
     config: Arc<Config>,
-    health: Health,
+    ctx: Context,
     policy: Arc<Policy>,
     count: ServerCount,
     shards: Shards,
@@ -76,7 +76,7 @@ pub(crate) async fn run(
             config.servers.sync_interval,
         ),
         config,
-        health,
+        ctx,
         policy,
         count,
         shards,
@@ -105,7 +105,7 @@ pub(crate) async fn run(
         };
         next_attempt = tokio::time::Instant::now() + delay;
     }
-    search.health.set_shutting_down();
+    search.ctx.set_shutting_down();
     // Session tasks waiting for room to report see the loop gone.
     drop(events);
     search.sessions.close();
@@ -115,7 +115,7 @@ pub(crate) async fn run(
 /// The search loop's state: the sessions it holds, when to try next, where the servers are.
 struct Search {
     config: Arc<Config>,
-    health: Health,
+    ctx: Context,
     policy: Arc<Policy>,
     count: ServerCount,
     shards: Shards,
@@ -139,7 +139,7 @@ impl Search {
             Event::Draining(key) => {
                 let session = self.held.get_mut(&key)?;
                 session.draining = true;
-                self.health.session_draining(key);
+                self.ctx.session_draining(key);
                 info!(
                     server_id = %session.server_id,
                     "the server drains: looking for its replacement now; its open tunnels finish on the old session"
@@ -167,7 +167,7 @@ impl Search {
         self.addresses.refresh().await;
         self.count.found(self.addresses.count());
         let wanted = self.count.count();
-        self.health.set_known(wanted);
+        self.ctx.set_known(wanted);
         let live: Vec<String> = self
             .held
             .values()
@@ -178,7 +178,7 @@ impl Search {
             return Some(self.schedule.after_success(&mut self.rng));
         }
         if self.attempts > 0 {
-            self.health.metrics().reconnecting();
+            self.ctx.metrics().reconnecting();
         }
         self.attempts += 1;
         // A session's connection is made on the thread the session will run on, so that its
@@ -268,7 +268,7 @@ impl Search {
             identifiers = %self.config.identifiers,
             "connected to server"
         );
-        self.health.set_known(self.count.count());
+        self.ctx.set_known(self.count.count());
         self.spawn_session(key, connected, home);
         self.schedule.after_success(&mut self.rng)
     }
@@ -303,7 +303,7 @@ impl Search {
                 info!(%error, retry_in = ?delay, sessions = live, "looking for more servers: connecting failed")
             }
         }
-        self.health.attempt_failed(error.to_string());
+        self.ctx.attempt_failed(error.to_string());
         delay
     }
 
@@ -315,10 +315,10 @@ impl Search {
             server_id,
             server_count: _,
         } = connected;
-        self.health.session_opened(key, &server_id, peer);
-        let (config, health, policy, shutdown, events) = (
+        self.ctx.session_opened(key, &server_id, peer);
+        let (config, ctx, policy, shutdown, events) = (
             self.config.clone(),
-            self.health.clone(),
+            self.ctx.clone(),
             self.policy.clone(),
             self.shutdown.clone(),
             self.events.clone(),
@@ -334,10 +334,9 @@ impl Search {
                     let _ = events.send(Event::Draining(key)).await;
                 }
             };
-            let reason =
-                crate::session::run(ws, &config, &health, &policy, &shutdown, drained).await;
-            health.metrics().session_ended(&reason);
-            health.session_closed(key, reason.to_string());
+            let reason = crate::session::run(ws, &config, &ctx, &policy, &shutdown, drained).await;
+            ctx.metrics().session_ended(&reason);
+            ctx.session_closed(key, reason.to_string());
             if shutdown.is_cancelled() {
                 info!(%reason, "session closed");
             } else {

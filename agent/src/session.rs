@@ -17,8 +17,9 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, debug_span, info, warn, Instrument};
 
 use crate::config::Config;
+use crate::context::Context;
 use crate::dial::{self, DialError};
-use crate::health::{Health, Metrics};
+use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::server_connection::ServerWebSocket;
 
@@ -31,15 +32,15 @@ const TASKS_AFTER_SESSION: Duration = Duration::from_secs(5);
 pub(crate) async fn run(
     ws: ServerWebSocket,
     config: &Config,
-    health: &Health,
+    ctx: &Context,
     policy: &Arc<Policy>,
     shutdown: &CancellationToken,
     on_server_drain: impl Future<Output = ()>,
 ) -> SessionEnd {
     let mux = Mux::new(SessionConfig {
-        budget: health.memory().budget.clone(),
+        budget: ctx.memory().budget.clone(),
         max_streams: config.sessions.max_tunnels,
-        max_window: health.memory().max_window,
+        max_window: ctx.memory().max_window,
         ..SessionConfig::new(Role::Agent)
     });
     let tracker = TaskTracker::new();
@@ -48,7 +49,7 @@ pub(crate) async fn run(
 
     // Beside the driver: the server's dials, and the drain once `shutdown` fires.
     let beside = async {
-        let accept = accept_loop(&mux, &tracker, health, policy);
+        let accept = accept_loop(&mux, &tracker, ctx, policy);
         let grace = config.sessions.drain_grace_period;
         let drain = drain_on_shutdown(&mux, &tracker, shutdown, grace, &stop);
         tokio::join!(accept, drain);
@@ -76,7 +77,7 @@ pub(crate) async fn run(
 }
 
 /// Spawns a tunnel task for every dial the server asks for, until the session ends.
-async fn accept_loop(mux: &Mux, tracker: &TaskTracker, health: &Health, policy: &Arc<Policy>) {
+async fn accept_loop(mux: &Mux, tracker: &TaskTracker, ctx: &Context, policy: &Arc<Policy>) {
     while let Some(request) = mux.accept().await {
         // At the level of the lines logged in it: an enabled span costs every tunnel memory
         // (its slab entry and formatted fields) for as long as the tunnel lives.
@@ -85,7 +86,7 @@ async fn accept_loop(mux: &Mux, tracker: &TaskTracker, health: &Health, policy: 
             stream = request.id(),
             target = %HostPort(&request.host, request.port),
         );
-        tracker.spawn(tunnel(request, health.clone(), policy.clone()).instrument(span));
+        tracker.spawn(tunnel(request, ctx.clone(), policy.clone()).instrument(span));
     }
 }
 
@@ -129,13 +130,13 @@ async fn drain_on_shutdown(
     clippy::manual_async_fn,
     reason = "an async fn keeps its arguments twice in the task"
 )]
-fn tunnel(request: DialRequest, health: Health, policy: Arc<Policy>) -> impl Future<Output = ()> {
+fn tunnel(request: DialRequest, ctx: Context, policy: Arc<Policy>) -> impl Future<Output = ()> {
     async move {
-        let metrics = health.metrics();
+        let metrics = ctx.metrics();
         // A server under memory pressure grants new streams less than its usual window:
         // the target socket then starts small too, and earns the rest by reading.
         let pressed = request.window < DEFAULT_INITIAL_WINDOW;
-        let sockets = &health.memory().sockets;
+        let sockets = &ctx.memory().sockets;
         let earned = sockets.dial_receive(pressed);
         let dialed = {
             let policy = policy;
@@ -148,7 +149,7 @@ fn tunnel(request: DialRequest, health: Health, policy: Arc<Policy>) -> impl Fut
         let mut moved = Moved::default();
         let result =
             splice::splice_metered(&mut socket, &stream, Bytes::new(), &mut moved, metrics)
-                .earning_within(earned, None, Some(&health.memory().earned))
+                .earning_within(earned, None, Some(&ctx.memory().earned))
                 .reading_when_ready()
                 .await;
         match result {
