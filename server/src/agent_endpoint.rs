@@ -326,42 +326,10 @@ async fn establish(
         let refused = Refused::Duplicate(ctx.config.routing.server_id.clone());
         return Err(answer(&mut tls, refused).await);
     }
-    let name = upgrade
-        .identifiers
-        .id
-        .clone()
-        .unwrap_or_else(|| peer.to_string());
-    let mux = Mux::new(SessionConfig {
-        max_streams: ctx.registry.max_tunnels_per_agent(),
-        budget: ctx.memory.budget.clone(),
-        max_window: ctx.memory.max_window,
-        ..SessionConfig::new(Role::Server)
-    });
-    if let Some(home) = home {
-        mux.set_home(home.handle().clone());
-    }
-    let registration = Registration {
-        name: name.clone(),
-        identity: identity.subject.clone(),
-        identifiers: upgrade.identifiers.clone(),
-        peer,
-        mux: mux.clone(),
-    };
-    let (key, replaced) = match ctx.registry.register(registration) {
+    let (name, mux, key) = match register(ctx, &upgrade, &identity, peer, home) {
         Ok(registered) => registered,
-        Err(error) => {
-            let status = match error {
-                RegisterError::IdTaken { .. } => StatusCode::CONFLICT,
-                RegisterError::TooManySessions { .. } => StatusCode::TOO_MANY_REQUESTS,
-            };
-            let refused = Refused::Answered(status, error.to_string());
-            return Err(answer(&mut tls, refused).await);
-        }
+        Err(refused) => return Err(answer(&mut tls, refused).await),
     };
-    if let Some(old) = replaced {
-        info!(agent = %name, "a new session of the same agent replaces the old one");
-        old.close("replaced by a new session of the same agent");
-    }
     let early = buf.freeze().slice(end..);
     let accepted = tokio::time::timeout(
         ctx.config.agent_endpoint.answer_timeout,
@@ -385,6 +353,51 @@ async fn establish(
             Err(refused)
         }
     }
+}
+
+/// The agent's session made (on `home`, the thread it will run on) and registered under its
+/// id: its name, the session and its registry key; a session of the same agent it replaces
+/// is closed. Refused when the id is another identity's or the identity has its limit.
+fn register(
+    ctx: &Context,
+    upgrade: &Upgrade,
+    identity: &AgentIdentity,
+    peer: SocketAddr,
+    home: Option<&Home>,
+) -> Result<(String, Mux, crate::router::AgentKey), Refused> {
+    let name = upgrade
+        .identifiers
+        .id
+        .clone()
+        .unwrap_or_else(|| peer.to_string());
+    let mux = Mux::new(SessionConfig {
+        max_streams: ctx.registry.max_tunnels_per_agent(),
+        budget: ctx.memory.budget.clone(),
+        max_window: ctx.memory.max_window,
+        ..SessionConfig::new(Role::Server)
+    });
+    if let Some(home) = home {
+        mux.set_home(home.handle().clone());
+    }
+    let registration = Registration {
+        name: name.clone(),
+        identity: identity.subject.clone(),
+        identifiers: upgrade.identifiers.clone(),
+        peer,
+        mux: mux.clone(),
+    };
+    let (key, replaced) = ctx.registry.register(registration).map_err(|error| {
+        let status = match error {
+            RegisterError::IdTaken { .. } => StatusCode::CONFLICT,
+            RegisterError::TooManySessions { .. } => StatusCode::TOO_MANY_REQUESTS,
+        };
+        Refused::Answered(status, error.to_string())
+    })?;
+    if let Some(old) = replaced {
+        info!(agent = %name, "a new session of the same agent replaces the old one");
+        old.close("replaced by a new session of the same agent");
+    }
+    Ok((name, mux, key))
 }
 
 /// Answers `101` with this server's id and count, and makes the WebSocket, starting with the
