@@ -149,19 +149,30 @@ impl Shards {
     pub fn start(name: &str, count: usize) -> io::Result<Shards> {
         let stop = CancellationToken::new();
         let mut shards = Vec::with_capacity(count);
+        let (started_tx, started) = std::sync::mpsc::channel();
         for i in 0..count {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
             let handle = runtime.handle().clone();
             let stop = stop.clone();
+            let started_tx = started_tx.clone();
             std::thread::Builder::new()
                 .name(format!("{name}-{i}"))
-                .spawn(move || runtime.block_on(stop.cancelled()))?;
+                .spawn(move || {
+                    let _ = started_tx.send(());
+                    runtime.block_on(stop.cancelled())
+                })?;
             shards.push(Shard {
                 handle,
                 homed: Arc::default(),
             });
+        }
+        // A thread takes its name as it starts and carries its parent's (a runtime worker's)
+        // until then: returned only once every one has, so that nothing counts the process's
+        // threads by name (a test, an operator's `ps -L`) while they are half made.
+        for _ in 0..count {
+            let _ = started.recv();
         }
         Ok(Shards {
             inner: Arc::new(ShardsInner { shards, stop }),

@@ -117,6 +117,118 @@ pub struct NodeHost {
     dir: tempfile::TempDir,
 }
 
+/// The node host's files: its folders, the sysctls it gets its own copy of, `/etc/hosts`,
+/// the CNI, containerd and kubelet configurations and kubelet's kubeconfig.
+fn write_files(
+    dir: &Path,
+    control_plane: &ControlPlane,
+    options: &NodeOptions,
+    images: &Images,
+    (node_ip, pod_cidr): (Ipv4Addr, &str),
+    cgroup_root: &str,
+) -> anyhow::Result<()> {
+    let path = |file: &str| dir.join(file);
+    for folder in [
+        "etc/upper",
+        "etc/work",
+        "sysctl",
+        "cni",
+        "containerd",
+        "kubelet",
+    ] {
+        std::fs::create_dir_all(path(folder))?;
+    }
+    match &options.etc_kubernetes {
+        Some(folder) => std::os::unix::fs::symlink(folder, path("etc-kubernetes"))?,
+        None => std::fs::create_dir_all(path("etc-kubernetes"))?,
+    }
+    for sysctl in SYSCTLS {
+        let live = PathBuf::from("/proc/sys").join(sysctl.replace('.', "/"));
+        let value = std::fs::read_to_string(&live)
+            .with_context(|| format!("reading {}", live.display()))?;
+        write(&path(&format!("sysctl/{sysctl}")), &value)?;
+    }
+    write(
+        &path("etc/upper/hosts"),
+        &format!(
+            "127.0.0.1 localhost\n::1 localhost\n{node_ip} {}\n",
+            options.name
+        ),
+    )?;
+    write(
+        &path("cni/10-bridgehead-test.conflist"),
+        &cni_config(pod_cidr),
+    )?;
+    let socket = path("containerd.sock");
+    write(
+        &path("containerd.toml"),
+        &containerd_config(dir, &socket, &images.pause),
+    )?;
+    let static_pods = matches!(options.network, Network::ControlPlane { .. });
+    write(
+        &path("kubelet/config.yaml"),
+        &kubelet_config(
+            dir,
+            &control_plane.ca,
+            &socket,
+            node_ip,
+            cgroup_root,
+            static_pods,
+        ),
+    )?;
+    write_node_kubeconfig(control_plane, &options.name, &path("kubelet"))?;
+    Ok(())
+}
+
+/// Starts containerd in `host` with `config`, waits until it answers on `socket`, and
+/// imports every image archive.
+fn start_containerd(
+    host: &Host,
+    socket: &Path,
+    config: &Path,
+    images: &Images,
+) -> anyhow::Result<Process> {
+    let containerd = host.spawn(&["containerd", "--config", &config.to_string_lossy()], &[])?;
+    let ctr = |args: &[&str]| {
+        let mut command = vec![
+            "ctr".to_owned(),
+            "--address".to_owned(),
+            socket.to_string_lossy().into_owned(),
+        ];
+        command.extend(args.iter().map(|a| (*a).to_owned()));
+        command
+    };
+    wait_until(CONTAINERD_STARTUP, || {
+        host.run(&strs(&ctr(&["version"])))
+            .is_ok_and(|out| out.status.success())
+    })
+    .with_context(|| format!("containerd did not start:\n{}", containerd.stderr()))?;
+    let archives = [
+        Some(&images.pause),
+        Some(&images.busybox),
+        Some(&images.testserver),
+        Some(&images.bridgehead),
+        images.konnectivity.as_ref(),
+    ];
+    for archive in archives.into_iter().flatten() {
+        let out = host.run(&strs(&ctr(&[
+            "-n",
+            "k8s.io",
+            "images",
+            "import",
+            &archive.path.to_string_lossy(),
+        ])))?;
+        if !out.status.success() {
+            bail!(
+                "importing {}: {}",
+                archive.path.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    Ok(containerd)
+}
+
 impl NodeHost {
     /// Starts the host, containerd (with `images` imported) and kubelet, and waits until the
     /// Node is Ready in `control_plane`.
@@ -137,58 +249,18 @@ impl NodeHost {
             ),
             Network::ControlPlane { .. } => (control_plane.address, "10.244.0.0/24".to_owned()),
         };
-        for folder in [
-            "etc/upper",
-            "etc/work",
-            "sysctl",
-            "cni",
-            "containerd",
-            "kubelet",
-        ] {
-            std::fs::create_dir_all(path(folder))?;
-        }
-        match &options.etc_kubernetes {
-            Some(folder) => std::os::unix::fs::symlink(folder, path("etc-kubernetes"))?,
-            None => std::fs::create_dir_all(path("etc-kubernetes"))?,
-        }
-        for sysctl in SYSCTLS {
-            let live = PathBuf::from("/proc/sys").join(sysctl.replace('.', "/"));
-            let value = std::fs::read_to_string(&live)
-                .with_context(|| format!("reading {}", live.display()))?;
-            write(&path(&format!("sysctl/{sysctl}")), &value)?;
-        }
-        write(
-            &path("etc/upper/hosts"),
-            &format!(
-                "127.0.0.1 localhost\n::1 localhost\n{node_ip} {}\n",
-                options.name
-            ),
-        )?;
-        write(
-            &path("cni/10-bridgehead-test.conflist"),
-            &cni_config(&pod_cidr),
-        )?;
-        let socket = path("containerd.sock");
-        write(
-            &path("containerd.toml"),
-            &containerd_config(dir.path(), &socket, &images.pause),
-        )?;
         let cgroup_root = format!("bh{pid}c{k}");
         // Declared before the host, so dropped after it: removed once its processes are gone.
         let cgroups = Cgroups::make(&cgroup_root)?;
-        let static_pods = matches!(options.network, Network::ControlPlane { .. });
-        write(
-            &path("kubelet/config.yaml"),
-            &kubelet_config(
-                dir.path(),
-                &control_plane.ca,
-                &socket,
-                node_ip,
-                &cgroup_root,
-                static_pods,
-            ),
+        let socket = path("containerd.sock");
+        write_files(
+            dir.path(),
+            control_plane,
+            &options,
+            images,
+            (node_ip, &pod_cidr),
+            &cgroup_root,
         )?;
-        write_node_kubeconfig(control_plane, &options.name, &path("kubelet"))?;
 
         let host = Host::start(&options.network, dir.path(), &options.name)?;
 
@@ -209,51 +281,7 @@ impl NodeHost {
             super::control_plane::APISERVER_PORT,
         )?;
 
-        let containerd = host.spawn(
-            &[
-                "containerd",
-                "--config",
-                &path("containerd.toml").to_string_lossy(),
-            ],
-            &[],
-        )?;
-        let ctr = |args: &[&str]| {
-            let mut command = vec![
-                "ctr".to_owned(),
-                "--address".to_owned(),
-                socket.to_string_lossy().into_owned(),
-            ];
-            command.extend(args.iter().map(|a| (*a).to_owned()));
-            command
-        };
-        wait_until(CONTAINERD_STARTUP, || {
-            host.run(&strs(&ctr(&["version"])))
-                .is_ok_and(|out| out.status.success())
-        })
-        .with_context(|| format!("containerd did not start:\n{}", containerd.stderr()))?;
-        let archives = [
-            Some(&images.pause),
-            Some(&images.busybox),
-            Some(&images.testserver),
-            Some(&images.bridgehead),
-            images.konnectivity.as_ref(),
-        ];
-        for archive in archives.into_iter().flatten() {
-            let out = host.run(&strs(&ctr(&[
-                "-n",
-                "k8s.io",
-                "images",
-                "import",
-                &archive.path.to_string_lossy(),
-            ])))?;
-            if !out.status.success() {
-                bail!(
-                    "importing {}: {}",
-                    archive.path.display(),
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-        }
+        let containerd = start_containerd(&host, &socket, &path("containerd.toml"), images)?;
 
         let kubelet_command = vec![
             control_plane
