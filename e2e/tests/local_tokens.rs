@@ -15,7 +15,7 @@ use bridgehead_e2e::netns::{self, TestNet};
 use bridgehead_kubeapi::serviceaccount::{
     Fallback, Malformed, Outcome, Refusal, TokenVerifier, VerifierSettings,
 };
-use bridgehead_kubeapi::KubeApi;
+use bridgehead_kubeapi::{KubeApi, RequestCounts};
 use tokio_util::sync::CancellationToken;
 
 const NAMESPACE: &str = "kube-system";
@@ -61,6 +61,25 @@ fn agent_pod(cp: &ControlPlane, node: &str, pod: &str) {
     .unwrap();
 }
 
+/// A verifier as [`start`] makes one, waited for, and its client's request counts.
+fn start_counted(
+    runtime: &tokio::runtime::Runtime,
+    kubeconfig: &Path,
+    stop: &CancellationToken,
+) -> (TokenVerifier, RequestCounts) {
+    runtime.block_on(async {
+        let api = KubeApi::connect(Some(kubeconfig), 0.0, 0).await.unwrap();
+        let requests = api.requests();
+        let mut settings = VerifierSettings::new(NAMESPACE, ACCOUNT, AUDIENCE);
+        settings.watch_nodes = true;
+        let verifier = TokenVerifier::start(Arc::new(api), settings, stop.clone());
+        tokio::time::timeout(READY, verifier.ready())
+            .await
+            .expect("the verifier never got its keys and lists");
+        (verifier, requests)
+    })
+}
+
 /// A verifier as the server would start one, with `kubeconfig`; ready when `ready`.
 fn start(
     runtime: &tokio::runtime::Runtime,
@@ -93,13 +112,50 @@ fn pod_bound_tokens_are_verified_locally_against_kube_apiserver() {
     });
 }
 
+#[test]
+fn without_streaming_lists_the_verifier_lists_in_pages_and_still_verifies() {
+    let test = "without_streaming_lists_the_verifier_lists_in_pages_and_still_verifies";
+    let Some(binaries) = kubernetes::require(test) else {
+        return;
+    };
+    netns::with_net(test, 1, TEST_TIMEOUT, move |mut net| {
+        // A kube-apiserver that refuses sendInitialEvents, as before 1.34 by default.
+        let (_cp, server, token) =
+            with_agent_pod_on(&binaries, &mut net, &["--feature-gates=WatchList=false"]);
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let stop = CancellationToken::new();
+        let (verifier, requests) = start_counted(&runtime, &server, &stop);
+        let outcome = runtime.block_on(verifier.verify(&token));
+        assert!(matches!(outcome, Outcome::Verified(_)), "{outcome:?}");
+        let counted = requests.snapshot();
+        for resource in ["pods", "serviceaccounts", "nodes"] {
+            assert!(
+                counted
+                    .iter()
+                    .any(|(verb, r, n)| *verb == "LIST" && r == resource && *n >= 1),
+                "no paged list of {resource}: {counted:?}"
+            );
+        }
+        stop.cancel();
+    });
+}
+
 /// A control plane with deploy/rbac applied and agent pod `agent-1` on `node-1`: the server
 /// identity's kubeconfig and the pod's token.
 fn with_agent_pod(
     binaries: &kubernetes::Binaries,
     net: &mut TestNet,
 ) -> (ControlPlane, PathBuf, String) {
-    let cp = ControlPlane::start(binaries, net, 0, Egress::Direct, &[])
+    with_agent_pod_on(binaries, net, &[])
+}
+
+/// [`with_agent_pod`] with `flags` for kube-apiserver.
+fn with_agent_pod_on(
+    binaries: &kubernetes::Binaries,
+    net: &mut TestNet,
+    flags: &[&str],
+) -> (ControlPlane, PathBuf, String) {
+    let cp = ControlPlane::start(binaries, net, 0, Egress::Direct, flags)
         .unwrap_or_else(|e| panic!("starting the control plane: {e:#}"));
     for manifest in ["deploy/rbac/server.yaml", "deploy/rbac/agent.yaml"] {
         let path = repo().join(manifest);
@@ -119,7 +175,14 @@ fn verify_locally(binaries: &kubernetes::Binaries, mut net: TestNet) {
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let stop = CancellationToken::new();
-    let verifier = start(&runtime, &server, &stop, true);
+    let (verifier, requests) = start_counted(&runtime, &server, &stop);
+    // Streaming lists: each watch's first state came from one WATCH, no LIST.
+    let lists: Vec<_> = requests
+        .snapshot()
+        .into_iter()
+        .filter(|(verb, _, _)| *verb == "LIST")
+        .collect();
+    assert!(lists.is_empty(), "{lists:?}");
     let freshness = verifier.freshness();
     assert_eq!(freshness.watches(), Some(Duration::ZERO));
     assert_eq!(freshness.nodes, Some(Duration::ZERO));
