@@ -63,6 +63,112 @@ pub struct ControlPlane {
     dir: tempfile::TempDir,
 }
 
+/// The cluster's CA and kube-apiserver's certificates (serving, admin, front proxy, kubelet
+/// client) and service-account keys, written into `dir`.
+fn write_pki(dir: &Path, address: Ipv4Addr) -> anyhow::Result<Authority> {
+    let path = |file: &str| dir.join(file);
+    let authority = Authority::new("kubernetes-ca")?;
+    write(&path("ca.crt"), &authority.ca.cert_pem)?;
+    let serving = authority.server(
+        "kube-apiserver",
+        &[
+            "kubernetes".into(),
+            "kubernetes.default".into(),
+            "kubernetes.default.svc".into(),
+            // The `kubernetes` Service's ClusterIP (the first of the service range), which
+            // pods' in-cluster configuration dials, as kubeadm's certificate names it.
+            KUBERNETES_SERVICE_IP.into(),
+            "127.0.0.1".into(),
+            address.to_string(),
+        ],
+    )?;
+    write_pair(dir, "apiserver", &serving)?;
+    let admin = authority.client("kubernetes-admin", &["system:masters"], &[])?;
+    write_pair(dir, "admin", &admin)?;
+    let front_proxy = authority.client("front-proxy-client", &[], &[])?;
+    write_pair(dir, "front-proxy", &front_proxy)?;
+    // What kube-apiserver shows kubelets (as kubeadm's apiserver-kubelet-client): real
+    // nodes authenticate it against the cluster CA and authorize it by webhook.
+    let kubelet_client =
+        authority.client("kube-apiserver-kubelet-client", &["system:masters"], &[])?;
+    write_pair(dir, "apiserver-kubelet-client", &kubelet_client)?;
+    let signing = rcgen::KeyPair::generate().context("service-account key")?;
+    write(&path("sa.key"), &signing.serialize_pem())?;
+    write(&path("sa.pub"), &signing.public_key_pem())?;
+
+    Ok(authority)
+}
+
+/// etcd in namespace `ns`, its data in `data`, clients on 127.0.0.1:2379.
+fn spawn_etcd(ns: &str, binaries: &Binaries, data: &Path) -> anyhow::Result<Process> {
+    let mut etcd = in_namespace(ns, &binaries.etcd);
+    etcd.arg("--name=test")
+        .arg(format!("--data-dir={}", data.display()))
+        .args([
+            "--listen-client-urls=http://127.0.0.1:2379",
+            "--advertise-client-urls=http://127.0.0.1:2379",
+            "--listen-peer-urls=http://127.0.0.1:2380",
+            "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+            "--initial-cluster=test=http://127.0.0.1:2380",
+            "--listen-metrics-urls=",
+            "--log-level=warn",
+        ]);
+    let (etcd, _) = Process::spawn(etcd, &[])?;
+    Ok(etcd)
+}
+
+/// kube-apiserver's command in namespace `ns`, its files in `dir`, advertising `address`,
+/// with the egress selector `egress` asks for.
+fn apiserver_command(
+    ns: &str,
+    binaries: &Binaries,
+    dir: &Path,
+    address: Ipv4Addr,
+    egress: &Egress,
+) -> anyhow::Result<Command> {
+    let path = |file: &str| dir.join(file);
+    let mut apiserver = in_namespace(ns, &binaries.kube_apiserver);
+    let file = |flag: &str, name: &str| format!("--{flag}={}", path(name).display());
+    apiserver
+        .args([
+            "--etcd-servers=http://127.0.0.1:2379",
+            "--bind-address=0.0.0.0",
+            &format!("--secure-port={APISERVER_PORT}"),
+            &format!("--advertise-address={address}"),
+            "--endpoint-reconciler-type=none",
+            &format!("--service-account-issuer={ISSUER}"),
+            "--authorization-mode=Node,RBAC",
+            "--service-cluster-ip-range=10.96.0.0/12",
+            // Webhooks and aggregated APIs are dialed at their endpoints' IPs (through the
+            // egress selector), not at a service DNS name no agent could resolve.
+            "--enable-aggregator-routing=true",
+            "--kubelet-preferred-address-types=InternalIP",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        ])
+        .arg(file("tls-cert-file", "apiserver.crt"))
+        .arg(file("tls-private-key-file", "apiserver.key"))
+        .arg(file("client-ca-file", "ca.crt"))
+        .arg(file("requestheader-client-ca-file", "ca.crt"))
+        .arg(file("proxy-client-cert-file", "front-proxy.crt"))
+        .arg(file("proxy-client-key-file", "front-proxy.key"))
+        .arg(file(
+            "kubelet-client-certificate",
+            "apiserver-kubelet-client.crt",
+        ))
+        .arg(file("kubelet-client-key", "apiserver-kubelet-client.key"))
+        .arg(file("service-account-key-file", "sa.pub"))
+        .arg(file("service-account-signing-key-file", "sa.key"))
+        .arg(file("cert-dir", "apiserver-certs"));
+    if let Some(config) = egress_config(egress) {
+        write(&path("egress.yaml"), &config)?;
+        apiserver.arg(file("egress-selector-config-file", "egress.yaml"));
+    }
+    Ok(apiserver)
+}
+
 impl ControlPlane {
     /// Starts etcd and kube-apiserver on host `host` of `net` and waits until kube-apiserver
     /// is ready. `extra` flags go to kube-apiserver.
@@ -80,89 +186,9 @@ impl ControlPlane {
         net.set_hosts(host, &[])?;
         let ns = net.host(host).ns_name().to_owned();
 
-        let authority = Authority::new("kubernetes-ca")?;
-        write(&path("ca.crt"), &authority.ca.cert_pem)?;
-        let serving = authority.server(
-            "kube-apiserver",
-            &[
-                "kubernetes".into(),
-                "kubernetes.default".into(),
-                "kubernetes.default.svc".into(),
-                // The `kubernetes` Service's ClusterIP (the first of the service range), which
-                // pods' in-cluster configuration dials, as kubeadm's certificate names it.
-                KUBERNETES_SERVICE_IP.into(),
-                "127.0.0.1".into(),
-                address.to_string(),
-            ],
-        )?;
-        write_pair(dir.path(), "apiserver", &serving)?;
-        let admin = authority.client("kubernetes-admin", &["system:masters"], &[])?;
-        write_pair(dir.path(), "admin", &admin)?;
-        let front_proxy = authority.client("front-proxy-client", &[], &[])?;
-        write_pair(dir.path(), "front-proxy", &front_proxy)?;
-        // What kube-apiserver shows kubelets (as kubeadm's apiserver-kubelet-client): real
-        // nodes authenticate it against the cluster CA and authorize it by webhook.
-        let kubelet_client =
-            authority.client("kube-apiserver-kubelet-client", &["system:masters"], &[])?;
-        write_pair(dir.path(), "apiserver-kubelet-client", &kubelet_client)?;
-        let signing = rcgen::KeyPair::generate().context("service-account key")?;
-        write(&path("sa.key"), &signing.serialize_pem())?;
-        write(&path("sa.pub"), &signing.public_key_pem())?;
-
-        let etcd_dir = path("etcd");
-        let mut etcd = in_namespace(&ns, &binaries.etcd);
-        etcd.arg("--name=test")
-            .arg(format!("--data-dir={}", etcd_dir.display()))
-            .args([
-                "--listen-client-urls=http://127.0.0.1:2379",
-                "--advertise-client-urls=http://127.0.0.1:2379",
-                "--listen-peer-urls=http://127.0.0.1:2380",
-                "--initial-advertise-peer-urls=http://127.0.0.1:2380",
-                "--initial-cluster=test=http://127.0.0.1:2380",
-                "--listen-metrics-urls=",
-                "--log-level=warn",
-            ]);
-        let (etcd, _) = Process::spawn(etcd, &[])?;
-
-        let mut apiserver = in_namespace(&ns, &binaries.kube_apiserver);
-        let file = |flag: &str, name: &str| format!("--{flag}={}", path(name).display());
-        apiserver
-            .args([
-                "--etcd-servers=http://127.0.0.1:2379",
-                "--bind-address=0.0.0.0",
-                &format!("--secure-port={APISERVER_PORT}"),
-                &format!("--advertise-address={address}"),
-                "--endpoint-reconciler-type=none",
-                &format!("--service-account-issuer={ISSUER}"),
-                "--authorization-mode=Node,RBAC",
-                "--service-cluster-ip-range=10.96.0.0/12",
-                // Webhooks and aggregated APIs are dialed at their endpoints' IPs (through the
-                // egress selector), not at a service DNS name no agent could resolve.
-                "--enable-aggregator-routing=true",
-                "--kubelet-preferred-address-types=InternalIP",
-                "--requestheader-allowed-names=front-proxy-client",
-                "--requestheader-username-headers=X-Remote-User",
-                "--requestheader-group-headers=X-Remote-Group",
-                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-            ])
-            .arg(file("tls-cert-file", "apiserver.crt"))
-            .arg(file("tls-private-key-file", "apiserver.key"))
-            .arg(file("client-ca-file", "ca.crt"))
-            .arg(file("requestheader-client-ca-file", "ca.crt"))
-            .arg(file("proxy-client-cert-file", "front-proxy.crt"))
-            .arg(file("proxy-client-key-file", "front-proxy.key"))
-            .arg(file(
-                "kubelet-client-certificate",
-                "apiserver-kubelet-client.crt",
-            ))
-            .arg(file("kubelet-client-key", "apiserver-kubelet-client.key"))
-            .arg(file("service-account-key-file", "sa.pub"))
-            .arg(file("service-account-signing-key-file", "sa.key"))
-            .arg(file("cert-dir", "apiserver-certs"));
-        if let Some(config) = egress_config(&egress) {
-            write(&path("egress.yaml"), &config)?;
-            apiserver.arg(file("egress-selector-config-file", "egress.yaml"));
-        }
+        let authority = write_pki(dir.path(), address)?;
+        let etcd = spawn_etcd(&ns, binaries, &path("etcd"))?;
+        let mut apiserver = apiserver_command(&ns, binaries, dir.path(), address, &egress)?;
         apiserver.args(extra);
         // After `ip netns exec NS PROGRAM`: the arguments.
         let apiserver_command = (
