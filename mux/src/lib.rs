@@ -8,11 +8,12 @@
 //! per-stream flow control. A session's end is one [`SessionEnd`], which every stream and
 //! waiting dial of it gets.
 //!
-//! The modules, in the order a frame leaves: `mux` (the handle), `stream` (one tunnel's end),
-//! `driver` (the session's state, its reader, writer and timer), `outbox` (the sending side,
-//! batching frames into messages), `websocket` (RFC 6455 framing); beside them `slot`
-//! (per-stream wake-ups), `end` (why a session ended) and `branches` (the driver's futures,
-//! each polled only when woken). Each imports only modules after it in that order.
+//! The modules, in the order a frame leaves: `splice` (a socket to a stream), `mux` (the
+//! handle), `stream` (one tunnel's end), `driver` (the session's state, its reader, writer and
+//! timer), `outbox` (the sending side, batching frames into messages), `websocket` (RFC 6455
+//! framing). Beside them, used by those before: `slot` (per-stream wake-ups), `end` (why a
+//! session ended) and `branches` (the driver's futures, each polled only when woken). No
+//! module imports one before it in that order.
 //!
 //! Not here: TLS, HTTP, routing, metrics. Those belong to the server and the agent.
 
