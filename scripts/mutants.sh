@@ -40,4 +40,6 @@ args=(--package "$package" --minimum-test-timeout 20 --output "mutants.out/$scop
 for file in "${files[@]}"; do
   args+=(--file "$file")
 done
+# cargo-mutants creates its output directory but not the parent.
+mkdir -p mutants.out
 exec cargo mutants "${args[@]}" "${extra[@]}" "$@"

@@ -135,7 +135,10 @@ impl Driver {
 
     /// Milliseconds on the session's monotonic clock.
     pub(crate) fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        // Read for every message the peer sends: whole seconds and milliseconds, without
+        // `as_millis`'s 128-bit arithmetic.
+        let elapsed = self.epoch.elapsed();
+        elapsed.as_secs() * 1000 + u64::from(elapsed.subsec_millis())
     }
 
     /// The instant `ms` on the session's clock names (at or after which [`Self::now_ms`] is

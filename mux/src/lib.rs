@@ -9,11 +9,12 @@
 //! waiting dial of it gets. [`memory`] owns what tunnels may hold: the budget, the sockets'
 //! kernel buffers and what they earn, the largest window ([`memory::TunnelMemory`]).
 //!
-//! The modules, in the order a frame leaves: `mux` (the handle), `stream` (one tunnel's end),
-//! `driver` (the session's state, its reader, writer and timer), `outbox` (the sending side,
-//! batching frames into messages), `websocket` (RFC 6455 framing); beside them `slot`
-//! (per-stream wake-ups), `end` (why a session ended) and `branches` (the driver's futures,
-//! each polled only when woken). Each imports only modules after it in that order.
+//! The modules, in the order a frame leaves: `splice` (a socket to a stream), `mux` (the
+//! handle), `stream` (one tunnel's end), `driver` (the session's state, its reader, writer and
+//! timer), `outbox` (the sending side, batching frames into messages), `websocket` (RFC 6455
+//! framing). Beside them, used by those before: `slot` (per-stream wake-ups), `end` (why a
+//! session ended) and `branches` (the driver's futures, each polled only when woken). No
+//! module imports one before it in that order.
 //!
 //! Not here: TLS, HTTP, routing, metrics. Those belong to the server and the agent.
 

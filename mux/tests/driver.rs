@@ -343,6 +343,37 @@ async fn a_dial_fails_with_the_agents_answer_or_with_the_session() {
     .await
 }
 
+/// The session's end reaches a waiting dial as its own signal, not as a reset code: an
+/// agent that refuses with `connection_reset` (a code a peer may send) right before the
+/// session closes gave an answer, and the open reports that answer.
+#[tokio::test]
+async fn a_dial_refused_with_connection_reset_is_the_agents_answer_not_the_sessions_end() {
+    bounded(async {
+        let mux = Mux::server();
+        let shutdown = CancellationToken::new();
+        let (_run, mut peer) = session(&mux, QUIET, &shutdown).await;
+        let open = tokio::spawn({
+            let mux = mux.clone();
+            async move { mux.open("target", 1, Duration::from_secs(10)).await }
+        });
+        next_frames(&mut peer).await;
+        let answer = Frame::DialErr {
+            stream: 1,
+            code: ErrorCode::ConnectionReset,
+            message: "reset by the target".into(),
+        };
+        peer.feed(message(&[answer])).await.unwrap();
+        peer.feed(Message::Close(None)).await.unwrap();
+        peer.flush().await.unwrap();
+        let result = open.await.unwrap();
+        assert!(
+            matches!(&result, Err(OpenFailure::Dial { code: ErrorCode::ConnectionReset, message }) if message == "reset by the target"),
+            "{result:?}"
+        );
+    })
+    .await
+}
+
 /// Frames queued together go out together: sixteen full DATA frames leave in four messages of
 /// about 256 KiB, not one message per frame.
 #[tokio::test]

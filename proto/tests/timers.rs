@@ -20,7 +20,10 @@ fn agent(now_ms: u64) -> Session {
 /// returns the times a ping went out.
 fn run_until(session: &mut Session, until: u64) -> Vec<u64> {
     let mut pings = Vec::new();
+    // A table that never moves past a deadline would loop here forever: fail instead.
+    let mut turns = 0..10_000;
     while let Some(at) = session.poll_timeout().filter(|at| *at <= until) {
+        assert!(turns.next().is_some(), "the timer table is stuck at {at}");
         session.handle_timeout(at);
         if session.poll_ping() {
             pings.push(at);

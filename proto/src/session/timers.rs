@@ -104,6 +104,7 @@ impl Session {
     }
 
     /// Something arrived from the peer at `now_ms` (a message, a ping, a pong): it is alive.
+    #[inline]
     pub fn heard(&mut self, now_ms: u64) {
         if let Some(keepalive) = &mut self.timers.keepalive {
             keepalive.silent_from = now_ms.saturating_add(keepalive.config.timeout_ms);
