@@ -457,3 +457,45 @@ async fn a_stream_sends_its_data_without_a_turn_of_the_sessions_task() {
     })
     .await
 }
+
+/// A stream that sent its own data leaves the session's task asleep: nothing wakes it for
+/// frames already on their way (the task is given every chance to run before the count).
+#[tokio::test]
+async fn a_stream_that_sent_its_own_data_does_not_wake_the_sessions_task() {
+    bounded(async {
+        let mux = Mux::agent();
+        let shutdown = CancellationToken::new();
+        let (a, b) = tokio::io::duplex(4 * MAX_MESSAGE);
+        let ws = WebSocket::new(a, bridgehead_mux::WsRole::Client, Bytes::new());
+        let mut peer = WebSocketStream::from_raw_socket(b, Role::Server, None).await;
+        let polls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let _run = tokio::spawn({
+            let (mux, shutdown, polls) = (mux.clone(), shutdown.clone(), polls.clone());
+            async move {
+                let mut run = std::pin::pin!(mux.run(ws, QUIET, shutdown));
+                std::future::poll_fn(|cx| {
+                    polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    std::future::Future::poll(run.as_mut(), cx)
+                })
+                .await
+            }
+        });
+        peer.send(message(&[dial(1)])).await.unwrap();
+        let stream = mux.accept().await.unwrap().accept().unwrap();
+        next_frames(&mut peer).await;
+        for round in 0..3u8 {
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+            let before = polls.load(std::sync::atomic::Ordering::SeqCst);
+            stream.write(Bytes::from(vec![round; 64])).await.unwrap();
+            assert_eq!(next_frames(&mut peer).await.len(), 1);
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(polls.load(std::sync::atomic::Ordering::SeqCst), before);
+        }
+        shutdown.cancel();
+    })
+    .await
+}

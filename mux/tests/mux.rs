@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use bridgehead_mux::{splice, DialRequest, Keepalive, Mux, OpenFailure};
+use bridgehead_mux::{splice, DialRequest, Keepalive, Mux, OpenFailure, Serve};
 use bridgehead_proto::ErrorCode;
 use bridgehead_test_support::{bounded, MuxPair};
 use bytes::Bytes;
@@ -346,6 +346,58 @@ async fn drain_reaches_the_peer() {
             "{refused:?}"
         );
         p.shutdown.cancel();
+    })
+    .await
+}
+
+/// `Mux::serve` runs the caller's work beside the session (here, the agent's accept loop)
+/// and its drain handling once the peer drains, and the session outlives both.
+#[tokio::test]
+async fn serve_runs_the_work_beside_and_the_drain_handling_once_the_peer_drains() {
+    bounded(async {
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let server_ws =
+            bridgehead_mux::WebSocket::new(a, bridgehead_mux::WsRole::Server, Bytes::new());
+        let agent_ws =
+            bridgehead_mux::WebSocket::new(b, bridgehead_mux::WsRole::Client, Bytes::new());
+        let (server, agent) = (Mux::server(), Mux::agent());
+        let shutdown = CancellationToken::new();
+        let (drained_tx, drained_rx) = tokio::sync::oneshot::channel();
+        let served = tokio::spawn({
+            let (agent, shutdown) = (agent.clone(), shutdown.clone());
+            async move {
+                let accepting = agent.clone();
+                let beside = async move {
+                    let mut held = Vec::new();
+                    while let Some(dial) = accepting.accept().await {
+                        let stream = dial.accept().unwrap();
+                        stream.write(Bytes::from_static(b"hello")).await.unwrap();
+                        held.push(stream);
+                    }
+                };
+                let on_drain = async move {
+                    let _ = drained_tx.send(());
+                };
+                let serve = Serve::new(Keepalive::default(), shutdown)
+                    .on_peer_drain(on_drain)
+                    .beside(beside);
+                agent.serve(agent_ws, serve).await
+            }
+        });
+        tokio::spawn({
+            let (server, shutdown) = (server.clone(), shutdown.clone());
+            async move { server.run(server_ws, Keepalive::default(), shutdown).await }
+        });
+        let stream = server
+            .open("target", 1, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(stream.read().await.unwrap().as_deref(), Some(&b"hello"[..]));
+        server.drain();
+        drained_rx.await.expect("the drain handling ran");
+        assert!(!served.is_finished(), "the session ended with the drain");
+        shutdown.cancel();
+        assert!(served.await.unwrap().is_ok());
     })
     .await
 }
