@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bridgehead_runtime::threads::{Home, Shards};
+use bridgehead_runtime::threads::{spawn_home, Home, Shards};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::sync::mpsc;
@@ -346,9 +346,6 @@ impl Search {
         }
         .instrument(span);
         // Its tunnels' tasks are spawned from it, onto the same thread.
-        match handle {
-            Some(handle) => drop(handle.spawn(self.sessions.track_future(session))),
-            None => drop(self.sessions.spawn(session)),
-        }
+        spawn_home(handle.as_ref(), &self.sessions, session);
     }
 }

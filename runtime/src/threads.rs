@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// Builds the runtime: `worker_threads` 0 means one worker per CPU this process may use
 /// (its affinity mask and cgroup CPU quota, as `std::thread::available_parallelism` reads
@@ -135,6 +136,19 @@ impl Home {
     /// The shard's runtime.
     pub fn handle(&self) -> &Handle {
         &self.handle
+    }
+}
+
+/// Runs `task` on `home`'s thread (on the current runtime without one), tracked by `tracker`:
+/// the one way a session, and what it spawns, is put on its thread.
+pub fn spawn_home<F>(home: Option<&Handle>, tracker: &TaskTracker, task: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let task = tracker.track_future(task);
+    match home {
+        Some(home) => drop(home.spawn(task)),
+        None => drop(tokio::spawn(task)),
     }
 }
 

@@ -17,7 +17,7 @@ use bridgehead_proto::servers::{
 };
 use bridgehead_proto::session::{Role, SessionConfig};
 use bridgehead_proto::SUBPROTOCOL;
-use bridgehead_runtime::threads::Home;
+use bridgehead_runtime::threads::{spawn_home, Home};
 use http::StatusCode;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
@@ -83,8 +83,8 @@ pub async fn serve(
         let acceptor = TlsAcceptor::from(tls.current());
         let (ctx, sessions) = (ctx.clone(), sessions.clone());
         let Some(home) = ctx.shards.home() else {
-            tracker
-                .spawn(session(tcp, peer, acceptor, ctx, sessions, place, None).instrument(span));
+            let here = session(tcp, peer, acceptor, ctx, sessions, place, None);
+            spawn_home(None, &tracker, here.instrument(span));
             continue;
         };
         // The whole session runs on its shard: its socket leaves this runtime's reactor
@@ -97,19 +97,13 @@ pub async fn serve(
             }
         };
         let handle = home.handle().clone();
-        handle.spawn(
-            tracker.track_future(
-                async move {
-                    match tokio::net::TcpStream::from_std(tcp) {
-                        Ok(tcp) => {
-                            session(tcp, peer, acceptor, ctx, sessions, place, Some(home)).await
-                        }
-                        Err(error) => debug!(%error, "registering an agent's connection"),
-                    }
-                }
-                .instrument(span),
-            ),
-        );
+        let on_home = async move {
+            match tokio::net::TcpStream::from_std(tcp) {
+                Ok(tcp) => session(tcp, peer, acceptor, ctx, sessions, place, Some(home)).await,
+                Err(error) => debug!(%error, "registering an agent's connection"),
+            }
+        };
+        spawn_home(Some(&handle), &tracker, on_home.instrument(span));
     }
 }
 
