@@ -24,31 +24,28 @@ const TIMEOUT: Duration = Duration::from_secs(600);
 /// echo server (busybox nc running cat for every connection), on worker-2 a ticker printing a
 /// numbered line every 100 ms.
 fn pods() -> String {
-    let mut yaml = String::new();
-    for (name, node, script) in [
-        (
-            "shell-1",
-            "worker-1",
-            "for i in 1 2 3 4 5; do echo log line $i; done; exec sleep 3600",
-        ),
-        (
-            "shell-2",
-            "worker-2",
-            "for i in 1 2 3 4 5; do echo log line $i; done; exec sleep 3600",
-        ),
-        ("echo", "worker-1", "exec nc -ll -p 7000 -e cat"),
-        ("attached", "worker-1", "exec cat"),
-        (
-            "ticker",
-            "worker-2",
-            "i=0; while true; do echo tick $i; i=$((i+1)); usleep 100000; done",
-        ),
-    ] {
-        yaml.push_str(&format!(
-            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  nodeName: {node}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: bridgehead.invalid/busybox:1\n    imagePullPolicy: Never\n    command: [sh, -c, '{script}']\n    stdin: true\n"
-        ));
-    }
-    yaml
+    workload::busybox_pods(
+        &[
+            (
+                "shell-1",
+                "worker-1",
+                "for i in 1 2 3 4 5; do echo log line $i; done; exec sleep 3600",
+            ),
+            (
+                "shell-2",
+                "worker-2",
+                "for i in 1 2 3 4 5; do echo log line $i; done; exec sleep 3600",
+            ),
+            ("echo", "worker-1", "exec nc -ll -p 7000 -e cat"),
+            ("attached", "worker-1", "exec cat"),
+            (
+                "ticker",
+                "worker-2",
+                "i=0; while true; do echo tick $i; i=$((i+1)); usleep 100000; done",
+            ),
+        ],
+        true,
+    )
 }
 
 #[test]

@@ -30,7 +30,7 @@ use bridgehead_e2e::kubernetes::konnectivity::Mode;
 use bridgehead_e2e::kubernetes::real_cluster::{
     deploy, metric_sum, Install, RealCluster, POD_READY,
 };
-use bridgehead_e2e::kubernetes::workload::{TestServer, DENIAL};
+use bridgehead_e2e::kubernetes::workload::{self, TestServer, DENIAL};
 use bridgehead_e2e::kubernetes::{self, Egress};
 use bridgehead_e2e::netns;
 
@@ -49,21 +49,18 @@ const ROUNDS: usize = 3;
 
 /// The pods the loop uses: a shell on each worker, a ticker on worker-2.
 fn pods() -> String {
-    let mut yaml = String::new();
-    for (name, node, script) in [
-        ("shell-1", "worker-1", "exec sleep 3600"),
-        ("shell-2", "worker-2", "exec sleep 3600"),
-        (
-            "ticker",
-            "worker-2",
-            "i=0; while true; do echo tick $i; i=$((i+1)); usleep 100000; done",
-        ),
-    ] {
-        yaml.push_str(&format!(
-            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  nodeName: {node}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: bridgehead.invalid/busybox:1\n    imagePullPolicy: Never\n    command: [sh, -c, '{script}']\n"
-        ));
-    }
-    yaml
+    workload::busybox_pods(
+        &[
+            ("shell-1", "worker-1", "exec sleep 3600"),
+            ("shell-2", "worker-2", "exec sleep 3600"),
+            (
+                "ticker",
+                "worker-2",
+                "i=0; while true; do echo tick $i; i=$((i+1)); usleep 100000; done",
+            ),
+        ],
+        false,
+    )
 }
 
 #[test]

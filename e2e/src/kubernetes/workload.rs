@@ -105,3 +105,17 @@ fn base64(data: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(data)
 }
+
+/// Pods of the test's busybox image, each `(name, node, script)` run with `sh -c` on that
+/// node, in the default namespace, as one YAML stream; `stdin` keeps each container's stdin
+/// open (for `kubectl attach` and `exec -i`).
+pub fn busybox_pods(pods: &[(&str, &str, &str)], stdin: bool) -> String {
+    let stdin = if stdin { "    stdin: true\n" } else { "" };
+    pods.iter()
+        .map(|(name, node, script)| {
+            format!(
+                "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  nodeName: {node}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: bridgehead.invalid/busybox:1\n    imagePullPolicy: Never\n    command: [sh, -c, '{script}']\n{stdin}"
+            )
+        })
+        .collect()
+}
