@@ -172,6 +172,11 @@ pub struct Cli {
         value_name = "BOOL"
     )]
     pub sync_forever: Option<bool>,
+    /// Hold sessions with at most this many servers (0: every server counted). With servers
+    /// that forward to each other (their --peer-port), one or two per agent reach it from
+    /// every server at a fraction of the sessions (docs/ha.md).
+    #[arg(long, env = "BRIDGEHEAD_MAX_SERVER_SESSIONS", default_value_t = 0)]
+    pub max_server_sessions: usize,
 
     /// On SIGTERM/SIGINT, how long open tunnels may take to finish before they are cut.
     #[arg(
@@ -356,6 +361,8 @@ pub struct ServersConfig {
     pub sync_interval_cap: Duration,
     /// `--sync-forever`.
     pub sync_forever: bool,
+    /// `--max-server-sessions` (0: no limit).
+    pub max_sessions: usize,
     /// `--count-server-leases`.
     pub lease_counting: Option<LeaseCounting>,
 }
@@ -573,6 +580,7 @@ impl Cli {
             sync_interval: self.sync_interval,
             sync_interval_cap: self.sync_interval_cap,
             sync_forever: self.sync_forever.unwrap_or(false),
+            max_sessions: self.max_server_sessions,
             lease_counting: self.lease_counting()?,
         })
     }

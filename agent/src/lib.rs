@@ -17,7 +17,6 @@
 //! any policy on which targets may be dialed — the server routes, the agent dials what it is
 //! asked.
 
-mod addresses;
 pub mod config;
 mod context;
 pub mod dial;
@@ -31,7 +30,6 @@ mod servers;
 mod session;
 pub mod tls;
 mod token;
-mod upgrade;
 
 use std::sync::Arc;
 

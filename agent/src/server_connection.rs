@@ -21,7 +21,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Error as RequestError;
 
 use crate::config::Config;
-use crate::upgrade::{upgrade, Answer, UpgradeError};
+use bridgehead_runtime::upgrade::{upgrade, Answer, UpgradeError};
 
 /// Longest wait for the TCP connection (resolution included).
 const TCP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -22,13 +22,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
-use crate::addresses::Addresses;
 use crate::config::Config;
 use crate::context::Context;
 use crate::policy::Policy;
 use crate::schedule::Schedule;
 use crate::server_connection::{self, ConnectError, Connected};
 use crate::server_count::ServerCount;
+use bridgehead_runtime::addresses::Addresses;
 
 /// A session that lasted this long was healthy: losing it starts the search from the first
 /// step; a shorter one counts as a failed attempt (a server that accepts and drops at once
@@ -88,6 +88,12 @@ pub(crate) async fn run(
         rng: StdRng::from_os_rng(),
         attempts: 0,
     };
+    if search.config.servers.max_sessions > 0 {
+        // Agents that hold only some of the servers start at a random one, so that a fleet
+        // given one list spreads over it.
+        let start = rand::Rng::random_range(&mut search.rng, 0..1024);
+        search.addresses.start_at(start);
+    }
     let mut next_attempt = tokio::time::Instant::now();
     loop {
         tokio::select! {
@@ -174,7 +180,13 @@ impl Search {
             .filter(|s| !s.draining)
             .map(|s| s.server_id.clone())
             .collect();
-        if !self.config.servers.sync_forever && live.len() >= wanted as usize {
+        // `--max-server-sessions`: the rest of the servers reach this agent by forwarding.
+        let max = self.config.servers.max_sessions;
+        let enough = match max {
+            0 => !self.config.servers.sync_forever && live.len() >= wanted as usize,
+            max => live.len() >= max.min(wanted as usize),
+        };
+        if enough {
             return Some(self.schedule.after_success(&mut self.rng));
         }
         if self.attempts > 0 {

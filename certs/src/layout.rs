@@ -18,6 +18,8 @@ pub(crate) const CLUSTER_CA: &str = "cluster-ca";
 pub(crate) const CLUSTER: &str = "cluster";
 /// The agents' shared certificate.
 pub(crate) const AGENT: &str = "agent";
+/// The servers' certificate towards each other (forwarding), from the frontend CA.
+pub(crate) const PEER: &str = "peer";
 
 /// The one CA of the layout before there were two, which signed every certificate.
 const OLD_CA_FILES: [&str; 2] = ["ca.crt", "ca.key"];

@@ -86,7 +86,7 @@ struct AgentArgs {
 }
 
 /// For each group of files `init` writes, what takes it; printed after the paths written.
-const USES: [(&[&str], &str); 8] = [
+const USES: [(&[&str], &str); 9] = [
     (
         &["frontend-ca.crt"],
         "frontend CA: bridgehead-server --server-ca-cert, to verify CONNECT clients; caBundle in \
@@ -123,6 +123,11 @@ const USES: [(&[&str], &str); 8] = [
         &["agent.crt", "agent.key"],
         "bridgehead-agent --agent-cert/--agent-key, shared by every node; bridgehead-certs agent \
          makes one per node",
+    ),
+    (
+        &["peer.crt", "peer.key"],
+        "bridgehead-server --peer-cert/--peer-key (and --peer-ca-cert frontend-ca.crt): servers \
+         that forward tunnels to each other",
     ),
 ];
 

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use rcgen::{Issuer, KeyPair};
 
-use crate::layout::{self, AGENT, CLIENT, CLUSTER, CLUSTER_CA, FRONTEND_CA, SERVER};
+use crate::layout::{self, AGENT, CLIENT, CLUSTER, CLUSTER_CA, FRONTEND_CA, PEER, SERVER};
 use crate::pki_dir::{self, PkiFile};
 use crate::profile::{self, Role};
 use crate::{san, CertError, CertKey};
@@ -22,6 +22,8 @@ const CLUSTER_COMMON_NAME: &str = "bridgehead-cluster";
 const CLIENT_COMMON_NAME: &str = "bridgehead-client";
 /// Common name of the certificate agents present to the agent endpoint.
 const AGENT_COMMON_NAME: &str = "bridgehead-agent";
+/// Common name of the certificate servers present to each other.
+const PEER_COMMON_NAME: &str = "bridgehead-peer";
 
 /// Two CAs and the certificates they signed for each Bridgehead component. Every key is ECDSA
 /// P-256.
@@ -52,6 +54,11 @@ pub struct Pki {
     /// `bridgehead-agent`: agents, towards the agent endpoint (`clientAuth`, from the cluster
     /// CA).
     pub agent: CertKey,
+    /// `bridgehead-peer`: servers towards each other, when they forward tunnels
+    /// (`serverAuth` and `clientAuth`, from the frontend CA: a peer opens tunnels as a CONNECT
+    /// client does, so it is trusted as one; the cluster CA, which every agent's certificate
+    /// chains to, must not be).
+    pub peer: CertKey,
     /// Signs further frontend clients; holds the frontend CA's private key.
     frontend_issuer: Issuer<'static, KeyPair>,
     /// Signs further agents; holds the cluster CA's private key.
@@ -75,6 +82,7 @@ impl Pki {
             client: profile::leaf(front, CLIENT_COMMON_NAME, &[], Role::Client, &[])?,
             cluster: profile::leaf(back, CLUSTER_COMMON_NAME, &[], Role::Server, &sans)?,
             agent: profile::leaf(back, AGENT_COMMON_NAME, &[], Role::Client, &[])?,
+            peer: profile::leaf(front, PEER_COMMON_NAME, &[], Role::Peer, &sans)?,
             frontend_ca: frontend.cert_key,
             frontend_issuer: frontend.issuer,
             cluster_ca: cluster.cert_key,
@@ -83,7 +91,8 @@ impl Pki {
     }
 
     /// Writes `frontend-ca.crt frontend-ca.key server.crt server.key client.crt client.key
-    /// cluster-ca.crt cluster-ca.key cluster.crt cluster.key agent.crt agent.key` into `dir`,
+    /// cluster-ca.crt cluster-ca.key cluster.crt cluster.key agent.crt agent.key peer.crt peer.key`
+    /// into `dir`,
     /// and returns their paths in that order.
     ///
     /// `dir` is created (mode 0700) if missing. Keys get mode 0600, certificates 0644. Unless
@@ -102,6 +111,7 @@ impl Pki {
             (CLUSTER_CA, &self.cluster_ca),
             (CLUSTER, &self.cluster),
             (AGENT, &self.agent),
+            (PEER, &self.peer),
         ]
         .into_iter()
         .flat_map(|(stem, cert_key)| {
@@ -127,6 +137,7 @@ impl Pki {
         self.client = profile::leaf(front, CLIENT_COMMON_NAME, &[], Role::Client, &[])?;
         self.cluster = profile::leaf(back, CLUSTER_COMMON_NAME, &[], Role::Server, &sans)?;
         self.agent = profile::leaf(back, AGENT_COMMON_NAME, &[], Role::Client, &[])?;
+        self.peer = profile::leaf(front, PEER_COMMON_NAME, &[], Role::Peer, &sans)?;
         Ok(())
     }
 
@@ -150,6 +161,7 @@ impl fmt::Debug for Pki {
             .field("client", &self.client)
             .field("cluster", &self.cluster)
             .field("agent", &self.agent)
+            .field("peer", &self.peer)
             .finish_non_exhaustive()
     }
 }

@@ -30,6 +30,9 @@ pub(crate) enum Role {
     Server,
     /// A TLS client (`clientAuth`).
     Client,
+    /// Both: a server's peer certificate, presented to the peers it dials and to those that
+    /// dial it (`serverAuth` and `clientAuth`).
+    Peer,
 }
 
 /// Makes a self-signed CA named `common_name` that may sign leaves but no further CAs.
@@ -80,10 +83,14 @@ pub(crate) fn leaf(
     params.subject_alt_names = sans.to_vec();
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = vec![match role {
-        Role::Server => ExtendedKeyUsagePurpose::ServerAuth,
-        Role::Client => ExtendedKeyUsagePurpose::ClientAuth,
-    }];
+    params.extended_key_usages = match role {
+        Role::Server => vec![ExtendedKeyUsagePurpose::ServerAuth],
+        Role::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
+        Role::Peer => vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+    };
     params.use_authority_key_identifier_extension = true;
     (params.not_before, params.not_after) = validity(LEAF_LIFETIME);
 

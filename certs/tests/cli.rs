@@ -122,9 +122,13 @@ fn init_writes_the_pki_and_says_which_flag_takes_each_file() {
                 "wrote {d}/agent.crt, agent.key  (bridgehead-agent --agent-cert/--agent-key, \
                  shared by every node; bridgehead-certs agent makes one per node)"
             ),
+            format!(
+                "wrote {d}/peer.crt, peer.key  (bridgehead-server --peer-cert/--peer-key (and \
+                 --peer-ca-cert frontend-ca.crt): servers that forward tunnels to each other)"
+            ),
         ]
     );
-    assert_eq!(fs::read_dir(&dir).unwrap().count(), 12);
+    assert_eq!(fs::read_dir(&dir).unwrap().count(), 14);
     assert_eq!(
         sans(&dir.join("cluster.crt")),
         ["localhost", "127.0.0.1", "::1", "proxy.example", "10.0.0.9",]
@@ -160,7 +164,7 @@ fn init_refuses_to_overwrite_without_force_and_replaces_with_it() {
 
     let (code, stdout, stderr) = run(init().arg("--force"));
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(stdout.lines().count(), 8);
+    assert_eq!(stdout.lines().count(), 9);
     assert_ne!(
         fs::read_to_string(tmp.path().join("frontend-ca.crt")).unwrap(),
         ca
@@ -258,8 +262,8 @@ fn init_refuses_an_old_one_ca_directory_with_the_migration_and_force_migrates_it
 
     let (code, stdout, stderr) = run(certs().args(["init", "--force", "--dir"]).arg(tmp.path()));
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(stdout.lines().count(), 8);
-    assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 14);
+    assert_eq!(stdout.lines().count(), 9);
+    assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 16);
     assert_eq!(
         fs::read_to_string(tmp.path().join("ca.key")).unwrap(),
         "old"

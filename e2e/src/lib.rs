@@ -32,4 +32,4 @@ pub mod target;
 pub mod timing;
 
 pub use pki::Pki;
-pub use process::{Agent, AgentOptions, Server, ServerOptions, Wrapper};
+pub use process::{Agent, AgentOptions, Peering, Server, ServerOptions, Wrapper};

@@ -371,6 +371,19 @@ pub struct ServerOptions {
     pub without_cluster_ca: bool,
     /// Environment variables for the server (`RUST_LOG`, say).
     pub env: Vec<(String, String)>,
+    /// Forward to and from peer servers (`--peer-port`), with the PKI's peer certificate.
+    pub peering: Option<Peering>,
+}
+
+/// A server's `--peer-*` flags.
+#[derive(Debug, Clone, Default)]
+pub struct Peering {
+    /// `--peer-port` (0: a free one, which [`Server::peer_addr`] tells).
+    pub port: u16,
+    /// `--peer-host`: the peers' names or addresses.
+    pub hosts: Vec<String>,
+    /// `--peer-bind-address` (default: the agent endpoint's).
+    pub bind: Option<String>,
 }
 
 /// A running `bridgehead-server`.
@@ -383,6 +396,8 @@ pub struct Server {
     pub health: SocketAddr,
     /// The admin port (`/agents`, `/config`).
     pub admin: SocketAddr,
+    /// The peer port, with [`ServerOptions::peering`].
+    pub peer_addr: Option<SocketAddr>,
     /// Registration timeouts are multiplied by this (the wrapper's patience).
     patience: u32,
 }
@@ -439,14 +454,28 @@ impl Server {
                     .arg(pki.path("frontend-ca.crt"));
             }
         }
+        let mut announced = vec!["frontend", "agent endpoint", "health", "admin"];
+        if let Some(peering) = &options.peering {
+            command.args([
+                "--peer-port",
+                &peering.port.to_string(),
+                "--peer-bind-address",
+                peering.bind.as_deref().unwrap_or(agent_bind),
+            ]);
+            if !peering.hosts.is_empty() {
+                command.arg(format!("--peer-host={}", peering.hosts.join(",")));
+            }
+            command
+                .arg("--peer-ca-cert")
+                .arg(pki.path("frontend-ca.crt"));
+            command.arg("--peer-cert").arg(pki.path("peer.crt"));
+            command.arg("--peer-key").arg(pki.path("peer.key"));
+            announced.push("peer port");
+        }
         command.args(&options.args);
         command.envs(options.env.iter().map(|(k, v)| (k, v)));
         let patience = Wrapper::patience(options.wrapper.as_ref());
-        let (process, addrs) = Process::spawn_within(
-            command,
-            &["frontend", "agent endpoint", "health", "admin"],
-            STARTUP * patience,
-        )?;
+        let (process, addrs) = Process::spawn_within(command, &announced, STARTUP * patience)?;
         Ok(Server {
             process,
             patience,
@@ -454,6 +483,7 @@ impl Server {
             agent_addr: addrs[1].parse()?,
             health: addrs[2].parse()?,
             admin: addrs[3].parse()?,
+            peer_addr: addrs.get(4).map(|a| a.parse()).transpose()?,
         })
     }
 
@@ -473,6 +503,7 @@ impl Server {
             agent_addr: addrs[1].parse()?,
             health: addrs[2].parse()?,
             admin: addrs[3].parse()?,
+            peer_addr: None,
         })
     }
 

@@ -193,3 +193,25 @@ fn serve(
     });
     Ok(local)
 }
+
+/// Reads exactly `total` bytes of the source pattern (`early` being its start), checking every
+/// byte, then EOF.
+pub fn read_pattern_to_eof(conn: &mut impl std::io::Read, early: &[u8], total: usize) {
+    assert_eq!(pattern_mismatch(0, early), None);
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut offset = early.len();
+    loop {
+        let n = conn
+            .read(&mut buf)
+            .unwrap_or_else(|e| panic!("read failed after {offset} of {total} bytes: {e}"));
+        if n == 0 {
+            break;
+        }
+        if let Some(at) = pattern_mismatch(offset, &buf[..n]) {
+            panic!("byte {at} differs from the pattern");
+        }
+        offset += n;
+        assert!(offset <= total, "more than {total} bytes");
+    }
+    assert_eq!(offset, total, "EOF after {offset} of {total} bytes");
+}

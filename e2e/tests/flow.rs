@@ -20,28 +20,6 @@ fn open(pki: &Pki, server: &Server, target: &str) -> (TlsStream, Vec<u8>) {
     (tls, reply.extra)
 }
 
-/// Reads exactly `total` bytes of the source pattern (`early` being its start), checking every
-/// byte, then EOF.
-fn read_pattern_to_eof(conn: &mut impl Read, early: &[u8], total: usize) {
-    assert_eq!(target::pattern_mismatch(0, early), None);
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut offset = early.len();
-    loop {
-        let n = conn
-            .read(&mut buf)
-            .unwrap_or_else(|e| panic!("read failed after {offset} of {total} bytes: {e}"));
-        if n == 0 {
-            break;
-        }
-        if let Some(at) = target::pattern_mismatch(offset, &buf[..n]) {
-            panic!("byte {at} differs from the pattern");
-        }
-        offset += n;
-        assert!(offset <= total, "more than {total} bytes");
-    }
-    assert_eq!(offset, total, "EOF after {offset} of {total} bytes");
-}
-
 #[test]
 fn client_half_close_still_gets_the_answer() {
     let pki = Pki::new().unwrap();
@@ -67,7 +45,7 @@ fn target_half_close_leaves_the_client_able_to_write() {
     let (mut tls, early) = open(&pki, &server, &source.to_string());
     tls.write_all(b"before EOF; ").unwrap();
     tls.flush().unwrap();
-    read_pattern_to_eof(&mut tls, &early, total);
+    target::read_pattern_to_eof(&mut tls, &early, total);
     // The target's direction ended; the client's is still open.
     tls.write_all(b"after EOF").unwrap();
     tls.flush().unwrap();
@@ -90,12 +68,12 @@ fn a_stalled_tunnel_does_not_slow_a_bulk_one_on_the_same_agent() {
     // Tunnel B, same agent: 50 MB, read as fast as they come.
     let started = Instant::now();
     let (mut bulk, bulk_early) = open(&pki, &server, &bulk_target.to_string());
-    read_pattern_to_eof(&mut bulk, &bulk_early, BULK);
+    target::read_pattern_to_eof(&mut bulk, &bulk_early, BULK);
     let elapsed = started.elapsed();
     assert!(
         elapsed < IO_TIMEOUT,
         "the bulk tunnel took {elapsed:?} beside a stalled one"
     );
     // A lost nothing while it waited.
-    read_pattern_to_eof(&mut stalled, &stalled_early, STALLED);
+    target::read_pattern_to_eof(&mut stalled, &stalled_early, STALLED);
 }

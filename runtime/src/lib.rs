@@ -1,6 +1,8 @@
 //! What `bridgehead-server` and `bridgehead-agent` share at run time.
 //!
 //! - [`accept`]: accept loops that back off on errors, rate-limited logs.
+//! - [`addresses`]: the addresses a list of hosts resolves to, again every interval, and which
+//!   server answered at each (agents finding servers, servers finding peers).
 //! - [`certificates`]: when each certificate file in use expires, as a metric.
 //! - [`compat`]: klog's flags and ANP's ignored ones, for konnectivity's command lines.
 //! - [`duration`]: durations written as ANP writes them (`10s`, `500ms`, `1m30s`).
@@ -17,12 +19,15 @@
 //!   `--tunnel-max-window` into `bridgehead_mux::memory::TunnelMemory`, and its metrics; byte
 //!   sizes.
 //! - [`process_metrics`]: `process_*` metrics under Prometheus' standard names.
+//! - [`upgrade`]: the client's side of the WebSocket upgrade (agents to servers, servers to
+//!   peers).
 //! - [`threads`]: the tokio runtime, sized by `--worker-threads`.
 //!
 //! Nothing here knows about tunnels beyond the numbers their flags give: what those numbers
 //! mean for a tunnel is `bridgehead_mux::memory`'s.
 
 pub mod accept;
+pub mod addresses;
 pub mod certificates;
 pub mod compat;
 pub mod duration;
@@ -38,6 +43,7 @@ pub mod shutdown;
 pub mod signal;
 pub mod threads;
 pub mod tls;
+pub mod upgrade;
 
 /// Exit code for a bad command line or configuration (BSD `EX_USAGE`).
 pub const EX_USAGE: i32 = 64;

@@ -322,6 +322,39 @@ pub struct Cli {
     /// workers, as TLS handshakes and dials always do).
     #[arg(long, env = "BRIDGEHEAD_SESSION_THREADS", default_value = "auto", value_parser = SessionThreads::parse)]
     pub session_threads: SessionThreads,
+    /// Serve peer servers on this port, and forward CONNECTs whose agent is a peer's to that
+    /// peer (docs/ha.md, "Forwarding between servers"); 0 picks a free port. Unset: no
+    /// forwarding.
+    #[arg(long, env = "BRIDGEHEAD_PEER_PORT")]
+    pub peer_port: Option<u16>,
+    #[arg(long, env = "BRIDGEHEAD_PEER_BIND_ADDRESS", default_value = "0.0.0.0")]
+    pub peer_bind_address: IpAddr,
+    /// The peers: a DNS name with a record per server (a headless Service), or a
+    /// comma-separated list of names and addresses, each at --peer-port unless it says
+    /// `host:port`. This server's own address may be among them.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_PEER_HOST",
+        value_delimiter = ',',
+        value_name = "HOSTS"
+    )]
+    pub peer_host: Vec<String>,
+    /// The CA that peers' certificates chain to, both ways (bridgehead-certs init:
+    /// frontend-ca.crt). Not the cluster CA: every agent's certificate chains to that one.
+    #[arg(long, env = "BRIDGEHEAD_PEER_CA_CERT")]
+    pub peer_ca_cert: Option<PathBuf>,
+    /// The certificate this server presents to its peers, both ways (`serverAuth` and
+    /// `clientAuth`; bridgehead-certs init: peer.crt).
+    #[arg(long, env = "BRIDGEHEAD_PEER_CERT")]
+    pub peer_cert: Option<PathBuf>,
+    #[arg(long, env = "BRIDGEHEAD_PEER_KEY")]
+    pub peer_key: Option<PathBuf>,
+    /// The name peers' certificates are verified for (default: the --peer-host entry dialed).
+    #[arg(long, env = "BRIDGEHEAD_PEER_SERVER_NAME")]
+    pub peer_server_name: Option<String>,
+    /// How often the peers' names are resolved again and missing peers dialed.
+    #[arg(long, env = "BRIDGEHEAD_PEER_SYNC_INTERVAL", default_value = "1s", value_parser = duration::parse, value_name = "DURATION")]
+    pub peer_sync_interval: Duration,
     /// ANP compatibility: the frontend protocol. Only http-connect is served (kube-apiserver's
     /// proxyProtocol: HTTPConnect); grpc is refused at startup.
     #[arg(long, env = "BRIDGEHEAD_MODE", default_value = "http-connect")]
@@ -340,6 +373,8 @@ pub struct Config {
     pub routing: RoutingConfig,
     pub limits: Limits,
     pub kubernetes: KubernetesConfig,
+    /// `--peer-port`: forwarding to and from peer servers, when set.
+    pub peering: Option<PeeringConfig>,
     pub tls: TlsPolicy,
     /// `--tunnel-memory-budget` and the tunnels' socket buffers.
     pub memory: MemoryArgs,
@@ -443,6 +478,23 @@ pub struct TokenConfig {
     pub local: bool,
 }
 
+/// Forwarding between servers: where peers connect, which peers to dial, their TLS.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PeeringConfig {
+    pub bind: SocketAddr,
+    /// `--peer-host`: names or addresses, with or without a port.
+    pub hosts: Vec<String>,
+    /// The port of a `--peer-host` entry that names none: `--peer-port` (the port bound, when
+    /// 0 picked one).
+    pub port: u16,
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub server_name: Option<String>,
+    #[serde(serialize_with = "duration::serialize")]
+    pub sync_interval: Duration,
+}
+
 /// Which agent a CONNECT goes to, and where it goes when none matches.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RoutingConfig {
@@ -542,6 +594,10 @@ impl Config {
         if let Some(cluster_ca) = &self.agent_endpoint.auth.cluster_ca {
             files.push(("agent-client-ca", cluster_ca.clone()));
         }
+        if let Some(peering) = &self.peering {
+            files.push(("peer", peering.cert.clone()));
+            files.push(("peer-ca", peering.ca.clone()));
+        }
         files
     }
 
@@ -578,6 +634,7 @@ impl Cli {
         let leases = self.leases(&routing.server_id)?;
         let mut frontend = self.frontend()?;
         let agent_endpoint = self.agent_endpoint()?;
+        let peering = self.peering()?;
         // Files last: every flag error is reported before a file is read.
         frontend.shared_ca = match (&frontend.listener, &agent_endpoint.auth.cluster_ca) {
             (FrontendListen::Tcp { client_ca, .. }, Some(cluster_ca)) => {
@@ -587,6 +644,11 @@ impl Cli {
         };
         if frontend.shared_ca && !self.allow_shared_ca {
             bail!("--server-ca-cert and --cluster-ca-cert hold the same CA, so every agent certificate would open CONNECT tunnels: make a two-CA PKI with bridgehead-certs init (frontend-ca.crt, cluster-ca.crt), or pass --allow-shared-ca until you have rolled it out");
+        }
+        if let (Some(peering), Some(cluster_ca)) = (&peering, &agent_endpoint.auth.cluster_ca) {
+            if shares_a_ca(&peering.ca, cluster_ca)? {
+                bail!("--peer-ca-cert and --cluster-ca-cert hold the same CA, so every agent certificate would be a peer's and could open tunnels to every node: give the CA the frontend's clients chain to (bridgehead-certs init: frontend-ca.crt, peer.crt)");
+            }
         }
         Ok(Config {
             frontend,
@@ -601,6 +663,7 @@ impl Cli {
                 },
                 leases,
             },
+            peering,
             tls,
             memory: self.memory,
             logging: LoggingConfig {
@@ -698,6 +761,41 @@ impl Cli {
             handshake_stall: self.agent_handshake_stall,
             keepalive_time: self.keepalive_time,
         })
+    }
+
+    fn peering(&mut self) -> anyhow::Result<Option<PeeringConfig>> {
+        let Some(port) = self.peer_port else {
+            if !self.peer_host.is_empty() {
+                bail!("--peer-host needs --peer-port: the port peers connect to");
+            }
+            return Ok(None);
+        };
+        let (Some(ca), Some(cert), Some(key)) = (
+            self.peer_ca_cert.take(),
+            self.peer_cert.take(),
+            self.peer_key.take(),
+        ) else {
+            bail!("--peer-port needs --peer-ca-cert, --peer-cert and --peer-key: peers authenticate each other with mutual TLS");
+        };
+        if self.peer_sync_interval.is_zero() {
+            bail!("--peer-sync-interval must be above 0");
+        }
+        let hosts: Vec<String> = self
+            .peer_host
+            .iter()
+            .map(|host| host.trim().to_owned())
+            .filter(|host| !host.is_empty())
+            .collect();
+        Ok(Some(PeeringConfig {
+            bind: (self.peer_bind_address, port).into(),
+            hosts,
+            port,
+            ca,
+            cert,
+            key,
+            server_name: self.peer_server_name.take(),
+            sync_interval: self.peer_sync_interval,
+        }))
     }
 
     fn routing(&mut self, notes: &mut Notes) -> anyhow::Result<RoutingConfig> {

@@ -16,6 +16,7 @@ use crate::config::Config;
 use crate::fallback::Fallback;
 use crate::handshakes::Handshakes;
 use crate::metrics::Metrics;
+use crate::peering::Settled;
 use crate::registry::Registry;
 use crate::revocation::Revocation;
 
@@ -53,6 +54,8 @@ pub struct Context {
     pub fallback: Option<Fallback>,
     /// Sessions let in by locally verified tokens, closed when those turn invalid.
     pub revocation: Arc<Revocation>,
+    /// Whether the first round of dialing the peers is over (always, without peers).
+    pub peers_settled: Settled,
 }
 
 impl Context {
@@ -95,6 +98,7 @@ impl Context {
             shards,
             fallback,
             revocation: Arc::default(),
+            peers_settled: Settled::already(),
             config,
         }
     }

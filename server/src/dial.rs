@@ -1,6 +1,7 @@
 //! The dial: the routed candidates are asked in turn to connect to the target, within one
 //! deadline for all of them.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bridgehead_mux::{MuxStream, OpenFailure};
@@ -9,23 +10,36 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use crate::refusal::Refusal;
-use crate::registry::Candidates;
+use crate::registry::{Candidate, Candidates};
 use crate::router::Target;
 
+/// A stream to the target.
+#[derive(Debug)]
+pub struct Dialed {
+    pub stream: MuxStream,
+    /// The agent that dialed.
+    pub agent: String,
+    /// The peer server that carried it to the agent, when the agent is not this server's.
+    pub via: Option<Arc<str>>,
+}
+
 /// Has the best candidate dial `target`, moving to the next one when an agent's session ends
-/// or refuses new streams before it answers. Returns the open stream and the agent's name.
+/// or refuses new streams before it answers.
 pub async fn dial(
     candidates: Candidates,
     target: &Target,
     timeout: Duration,
-) -> Result<(MuxStream, String), Refusal> {
+) -> Result<Dialed, Refusal> {
     debug!(strategy = %candidates.strategy, candidates = candidates.agents.len(), "routed");
     let deadline = Instant::now() + timeout;
     let mut lost = None;
-    for (_, agent, mux) in candidates.agents {
+    for Candidate {
+        agent, mux, via, ..
+    } in candidates.agents
+    {
         let remaining = deadline.saturating_duration_since(Instant::now());
         match mux.open(target.dial_host(), target.port, remaining).await {
-            Ok(stream) => return Ok((stream, agent)),
+            Ok(stream) => return Ok(Dialed { stream, agent, via }),
             Err(OpenFailure::Dial { code, message }) => {
                 return Err(Refusal::Dial {
                     agent,

@@ -9,13 +9,15 @@
 //! matches go to), [`refusal`] (every way a CONNECT is turned down, with its status and metric
 //! label). Beside them: [`agent_endpoint`] (agents' WebSocket sessions, admitted by
 //! [`agent_admission`], authenticated by [`agent_auth`], closed by [`revocation`] when the
-//! token they were let in by turns invalid), [`context`] (what connection tasks share),
+//! token they were let in by turns invalid), [`peering`] (forwarding to and from peer servers,
+//! `--peer-port`), [`context`] (what connection tasks share),
 //! [`config`] (flags into a validated [`Config`]), [`tls_config`], [`health`] and [`metrics`].
 //!
 //! [`run`] takes listeners that are already bound, so tests bind port 0 and hand them in.
-//! Several servers share one address for agents: each tells an agent its `--server-id` and
-//! `--server-count` in the upgrade answer and routes only what its own frontend receives
-//! over its own agent sessions (docs/ha.md).
+//! Several servers share one address for agents, or agents find each by DNS: each tells an
+//! agent its `--server-id` and `--server-count` in the upgrade answer and routes what its own
+//! frontend receives over its own agent sessions, or, with `--peer-port`, over a peer's
+//! (docs/ha.md).
 //!
 //! [`Target`]: router::Target
 
@@ -34,6 +36,7 @@ pub mod health;
 pub mod http_head;
 pub mod kubernetes;
 pub mod metrics;
+pub mod peering;
 pub mod refusal;
 pub mod registry;
 pub mod revocation;
@@ -70,6 +73,8 @@ pub struct Listeners {
     pub agent: TcpListener,
     pub health: TcpListener,
     pub admin: TcpListener,
+    /// `--peer-port`, when set.
+    pub peer: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -95,11 +100,20 @@ impl Listeners {
         let admin = TcpListener::bind(process.admin_bind)
             .await
             .with_context(|| format!("binding the admin port on {}", process.admin_bind))?;
+        let peer = match &config.peering {
+            Some(peering) => Some(
+                TcpListener::bind(peering.bind)
+                    .await
+                    .with_context(|| format!("binding the peer port on {}", peering.bind))?,
+            ),
+            None => None,
+        };
         Ok(Listeners {
             frontend,
             agent,
             health,
             admin,
+            peer,
         })
     }
 }
@@ -118,7 +132,14 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     bridgehead_runtime::tls::install_crypto_provider();
     let lifecycle = Lifecycle::new();
-    let (ctx, kube, verifier) = start(config, lifecycle.stop()).await?;
+    let (settle, settled) = match &config.peering {
+        Some(_) => {
+            let (sender, settled) = peering::Settled::new();
+            (Some(sender), settled)
+        }
+        None => (None, peering::Settled::already()),
+    };
+    let (ctx, kube, verifier) = start(config, settled, lifecycle.stop()).await?;
     let config = &ctx.config;
     let strategies: Vec<String> = config
         .routing
@@ -153,6 +174,9 @@ pub async fn run(
         lifecycle.tasks().clone(),
     ));
     serve_health_and_admin(listeners.health, listeners.admin, &ctx, &lifecycle)?;
+    if let (Some(listener), Some(settle)) = (listeners.peer, settle) {
+        serve_peers(listener, settle, &ctx, &lifecycle)?;
+    }
     if let Some(verifier) = verifier {
         lifecycle.spawn(
             ctx.revocation
@@ -204,10 +228,54 @@ pub async fn run(
     Ok(())
 }
 
+/// The peer port, and the dialing of the peers: both stop with the listeners, and their
+/// sessions end with the rest (a draining server's peers hear DRAIN and forward nothing new).
+fn serve_peers(
+    listener: TcpListener,
+    settle: tokio::sync::watch::Sender<bool>,
+    ctx: &Arc<Context>,
+    lifecycle: &Lifecycle,
+) -> anyhow::Result<()> {
+    let Some(mut peering) = ctx.config.peering.clone() else {
+        anyhow::bail!("a peer listener needs a peering configuration");
+    };
+    // Entries without a port are at the port this server listens on (with `--peer-port 0`,
+    // the one it was given).
+    peering.port = listener.local_addr()?.port();
+    let tls = tls_config::ReloadingConfig::load(
+        "peer port",
+        &peering.cert,
+        &peering.key,
+        Some(&peering.ca),
+        &ctx.config.tls,
+    )
+    .context("peer port TLS")?;
+    announce("peer port", &listener.local_addr()?.to_string());
+    lifecycle.spawn(tls.clone().watch(lifecycle.stop().clone()));
+    lifecycle.spawn(peering::accepted::serve(
+        listener,
+        tls,
+        ctx.clone(),
+        lifecycle.stop().clone(),
+        lifecycle.end().clone(),
+        lifecycle.tasks().clone(),
+    ));
+    lifecycle.spawn(peering::dialed::dial_peers(
+        ctx.clone(),
+        peering,
+        settle,
+        lifecycle.stop().clone(),
+        lifecycle.end().clone(),
+        lifecycle.tasks().clone(),
+    ));
+    Ok(())
+}
+
 /// The shared context and what it needs started first: the Kubernetes client (for tokens
 /// and Leases) and the token verifier, whose watches stop with `stop`.
 async fn start(
     config: Config,
+    settled: peering::Settled,
     stop: &CancellationToken,
 ) -> anyhow::Result<(
     Arc<Context>,
@@ -243,6 +311,7 @@ async fn start(
         None => None,
     };
     let mut ctx = Context::new(config, agent_auth, shards, fallback);
+    ctx.peers_settled = settled;
     if let Some(verifier) = &verifier {
         ctx.metrics.watch_token_verifier(verifier.clone());
     }

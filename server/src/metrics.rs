@@ -257,6 +257,14 @@ pub struct Metrics {
     handshakes_refused: Family<ListenerLabel, Counter>,
     lease_renewals: Family<ResultLabel, Counter>,
     leases_removed: Counter,
+    /// `tunnels_forwarded{server}`: tunnels this server carried to a peer's agent.
+    forwarded: Family<ServerLabel, Counter>,
+    /// `peer_tunnels{server}`: tunnels peers carried to this server's agents.
+    peer_tunnels: Family<ServerLabel, Counter>,
+    /// Peer servers this server holds a session with, to forward to their agents.
+    pub peers_connected: Gauge,
+    /// Agents of those peers, which tunnels may be forwarded to.
+    pub peer_agents: Gauge,
     /// `tunnel_send_waits{reason}`: uploads waiting for the agent's window or the queue.
     pub send_waits: bridgehead_runtime::memory::SendWaits,
     anp: Anp,
@@ -266,6 +274,11 @@ pub struct Metrics {
 struct VerificationLabel {
     result: &'static str,
     reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServerLabel {
+    server: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -475,6 +488,25 @@ impl Metrics {
             results(["authenticated", "rejected", "error", "cached"]),
         );
         preset(&lease_renewals, results(["ok", "error"]));
+        let forwarded = registered(r, "tunnels_forwarded", "Tunnels this server forwarded to a peer server that holds their agent, by that server's id", Family::default());
+        let peer_tunnels = registered(
+            r,
+            "peer_tunnels",
+            "Tunnels peer servers forwarded to this server's agents, by the forwarding server's id",
+            Family::default(),
+        );
+        let peers_connected = registered(
+            r,
+            "peers_connected",
+            "Peer servers this server holds a session with, to forward tunnels to their agents",
+            Gauge::default(),
+        );
+        let peer_agents = registered(
+            r,
+            "peer_agents",
+            "Agents of peer servers that tunnels may be forwarded to",
+            Gauge::default(),
+        );
         preset(
             &handshakes_refused,
             ["frontend", "agent"].map(|listener| ListenerLabel { listener }),
@@ -498,6 +530,10 @@ impl Metrics {
             handshakes_refused,
             lease_renewals,
             leases_removed,
+            forwarded,
+            peer_tunnels,
+            peers_connected,
+            peer_agents,
             send_waits,
         }
     }
@@ -522,6 +558,24 @@ impl Metrics {
         self.dials
             .get_or_create(&ResultLabel {
                 result: result.as_str(),
+            })
+            .inc();
+    }
+
+    /// A tunnel was forwarded to peer server `server`'s agent.
+    pub fn forwarded(&self, server: &str) {
+        self.forwarded
+            .get_or_create(&ServerLabel {
+                server: server.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Peer server `server` forwarded a tunnel to one of this server's agents.
+    pub fn peer_tunnel(&self, server: &str) {
+        self.peer_tunnels
+            .get_or_create(&ServerLabel {
+                server: server.to_owned(),
             })
             .inc();
     }

@@ -172,16 +172,32 @@ impl RouteTable {
         rng: &mut R,
     ) -> Result<Route, NoRoute> {
         for &strategy in &self.strategies {
-            if let Some(set) = self.matching(strategy, target) {
+            if let Some(candidates) = self.route_by(strategy, target, &load, rng) {
                 return Ok(Route {
                     strategy,
-                    candidates: pick::rank(set.usable(), load, rng),
+                    candidates,
                 });
             }
         }
         Err(NoRoute {
             tried: self.strategies.clone(),
         })
+    }
+
+    /// [`RouteTable::route`] for one strategy: up to [`MAX_CANDIDATES`] agents it finds for
+    /// `target`, best first, or `None` when it finds no usable agent (or is not configured).
+    /// The registry asks its own agents' table and then its peers' this way, strategy by
+    /// strategy, so that an agent of its own is preferred within a strategy but a peer's agent
+    /// that a strategy finds wins over one of its own that only a later strategy would.
+    pub fn route_by<R: Rng + ?Sized>(
+        &self,
+        strategy: Strategy,
+        target: &TargetHost,
+        load: impl Fn(AgentKey) -> usize,
+        rng: &mut R,
+    ) -> Option<Vec<AgentKey>> {
+        let set = self.matching(strategy, target)?;
+        Some(pick::rank(set.usable(), load, rng))
     }
 
     /// For `/readyz`: ready when the first strategy's storage holds at least one usable agent

@@ -73,11 +73,12 @@ async fn a_session_lost_before_the_answer_moves_the_dial_to_the_next_agent() {
 
         let target = target();
         let candidates = registry.route(&target.host).unwrap();
-        let (stream, agent) = dial::dial(candidates, &target, Duration::from_secs(5))
+        let dialed = dial::dial(candidates, &target, Duration::from_secs(5))
             .await
             .unwrap();
-        assert_eq!(agent, "healthy");
-        drop(stream);
+        assert_eq!(dialed.agent, "healthy");
+        assert!(dialed.via.is_none());
+        drop(dialed);
         shutdown.cancel();
     })
     .await

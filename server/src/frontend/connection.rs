@@ -22,6 +22,7 @@ use crate::dial;
 use crate::fallback::{self, Relayed};
 use crate::metrics::{DialResult, Direction, GaugeGuard, Metrics};
 use crate::refusal::Refusal;
+use crate::registry::RouteError;
 
 /// Most bytes a client may send behind its head before it has a tunnel (kept for it while
 /// the dial is pending).
@@ -52,6 +53,8 @@ struct Opened {
     target: String,
     /// The agent that dialed it (or the fallback proxy).
     agent: String,
+    /// The peer server that carried it to the agent, when the agent is not this server's.
+    forwarded: Option<Arc<str>>,
 }
 
 /// What carries a tunnel.
@@ -177,11 +180,25 @@ async fn open<S: ClientSocket>(
     // A client that leaves while its dial is pending gets nothing more: dropping the dial
     // resets its stream (the agent stops dialing) and frees its admission slot at once.
     let mut early = BytesMut::from(early);
-    let (via, agent) = match ctx.registry.route(&target.host) {
+    let mut routed = ctx.registry.route(&target.host);
+    if matches!(routed, Err(RouteError::NoRoute(_))) && !ctx.peers_settled.is_settled() {
+        // Just started: the peers' agents are known a moment later.
+        tokio::select! {
+            _ = ctx.peers_settled.wait(ctx.config.routing.dial_timeout) => {}
+            () = client_gone(socket, &mut early) => {
+                return Err(Failure::Gone("client left while the server learned its peers' agents"));
+            }
+        }
+        routed = ctx.registry.route(&target.host);
+    }
+    let (via, agent, forwarded) = match routed {
         Ok(candidates) => tokio::select! {
             dialed = dial::dial(candidates, &target, ctx.config.routing.dial_timeout) => {
-                let (stream, agent) = dialed?;
-                (Via::Agent(stream), agent)
+                let dialed = dialed?;
+                if let Some(peer) = &dialed.via {
+                    ctx.metrics.forwarded(peer);
+                }
+                (Via::Agent(dialed.stream), dialed.agent, dialed.via)
             }
             () = client_gone(socket, &mut early) => {
                 ctx.metrics.anp_dial_failure("frontend_close");
@@ -205,6 +222,7 @@ async fn open<S: ClientSocket>(
             (
                 Via::Fallback(relayed),
                 format!("fallback {}", fallback.url()),
+                None,
             )
         }
     };
@@ -215,6 +233,7 @@ async fn open<S: ClientSocket>(
         early: early.freeze(),
         target: target.to_string(),
         agent,
+        forwarded,
     })
 }
 
@@ -265,7 +284,12 @@ async fn tunnel<S: ClientSocket>(
         early,
         target,
         agent,
+        forwarded,
     } = opened;
+    // The server that carried the tunnel to its agent: this one, or the peer it was forwarded to.
+    let server: &str = forwarded
+        .as_deref()
+        .unwrap_or(&ctx.config.routing.server_id);
     let mut socket = match socket {
         Placed::Here(socket) => socket,
         // The box goes at the end of this arm, not at the tunnel's end as one captured by
@@ -322,6 +346,7 @@ async fn tunnel<S: ClientSocket>(
             target: "bridgehead::tunnel",
             %target,
             %agent,
+            %server,
             to_target = moved.up,
             from_target = moved.down,
             duration_ms = duration.as_millis() as u64,
@@ -329,6 +354,6 @@ async fn tunnel<S: ClientSocket>(
             "tunnel ended"
         );
     } else {
-        debug!(%target, %agent, up = moved.up, down = moved.down, %ended, "tunnel ended");
+        debug!(%target, %agent, %server, up = moved.up, down = moved.down, %ended, "tunnel ended");
     }
 }

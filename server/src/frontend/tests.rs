@@ -159,6 +159,7 @@ fn context_with_dial_timeout(registry: Registry, dial_timeout: Duration) -> Arc<
         shards: Shards::none(),
         fallback: None,
         revocation: Default::default(),
+        peers_settled: crate::peering::Settled::already(),
     })
 }
 
@@ -710,4 +711,48 @@ fn read_head_reads_a_head_as_the_frontend_does() {
         super::read_head(b"CONNECT a:1 HTTP/1.1\r\n"),
         super::ReadHead::Incomplete
     ));
+}
+
+/// A server whose first round of dialing its peers is not over holds a CONNECT that finds no
+/// agent until it is (its peers' agents become known a moment after it listens), then routes
+/// it again; settled, the same CONNECT is answered 503 at once.
+#[tokio::test]
+async fn a_connect_that_finds_no_agent_waits_for_the_first_round_of_peers() {
+    bounded(async {
+        let shutdown = CancellationToken::new();
+        let registry = Registry::new(vec![Strategy::Default], 100);
+        let mut ctx = context(registry.clone());
+        let (settle, settled) = crate::peering::Settled::new();
+        Arc::get_mut(&mut ctx).unwrap().peers_settled = settled;
+        let (server, mut client) = connection();
+        let served = serve(server, &ctx);
+        client.io.write_all(HEAD).await.unwrap();
+        // The server read the head and routed it: found nothing, it waits.
+        let mut read = client.read.clone();
+        read.wait_for(|&n| n >= HEAD.len()).await.unwrap();
+        let MuxPair { server, agent } = MuxPair::new(256 * 1024, &shutdown);
+        registry
+            .register(Registration {
+                name: "agent-1".to_owned(),
+                identity: "certificate CN=agent-1".to_owned(),
+                identifiers: AgentIdentifiers::default(),
+                peer: SocketAddr::from(([127, 0, 0, 1], 1)),
+                mux: server,
+            })
+            .unwrap();
+        settle.send_replace(true);
+        next_dial(&agent).await.accept().unwrap();
+        assert_eq!(
+            read_n(&mut client.io, head::ESTABLISHED.len()).await,
+            head::ESTABLISHED
+        );
+        drop(client);
+        served.await.unwrap();
+
+        let (head, _) =
+            refusal_of(&context(Registry::new(vec![Strategy::Default], 100)), HEAD).await;
+        assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
+        shutdown.cancel();
+    })
+    .await
 }

@@ -64,7 +64,7 @@ fn names(candidates: &Candidates) -> Vec<&str> {
     candidates
         .agents
         .iter()
-        .map(|(_, name, _)| name.as_str())
+        .map(|candidate| candidate.agent.as_str())
         .collect()
 }
 
@@ -92,7 +92,7 @@ async fn agents_get_keys_in_order_and_are_routed_until_they_leave() {
             (route.strategy, names(&route)),
             (Strategy::DestHost, vec!["a"])
         );
-        assert_eq!(route.agents[0].0, key_a);
+        assert_eq!(route.agents[0].key, key_a);
         let route = registry.route(&target("node2")).unwrap();
         assert_eq!(route.strategy, Strategy::Default);
 
@@ -287,6 +287,105 @@ async fn the_end_of_a_replaced_session_leaves_the_new_one_registered() {
             Err(RegisterError::IdTaken { .. })
         ));
         assert_eq!(registry.views()[0].key, second);
+        shutdown.cancel();
+    })
+    .await
+}
+
+/// A peer's agents: routed strategy by strategy after this server's own (so a peer's
+/// `destHost` match beats an own agent that only `default` finds, and an own agent beats a
+/// peer's for the same strategy), never for a peer's forwarded tunnel, kept current by the
+/// view's updates, and forgotten with the peer's session but not with an older one.
+#[tokio::test]
+async fn a_peers_agents_are_routed_after_the_own_for_each_strategy() {
+    bounded(async {
+        let shutdown = CancellationToken::new();
+        let registry = Registry::new(vec![Strategy::DestHost, Strategy::Default], 10);
+        let (own, _) = session(&shutdown).await;
+        register(&registry, "own", "host=node-own", 1, own);
+        let (peer_mux, _) = session(&shutdown).await;
+        let (old, replaced) = registry.add_peer("s2", peer_mux.clone());
+        assert!(replaced.is_none());
+        registry.set_peer_agent("s2", old, 7, &ids("id=far&host=node-far"), false);
+        // A newer session with the same peer replaces the old one and its agents.
+        let (session_2, replaced) = registry.add_peer("s2", peer_mux.clone());
+        assert!(replaced.is_some());
+        assert!(matches!(
+            registry.route(&target("node-far")).unwrap().strategy,
+            Strategy::Default
+        ));
+        registry.set_peer_agent("s2", old, 7, &ids("id=far&host=node-far"), false);
+        assert_eq!(
+            registry.peer_agent_count(),
+            0,
+            "an update of the old session"
+        );
+        registry.set_peer_agent("s2", session_2, 7, &ids("id=far&host=node-far"), false);
+        assert_eq!(registry.peers(), vec![("s2".to_owned(), 1)]);
+
+        let route = registry.route(&target("node-far")).unwrap();
+        assert_eq!(
+            (route.strategy, names(&route)),
+            (Strategy::DestHost, vec!["far"])
+        );
+        assert_eq!(route.agents[0].via.as_deref(), Some("s2"));
+        let route = registry.route(&target("node-own")).unwrap();
+        assert_eq!(
+            (names(&route), route.agents[0].via.is_none()),
+            (vec!["own"], true)
+        );
+        let route = registry.route(&target("elsewhere")).unwrap();
+        assert_eq!(
+            (route.strategy, names(&route)),
+            (Strategy::Default, vec!["own"])
+        );
+        // A forwarded tunnel never goes on to another peer.
+        let route = registry.route_local(&target("node-far")).unwrap();
+        assert_eq!(
+            (route.strategy, names(&route)),
+            (Strategy::Default, vec!["own"])
+        );
+
+        // Draining, then gone.
+        registry.set_peer_agent("s2", session_2, 7, &ids("id=far&host=node-far"), true);
+        assert_eq!(
+            registry.route(&target("node-far")).unwrap().strategy,
+            Strategy::Default
+        );
+        registry.set_peer_agent("s2", session_2, 7, &ids("id=far&host=node-far"), false);
+        registry.remove_peer_agent("s2", session_2, 7);
+        assert_eq!(
+            registry.route(&target("node-far")).unwrap().strategy,
+            Strategy::Default
+        );
+        registry.set_peer_agent("s2", session_2, 8, &ids("id=far&host=node-far"), false);
+        registry.remove_peer("s2", old);
+        assert_eq!(
+            registry.peer_agent_count(),
+            1,
+            "the end of an older session"
+        );
+        registry.remove_peer("s2", session_2);
+        assert_eq!(registry.peer_agent_count(), 0);
+        assert!(registry.peers().is_empty());
+        shutdown.cancel();
+    })
+    .await
+}
+
+/// Readiness counts a peer's agents: a server just started with none of its own is ready
+/// once its peers' are known.
+#[tokio::test]
+async fn a_peers_agents_make_the_server_ready() {
+    bounded(async {
+        let shutdown = CancellationToken::new();
+        let registry = Registry::new(vec![Strategy::Default], 10);
+        assert!(registry.ready().is_err());
+        let (peer_mux, _) = session(&shutdown).await;
+        let (session, _) = registry.add_peer("s2", peer_mux);
+        registry.set_peer_agent("s2", session, 1, &ids("id=far"), false);
+        assert!(registry.ready().is_ok());
+        assert_eq!(registry.ready_backends(), vec![(Strategy::Default, 1)]);
         shutdown.cancel();
     })
     .await

@@ -5,7 +5,7 @@
 //! tungstenite's client handshake did this before, but the framing after it is
 //! `bridgehead_mux::websocket`'s, and tungstenite keeps what it read past the head to itself.
 
-use bridgehead_runtime::http_head::{self, RawHead, MAX_HEADERS};
+use crate::http_head::{self, RawHead, MAX_HEADERS};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -16,7 +16,7 @@ const MAX_BODY: usize = 4096;
 
 /// The server's answer.
 #[derive(Debug)]
-pub(crate) enum Answer {
+pub enum Answer {
     /// `101`: the headers, and what followed the head.
     Upgraded { headers: HeaderMap, early: Bytes },
     /// Any other status, with the body (up to [`MAX_BODY`]).
@@ -29,7 +29,7 @@ pub(crate) enum Answer {
 
 /// Why the upgrade did not get an answer.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum UpgradeError {
+pub enum UpgradeError {
     #[error("writing the upgrade request: {0}")]
     Write(std::io::Error),
     #[error("the server closed the connection before answering")]
@@ -46,7 +46,7 @@ pub(crate) enum UpgradeError {
 
 /// Sends `request` (built with tungstenite's `IntoClientRequest`, so it carries the upgrade
 /// headers and a fresh key) on `io` and reads the answer. The caller bounds the time.
-pub(crate) async fn upgrade<S>(io: &mut S, request: &Request<()>) -> Result<Answer, UpgradeError>
+pub async fn upgrade<S>(io: &mut S, request: &Request<()>) -> Result<Answer, UpgradeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {

@@ -1,4 +1,5 @@
-//! Where the servers are: the addresses `--proxy-server-host` resolves to. One address is a
+//! Where the servers are: the addresses `--proxy-server-host` (an agent's) or `--peer-host` (a
+//! server's, for the peers it forwards to) resolves to. For an agent, one address is a
 //! load balancer (or the only server): the agent dials the name and lets the balancer spread
 //! its connections. Several — a DNS name with a record per server (a headless Service), or a
 //! comma-separated list — are the servers themselves: the agent dials each address whose
@@ -19,9 +20,9 @@ use tracing::{debug, info};
 
 /// The servers' addresses, as last resolved.
 #[derive(Debug)]
-pub(crate) struct Addresses {
-    hosts: Vec<String>,
-    port: u16,
+pub struct Addresses {
+    /// Each entry's host and port.
+    hosts: Vec<(String, u16)>,
     every: Duration,
     resolved: Vec<SocketAddr>,
     /// The `--proxy-server-host` entry each address came from.
@@ -35,10 +36,10 @@ pub(crate) struct Addresses {
 
 impl Addresses {
     /// The addresses of `hosts` at `port`, resolved at most once per `every`.
-    pub(crate) fn new(hosts: Vec<String>, port: u16, every: Duration) -> Addresses {
+    /// An entry may name its own port (`name:port`, `192.0.2.1:8132`, `[2001:db8::1]:8132`).
+    pub fn new(hosts: Vec<String>, port: u16, every: Duration) -> Addresses {
         Addresses {
-            hosts,
-            port,
+            hosts: hosts.iter().map(|entry| split_port(entry, port)).collect(),
             every,
             resolved: Vec::new(),
             entries: HashMap::new(),
@@ -49,7 +50,7 @@ impl Addresses {
     }
 
     /// Resolves the hosts again if the last resolution is older than the interval.
-    pub(crate) async fn refresh(&mut self) {
+    pub async fn refresh(&mut self) {
         if self.at.is_some_and(|at| at.elapsed() < self.every) {
             return;
         }
@@ -57,8 +58,8 @@ impl Addresses {
         let mut found = BTreeSet::new();
         let mut entries = HashMap::new();
         let mut failed = false;
-        for host in &self.hosts {
-            match tokio::net::lookup_host((host.as_str(), self.port)).await {
+        for (host, port) in &self.hosts {
+            match tokio::net::lookup_host((host.as_str(), *port)).await {
                 Ok(addresses) => {
                     for address in addresses {
                         found.insert(address);
@@ -85,13 +86,29 @@ impl Addresses {
         self.entries = entries;
     }
 
-    /// The `--proxy-server-host` entry `address` was resolved from.
-    pub(crate) fn entry(&self, address: SocketAddr) -> Option<&str> {
+    /// Starts the turns at the address `n` (modulo their number) instead of the first.
+    pub fn start_at(&mut self, n: usize) {
+        self.cursor = n;
+    }
+
+    /// Every address, as last resolved, in order.
+    pub fn resolved(&self) -> &[SocketAddr] {
+        &self.resolved
+    }
+
+    /// The server id that answered at `address`, if one did since it was resolved.
+    pub fn known(&self, address: SocketAddr) -> Option<&str> {
+        self.known.get(&address).map(String::as_str)
+    }
+
+    /// The host of the `--proxy-server-host` entry `address` was resolved from (without its
+    /// port).
+    pub fn entry(&self, address: SocketAddr) -> Option<&str> {
         self.entries.get(&address).map(String::as_str)
     }
 
     /// Server `server_id` answered at `address`.
-    pub(crate) fn learn(&mut self, address: SocketAddr, server_id: &str) {
+    pub fn learn(&mut self, address: SocketAddr, server_id: &str) {
         if self.resolved.contains(&address) {
             self.known.insert(address, server_id.to_owned());
         }
@@ -100,7 +117,7 @@ impl Addresses {
     /// How many servers the addresses stand for: each address is one when there are several,
     /// but addresses where one server answered count once; a single address (a load
     /// balancer) says nothing.
-    pub(crate) fn count(&self) -> u32 {
+    pub fn count(&self) -> u32 {
         if self.resolved.len() < 2 {
             return 0;
         }
@@ -119,13 +136,13 @@ impl Addresses {
     /// The next address to dial, skipping those where a server in `held` (ids of sessions
     /// open) answered; `None` when there is only one address (dial the name) or every
     /// address leads to a held server.
-    pub(crate) fn next(&mut self, held: &[String]) -> Option<SocketAddr> {
+    pub fn next(&mut self, held: &[String]) -> Option<SocketAddr> {
         if self.resolved.len() < 2 {
             return None;
         }
         let n = self.resolved.len();
         for step in 0..n {
-            let at = (self.cursor + step) % n;
+            let at = (self.cursor % n + step) % n;
             let candidate = self.resolved[at];
             let is_held = self
                 .known
@@ -137,6 +154,20 @@ impl Addresses {
             }
         }
         None
+    }
+}
+
+/// `entry`'s host and port: the port it names, or `default`. A bare IPv6 literal names none.
+fn split_port(entry: &str, default: u16) -> (String, u16) {
+    if let Ok(address) = entry.parse::<SocketAddr>() {
+        return (address.ip().to_string(), address.port());
+    }
+    match entry.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') => match port.parse() {
+            Ok(port) => (host.to_owned(), port),
+            Err(_) => (entry.to_owned(), default),
+        },
+        _ => (entry.to_owned(), default),
     }
 }
 
@@ -199,11 +230,25 @@ mod tests {
         found.refresh().await;
         let first = found.resolved.clone();
         assert!(!first.is_empty());
-        found.hosts = vec!["10.0.0.9".into(), "10.0.0.8".into()];
+        found.hosts = vec![("10.0.0.9".into(), 8132), ("10.0.0.8".into(), 8132)];
         found.refresh().await;
         assert_eq!(found.resolved, first, "resolved again within the interval");
         tokio::time::advance(Duration::from_secs(1)).await;
         found.refresh().await;
         assert_eq!(found.count(), 2);
+    }
+
+    #[test]
+    fn an_entry_may_name_its_port() {
+        assert_eq!(split_port("10.0.0.1", 8132), ("10.0.0.1".into(), 8132));
+        assert_eq!(split_port("10.0.0.1:9000", 8132), ("10.0.0.1".into(), 9000));
+        assert_eq!(
+            split_port("servers.test:9000", 1),
+            ("servers.test".into(), 9000)
+        );
+        assert_eq!(split_port("servers.test", 1), ("servers.test".into(), 1));
+        assert_eq!(split_port("[fd00::1]:9000", 1), ("fd00::1".into(), 9000));
+        assert_eq!(split_port("fd00::1", 1), ("fd00::1".into(), 1));
+        assert_eq!(split_port("name:x", 1), ("name:x".into(), 1));
     }
 }
