@@ -18,6 +18,7 @@
 //! The binaries must be built first (`cargo build --bins`); the README's test command does it.
 
 pub mod client;
+pub mod dns;
 pub mod haproxy;
 pub mod konnectivity;
 pub mod kubernetes;

@@ -360,6 +360,24 @@ impl TestNet {
         Ok(net)
     }
 
+    /// Lets the hosts reach each other's addresses (IPv4), through the root namespace: each
+    /// host routes the net's `/24` over its link, and the root namespace forwards what comes
+    /// in on the net's links only (their own `forwarding` switch; the machine's stays as it
+    /// is). Still nothing leaves the net.
+    pub fn route_between_hosts(&self) -> anyhow::Result<()> {
+        let first = self.hosts[0].v4.octets();
+        let net = format!("{}.{}.{}.0/24", first[0], first[1], first[2]);
+        for host in &self.hosts {
+            let forwarding = format!("/proc/sys/net/ipv4/conf/{}/forwarding", host.root_link);
+            std::fs::write(&forwarding, "1").with_context(|| format!("writing {forwarding}"))?;
+            let via = host.root_v4.to_string();
+            ip(&[
+                "-n", &host.ns, "route", "add", &net, "via", &via, "dev", "eth0",
+            ])?;
+        }
+        Ok(())
+    }
+
     /// Host `i`.
     pub fn host(&self, i: usize) -> &Host {
         &self.hosts[i]
@@ -533,15 +551,27 @@ impl TestNet {
     /// them over `/etc/hosts` and `/etc/resolv.conf`, so processes started afterwards in that
     /// namespace (agents) resolve exactly these names; nothing else sees them.
     pub fn set_hosts(&mut self, i: usize, entries: &[(&str, &str)]) -> anyhow::Result<()> {
+        // A resolver on the namespace's own loopback (where nothing listens, unless the test
+        // starts one there): a name that is not in these hosts fails inside the namespace,
+        // and no query leaves it.
+        self.set_hosts_and_resolver(i, entries, "127.0.0.1")
+    }
+
+    /// [`TestNet::set_hosts`] with the resolver at `nameserver` (a resolver the test runs in
+    /// one of its hosts, reached with [`TestNet::route_between_hosts`]).
+    pub fn set_hosts_and_resolver(
+        &mut self,
+        i: usize,
+        entries: &[(&str, &str)],
+        nameserver: &str,
+    ) -> anyhow::Result<()> {
         let dir = PathBuf::from(ETC_NETNS).join(&self.hosts[i].ns);
         let mut text = String::from("127.0.0.1 localhost\n::1 localhost\n");
         for (address, names) in entries {
             text.push_str(&format!("{address} {names}\n"));
         }
         self.hosts[i].hosts_dir = Some(dir.clone());
-        // A resolver on the namespace's own loopback (where nothing listens): a name that is
-        // not in these hosts fails inside the namespace, and no query leaves it.
-        let resolv = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n";
+        let resolv = format!("nameserver {nameserver}\noptions timeout:1 attempts:1\n");
         // Another test process may remove an empty /etc/netns between the two steps: retry.
         let _etc = SLOTS
             .lock()
@@ -550,7 +580,7 @@ impl TestNet {
         loop {
             let written = std::fs::create_dir_all(&dir)
                 .and_then(|()| std::fs::write(dir.join("hosts"), &text))
-                .and_then(|()| std::fs::write(dir.join("resolv.conf"), resolv));
+                .and_then(|()| std::fs::write(dir.join("resolv.conf"), &resolv));
             match written {
                 Ok(()) => return Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempts < 3 => {

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use bridgehead_e2e::client::{kube_connect, tls_connect};
+use bridgehead_e2e::dns::Resolver;
 use bridgehead_e2e::process::wait_until;
 use bridgehead_e2e::{target, Agent, AgentOptions, Pki, Server, ServerOptions};
 
@@ -88,17 +89,14 @@ fn servers_found_by_dns_and_one_added_by_dns_alone() {
     if !bridgehead_e2e::skip::require_root(test) {
         return;
     }
-    if std::process::Command::new("dnsmasq")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
+    if !Resolver::available() {
         return bridgehead_e2e::skip::skip(test, "needs dnsmasq (Debian's dnsmasq-base)");
     }
     bridgehead_e2e::netns::with_net(test, 3, Duration::from_secs(120), move |mut net| {
         // The servers in the root namespace, each on the root end of one host's link (all
         // reachable from host 0, where the agent and the resolver run), on one port.
-        let addresses: Vec<String> = (0..3).map(|i| net.root_v4(i).to_string()).collect();
+        let ips: Vec<_> = (0..3).map(|i| net.root_v4(i)).collect();
+        let addresses: Vec<String> = ips.iter().map(ToString::to_string).collect();
         // Host 0 reaches the root side of the other links too (the root namespace owns them).
         for address in &addresses[1..] {
             let ns = net.host(0).ns_name();
@@ -108,44 +106,12 @@ fn servers_found_by_dns_and_one_added_by_dns_alone() {
         let first = server_on(&pki, &addresses[0], 0, "s1").unwrap();
         let port = first.agent_addr.port();
         let second = server_on(&pki, &addresses[1], port, "s2").unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let records = dir.path().join("servers.hosts");
-        let write_records = |n: usize| {
-            let lines: String = addresses[..n]
-                .iter()
-                .map(|a| format!("{a} servers.bridgehead.test\n"))
-                .collect();
-            std::fs::write(&records, lines).unwrap();
-        };
-        write_records(2);
         // Host 0 resolves through its own loopback, where dnsmasq answers.
         net.set_hosts(0, &[]).unwrap();
-        let dnsmasq = std::process::Command::new("ip")
-            .args(["netns", "exec", net.host(0).ns_name(), "dnsmasq"])
-            .args([
-                "--keep-in-foreground",
-                "--no-resolv",
-                "--no-hosts",
-                "--bind-interfaces",
-                "--listen-address=127.0.0.1",
-                "--user=root",
-                "--pid-file",
-                "--log-facility=-",
-            ])
-            .arg(format!("--addn-hosts={}", records.display()))
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let dnsmasq = KillOnDrop(dnsmasq);
-        let resolves_to = |n: usize| {
-            net.run_in(0, &["getent", "ahostsv4", "servers.bridgehead.test"])
-                .is_ok_and(|out| {
-                    let text = String::from_utf8_lossy(&out.stdout);
-                    addresses[..n].iter().all(|a| text.contains(a.as_str()))
-                })
-        };
-        wait_until(Duration::from_secs(10), || resolves_to(2)).expect("dnsmasq never answered");
+        let localhost = std::net::Ipv4Addr::LOCALHOST;
+        let dns =
+            Resolver::start(&net, 0, localhost, "servers.bridgehead.test", &ips[..2]).unwrap();
+        dns.wait_answer(&net, 0, &ips[..2]).unwrap();
 
         let agent = Agent::start(
             &pki,
@@ -166,24 +132,9 @@ fn servers_found_by_dns_and_one_added_by_dns_alone() {
 
         // A third server, announced by DNS alone.
         let third = server_on(&pki, &addresses[2], port, "s3").unwrap();
-        write_records(3);
-        let reload = std::process::Command::new("kill")
-            .args(["-HUP", &dnsmasq.0.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(reload.success());
-        wait_until(Duration::from_secs(10), || resolves_to(3)).expect("dnsmasq never reloaded");
+        dns.set(&ips).unwrap();
+        dns.wait_answer(&net, 0, &ips).unwrap();
         third.wait_agents(1).unwrap();
-        drop((agent, dnsmasq));
+        drop((agent, dns));
     });
-}
-
-/// A child process killed and reaped when the test ends, however it ends.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
