@@ -68,6 +68,8 @@ impl Budget {
                 stalled: 0,
                 servers: 1,
                 round_robin: false,
+                sessions_per_agent: None,
+                peering: false,
             },
         }
     }
@@ -101,6 +103,8 @@ impl Budget {
                 stalled: 0,
                 servers: 1,
                 round_robin: false,
+                sessions_per_agent: None,
+                peering: false,
             },
         }
     }

@@ -84,6 +84,10 @@ pub struct Plan {
     pub servers: usize,
     /// haproxy balances round robin rather than by least connections.
     pub round_robin: bool,
+    /// Sessions each agent holds with several servers (`None`: one with each).
+    pub sessions_per_agent: Option<usize>,
+    /// The servers forward to each other.
+    pub peering: bool,
 }
 
 /// How the simulated agents prove who they are; the server is started to match (its token
@@ -134,7 +138,7 @@ fn measure(
     report: &mut Report,
 ) -> anyhow::Result<()> {
     if plan.servers > 1 {
-        return ha::run(plan, extra, report);
+        return ha::run(plan, extra, runtime, report);
     }
     let cluster = match (plan.auth, &plan.tokens) {
         (Auth::Cert, _) => None,

@@ -175,6 +175,13 @@ pub struct Options {
     /// connections (to compare the two).
     #[arg(long)]
     pub fleet_round_robin: bool,
+    /// `--only fleet --fleet-servers N`: sessions each simulated agent holds [default: N,
+    /// every server]; fewer need --fleet-peering for every server to reach every agent.
+    #[arg(long, value_name = "M")]
+    pub fleet_sessions_per_agent: Option<usize>,
+    /// `--only fleet --fleet-servers N`: the servers forward to each other (`--peer-port`).
+    #[arg(long)]
+    pub fleet_peering: bool,
     /// Internal: be a fleet simulator process (its spec and commands on stdin).
     #[arg(long, hide = true)]
     pub fleet_worker: bool,
@@ -687,6 +694,8 @@ impl<'a> Bench<'a> {
             stalled: options.fleet_stalled.unwrap_or(budget.fleet.stalled),
             servers: options.fleet_servers.unwrap_or(budget.fleet.servers),
             round_robin: options.fleet_round_robin,
+            sessions_per_agent: options.fleet_sessions_per_agent,
+            peering: options.fleet_peering,
             ..budget.fleet.clone()
         };
         fleet::run(&plan, &self.extra, &self.runtime, report);
