@@ -240,3 +240,86 @@ impl SocketTuning {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tuned(receive: u32, max: u32) -> SocketTuning {
+        SocketTuning {
+            receive_buffer: Some(receive),
+            unix_send_buffer: Some(EarnedBuffer {
+                start: START_BUFFER,
+                max: UNIX_SEND_BUFFER,
+            }),
+            unsent_limit: Some(16 * 1024),
+            receive_buffer_max: Some(max),
+        }
+    }
+
+    /// A dialed socket starts at the receive buffer and earns up to the largest; under
+    /// pressure it starts at 8 KiB and earns up to the receive buffer. An accepted client
+    /// starts as an unpressed dial. Without a receive buffer the kernel's default stays.
+    #[test]
+    fn a_dials_buffer_starts_small_only_under_pressure() {
+        let tuning = tuned(96 * 1024, 192 * 1024);
+        let calm = EarnedBuffer {
+            start: 96 * 1024,
+            max: 192 * 1024,
+        };
+        assert_eq!(tuning.dial_receive(false), Some(calm));
+        assert_eq!(tuning.accepted_receive(), Some(calm));
+        let pressed = EarnedBuffer {
+            start: 8 * 1024,
+            max: 96 * 1024,
+        };
+        assert_eq!(tuning.dial_receive(true), Some(pressed));
+        let default = SocketTuning {
+            receive_buffer: None,
+            ..tuning
+        };
+        assert_eq!(default.dial_receive(true), None);
+        assert_eq!(default.accepted_receive(), None);
+    }
+
+    /// On real sockets (the kernel reports twice the buffer it was given): a dial started
+    /// below 64 KiB asks for 8 KiB segments, one started above does not; an accepted socket
+    /// gets its start; a Unix socket its send buffer.
+    #[tokio::test]
+    async fn the_options_reach_the_sockets() {
+        let tuning = tuned(96 * 1024, 192 * 1024);
+        let small = tokio::net::TcpSocket::new_v4().unwrap();
+        tuning
+            .apply_dial(&small, tuning.dial_receive(true))
+            .unwrap();
+        let sock = socket2::SockRef::from(&small);
+        assert_eq!(sock.recv_buffer_size().unwrap(), 2 * 8 * 1024);
+        assert_eq!(sock.tcp_mss().unwrap(), 8 * 1024);
+        let large = tokio::net::TcpSocket::new_v4().unwrap();
+        tuning
+            .apply_dial(&large, tuning.dial_receive(false))
+            .unwrap();
+        let sock = socket2::SockRef::from(&large);
+        assert_eq!(sock.recv_buffer_size().unwrap(), 2 * 96 * 1024);
+        assert_ne!(sock.tcp_mss().unwrap(), 8 * 1024);
+        // 64 KiB exactly already has a window scale.
+        let edge = tuned(64 * 1024, 64 * 1024);
+        let scaled = tokio::net::TcpSocket::new_v4().unwrap();
+        edge.apply_dial(&scaled, edge.dial_receive(false)).unwrap();
+        assert_ne!(socket2::SockRef::from(&scaled).tcp_mss().unwrap(), 8 * 1024);
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
+        let (client, accepted) = tokio::join!(client, listener.accept());
+        let (accepted, _) = accepted.unwrap();
+        tuning.apply_accepted(&accepted).unwrap();
+        let sock = socket2::SockRef::from(&accepted);
+        assert_eq!(sock.recv_buffer_size().unwrap(), 2 * 96 * 1024);
+        drop(client);
+
+        let (unix, _other) = tokio::net::UnixStream::pair().unwrap();
+        tuning.apply_unix(&unix).unwrap();
+        let sock = socket2::SockRef::from(&unix);
+        assert_eq!(sock.send_buffer_size().unwrap(), 2 * 8 * 1024);
+    }
+}

@@ -188,3 +188,56 @@ impl Mux {
         stream::accept(&self.driver).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use tokio_util::sync::CancellationToken;
+
+    use crate::{Keepalive, Mux, WebSocket, WsRole};
+
+    /// A stream's slot (its wakers) goes with the stream: a session that carried many
+    /// tunnels holds nothing of those that ended.
+    #[tokio::test]
+    async fn a_dropped_stream_leaves_nothing_in_its_session() {
+        let shutdown = CancellationToken::new();
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let (server, agent) = (Mux::server(), Mux::agent());
+        let ends = [
+            (
+                server.clone(),
+                WebSocket::new(a, WsRole::Server, Bytes::new()),
+            ),
+            (
+                agent.clone(),
+                WebSocket::new(b, WsRole::Client, Bytes::new()),
+            ),
+        ];
+        for (mux, ws) in ends {
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move { mux.run(ws, Keepalive::default(), shutdown).await });
+        }
+        let accepting = agent.clone();
+        tokio::spawn(async move {
+            while let Some(dial) = accepting.accept().await {
+                drop(dial.accept());
+            }
+        });
+        let slots = |mux: &Mux| mux.driver.with(|state| state.slots.len());
+        let checked = tokio::time::timeout(Duration::from_secs(20), async {
+            for _ in 0..5 {
+                let stream = server
+                    .open("target", 1, Duration::from_secs(5))
+                    .await
+                    .unwrap();
+                assert_eq!(slots(&server), 1);
+                drop(stream);
+                assert_eq!(slots(&server), 0);
+            }
+        });
+        checked.await.expect("the test took too long");
+        shutdown.cancel();
+    }
+}

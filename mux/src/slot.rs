@@ -97,6 +97,12 @@ impl Slots {
         self.0.remove(&stream);
     }
 
+    /// How many streams have a slot.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
     pub(crate) fn get(&self, stream: StreamId) -> Option<&Slot> {
         self.0.get(&stream).map(|slot| &**slot)
     }

@@ -499,3 +499,65 @@ async fn a_stream_that_sent_its_own_data_does_not_wake_the_sessions_task() {
     })
     .await
 }
+
+/// Keepalive on the wire: an idle session pings its peer every interval, and answers a ping
+/// with a pong carrying the ping's payload (tungstenite answers for the peer, so the peer is
+/// seen alive and the session lives on).
+#[tokio::test(start_paused = true)]
+async fn an_idle_session_pings_every_interval_and_answers_a_ping_with_its_payload() {
+    bounded(async {
+        let mux = Mux::agent();
+        let keepalive = Keepalive {
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(3),
+        };
+        let (run, mut peer) = session(&mux, keepalive, &CancellationToken::new()).await;
+        for _ in 0..3 {
+            match peer.next().await.expect("the session ended").unwrap() {
+                Message::Ping(_) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        peer.send(Message::Ping(Bytes::from_static(b"are you there")))
+            .await
+            .unwrap();
+        loop {
+            match peer.next().await.expect("the session ended").unwrap() {
+                Message::Pong(payload) => {
+                    assert_eq!(&payload[..], b"are you there");
+                    break;
+                }
+                Message::Ping(_) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(!run.is_finished(), "a session whose peer answers ended");
+    })
+    .await
+}
+
+/// A session given a home (its own thread's runtime) tells its streams where that is, so
+/// whoever splices one of them moves there.
+#[tokio::test]
+async fn a_streams_home_is_its_sessions() {
+    bounded(async {
+        let mux = Mux::agent();
+        let shutdown = CancellationToken::new();
+        let (_run, mut peer) = session(&mux, QUIET, &shutdown).await;
+        let home = tokio::runtime::Handle::current();
+        mux.set_home(home.clone());
+        peer.send(message(&[dial(1)])).await.unwrap();
+        let stream = mux.accept().await.unwrap().accept().unwrap();
+        assert_eq!(
+            stream.home().map(tokio::runtime::Handle::id),
+            Some(home.id())
+        );
+        let unhomed = Mux::agent();
+        let (_run, mut peer) = session(&unhomed, QUIET, &shutdown).await;
+        peer.send(message(&[dial(1)])).await.unwrap();
+        let stream = unhomed.accept().await.unwrap().accept().unwrap();
+        assert!(stream.home().is_none());
+        shutdown.cancel();
+    })
+    .await
+}

@@ -319,7 +319,8 @@ async fn last_bytes_survive_a_session_close() {
         });
         let stream = p.server.open("x", 1, Duration::from_secs(5)).await.unwrap();
         p.server.closed().await;
-        assert_eq!(stream.read().await.unwrap().as_deref(), Some(&b"tail"[..]));
+        // What arrived can be taken without waiting, once.
+        assert_eq!(stream.try_read().as_deref(), Some(&b"tail"[..]));
         // A peek at the end (the downlink's batching does one) must not eat the EOF.
         assert_eq!(stream.try_read(), None);
         assert_eq!(stream.read().await.unwrap(), None);
