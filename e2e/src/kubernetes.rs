@@ -31,7 +31,7 @@ pub mod workload;
 
 use std::path::PathBuf;
 
-pub use control_plane::{ControlPlane, Egress};
+pub use control_plane::{Apiserver, ControlPlane, Egress};
 
 /// The Kubernetes binaries `scripts/k8s-build.sh` builds.
 #[derive(Debug, Clone)]

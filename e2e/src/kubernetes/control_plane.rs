@@ -43,6 +43,15 @@ pub enum Egress {
     },
 }
 
+/// One more kube-apiserver of a [`ControlPlane`] ([`ControlPlane::add_apiserver`]); stopped
+/// on drop.
+#[derive(Debug)]
+pub struct Apiserver {
+    pub process: Process,
+    /// An admin kubeconfig for this kube-apiserver.
+    pub kubeconfig: PathBuf,
+}
+
 /// A running control plane. Stopped and removed on drop.
 #[derive(Debug)]
 pub struct ControlPlane {
@@ -228,15 +237,74 @@ impl ControlPlane {
         Ok(control_plane)
     }
 
+    /// Another kube-apiserver of this control plane on `port` of the same host (the same
+    /// etcd, certificates and keys), its `cluster` traffic going where `egress` says: an HA
+    /// control plane's second or third kube-apiserver, each with a Bridgehead server of its
+    /// own. Ready when returned.
+    pub fn add_apiserver(&self, egress: &Egress, port: u16) -> anyhow::Result<Apiserver> {
+        let config = egress_config(egress).context("another kube-apiserver has an egress")?;
+        let egress_file = self.dir.path().join(format!("egress-{port}.yaml"));
+        write(&egress_file, &config)?;
+        let (ns, args) = &self.apiserver_command;
+        let args = args.iter().map(|arg| {
+            let text = arg.to_string_lossy();
+            if text.starts_with("--secure-port=") {
+                format!("--secure-port={port}").into()
+            } else if text.starts_with("--egress-selector-config-file=") {
+                format!("--egress-selector-config-file={}", egress_file.display()).into()
+            } else {
+                arg.clone()
+            }
+        });
+        let mut command = in_namespace(ns, &self.binaries.kube_apiserver);
+        command.args(args);
+        let (process, _) = Process::spawn(command, &[])?;
+        let kubeconfig = self.dir.path().join(format!("admin-{port}.kubeconfig"));
+        let path = |file: &str| self.dir.path().join(file);
+        let url = format!("https://{}:{port}", self.address);
+        write(
+            &kubeconfig,
+            &kubeconfig_text(
+                &url,
+                &path("ca.crt"),
+                &path("admin.crt"),
+                &path("admin.key"),
+            ),
+        )?;
+        let apiserver = Apiserver {
+            process,
+            kubeconfig,
+        };
+        self.wait_ready_at(&apiserver.kubeconfig, &apiserver.process)?;
+        Ok(apiserver)
+    }
+
+    /// kubectl with `kubeconfig`, its output piped, running.
+    pub fn kubectl_child(&self, kubeconfig: &Path, args: &[&str]) -> std::process::Child {
+        Command::new(&self.binaries.kubectl)
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running kubectl")
+    }
+
     /// Polls `/readyz` (bounded: nothing else tells when kube-apiserver is ready).
     fn wait_ready(&self) -> anyhow::Result<()> {
+        self.wait_ready_at(&self.kubeconfig, &self.apiserver)
+    }
+
+    /// [`ControlPlane::wait_ready`] of the kube-apiserver `kubeconfig` names, `process`.
+    fn wait_ready_at(&self, kubeconfig: &Path, process: &Process) -> anyhow::Result<()> {
         let started = Instant::now();
         loop {
-            let output = self.kubectl(&["get", "--raw=/readyz"])?;
+            let output = self.kubectl_as(kubeconfig, &["get", "--raw=/readyz"], None)?;
             if output.status.success() && String::from_utf8_lossy(&output.stdout).trim() == "ok" {
                 tracing_line(&format!(
-                    "kube-apiserver ready at {} after {:?}",
-                    self.url,
+                    "kube-apiserver ready ({}) after {:?}",
+                    kubeconfig.display(),
                     started.elapsed()
                 ));
                 return Ok(());
@@ -245,7 +313,7 @@ impl ControlPlane {
                 bail!(
                     "kube-apiserver not ready after {STARTUP:?}: {}\nlog:\n{}",
                     String::from_utf8_lossy(&output.stderr),
-                    self.log()
+                    process.stderr()
                 );
             }
             std::thread::sleep(Duration::from_millis(200));
