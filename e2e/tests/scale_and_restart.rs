@@ -232,10 +232,13 @@ fn check_follows(i: usize, runs: Vec<Follow>, windows: &[(usize, Instant, Instan
     }
 }
 
+/// A stream's lines so far and when it ended, and the signal of either.
+type Seen = Arc<(Mutex<(Vec<String>, Option<Instant>)>, Condvar)>;
+
 /// One `kubectl logs -f`: its lines as they come, and when it ended.
 struct Follow {
     child: std::process::Child,
-    seen: Arc<(Mutex<(Vec<String>, Option<Instant>)>, Condvar)>,
+    seen: Seen,
     reader: std::thread::JoinHandle<()>,
 }
 
@@ -244,7 +247,7 @@ impl Follow {
         let mut child =
             control_plane.kubectl_child(kubeconfig, &["logs", "-f", "-n", NAMESPACE, pod]);
         let stdout = child.stdout.take().unwrap();
-        let seen: Arc<(Mutex<(Vec<String>, Option<Instant>)>, Condvar)> = Arc::default();
+        let seen: Seen = Arc::default();
         let reader = {
             let seen = seen.clone();
             std::thread::spawn(move || {
