@@ -37,7 +37,8 @@ const KEEPALIVE_MISSES: u32 = 3;
 pub struct Cli {
     /// Host name or IP address of bridgehead-server's agent endpoint: one address (a load
     /// balancer), a DNS name with an A/AAAA record per server (a headless Service), or several
-    /// comma-separated; the agent keeps a session with every server it finds (docs/ha.md).
+    /// comma-separated, each at --proxy-server-port unless it says `host:port`; the agent
+    /// keeps a session with every server it finds (docs/ha.md).
     #[arg(
         long,
         env = "BRIDGEHEAD_PROXY_SERVER_HOST",
@@ -573,10 +574,13 @@ impl Cli {
                 self.sync_interval
             );
         }
+        // An entry may name its own port (`host:port`); the first is the one dialed by name.
+        let (first_host, first_port) =
+            bridgehead_runtime::addresses::split_port(&hosts[0], self.proxy_server_port);
         Ok(ServersConfig {
-            host: hosts[0].clone(),
+            host: first_host,
             hosts,
-            port: self.proxy_server_port,
+            port: first_port,
             sync_interval: self.sync_interval,
             sync_interval_cap: self.sync_interval_cap,
             sync_forever: self.sync_forever.unwrap_or(false),

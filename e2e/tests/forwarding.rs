@@ -187,3 +187,74 @@ fn a_server_that_starts_knows_its_peers_agents_before_it_answers() {
     let (_, status, _) = open(&pki, &restarted, &echo);
     assert_eq!(status, 200, "log:\n{}", restarted.process.stderr());
 }
+
+/// An agent that holds one session (`--max-server-sessions=1`) though it is given three
+/// servers: it counts three, holds one, and every server reaches it, two of them through the
+/// one it holds.
+#[test]
+fn an_agent_with_one_session_is_reached_through_every_server() {
+    let pki = pki();
+    let servers = servers(&pki, 3);
+    let hosts: Vec<String> = servers.iter().map(|s| s.agent_addr.to_string()).collect();
+    let agent = Agent::start(
+        &pki,
+        &servers[0],
+        AgentOptions {
+            args: vec![
+                format!("--proxy-server-host={}", hosts.join(",")),
+                "--max-server-sessions=1".into(),
+            ],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    wait_until(IO_TIMEOUT, || {
+        servers
+            .iter()
+            .map(|s| s.agents().map_or(0, |a| a.len()))
+            .sum::<usize>()
+            == 1
+    })
+    .unwrap();
+    let holder = servers
+        .iter()
+        .position(|s| s.agents().is_ok_and(|a| a.len() == 1))
+        .unwrap();
+    for (i, server) in servers.iter().enumerate() {
+        if i != holder {
+            wait_peer_agents(server, 1);
+        }
+    }
+    let echo = target::echo("127.0.0.1:0").unwrap().to_string();
+    for server in &servers {
+        let (mut tls, status, _) = open(&pki, server, &echo);
+        assert_eq!(status, 200);
+        tls.write_all(b"ping").unwrap();
+        let mut back = [0u8; 4];
+        tls.read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"ping");
+    }
+    let forwarded: f64 = servers
+        .iter()
+        .map(|s| {
+            metric(
+                s,
+                &format!(
+                    "bridgehead_server_tunnels_forwarded_total{{server=\"s{}\"}}",
+                    holder + 1
+                ),
+            )
+        })
+        .sum();
+    assert_eq!(forwarded, 2.0);
+    // It counts three servers and holds one session, and says so.
+    let (_, metrics) = agent.get("/metrics").unwrap();
+    assert!(
+        metrics.contains("bridgehead_agent_known_servers 3"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("bridgehead_agent_server_sessions{state=\"active\"} 1"),
+        "{metrics}"
+    );
+}

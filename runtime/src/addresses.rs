@@ -158,7 +158,7 @@ impl Addresses {
 }
 
 /// `entry`'s host and port: the port it names, or `default`. A bare IPv6 literal names none.
-fn split_port(entry: &str, default: u16) -> (String, u16) {
+pub fn split_port(entry: &str, default: u16) -> (String, u16) {
     if let Ok(address) = entry.parse::<SocketAddr>() {
         return (address.ip().to_string(), address.port());
     }
