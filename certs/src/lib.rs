@@ -1,9 +1,10 @@
 //! `bridgehead-certs` makes the PKI a Bridgehead deployment runs on, and lets tests make one at
 //! test time.
 //!
-//! [`Pki::generate`] creates two CAs, one per trust boundary, and four leaf certificates. The
+//! [`Pki::generate`] creates two CAs, one per trust boundary, and five leaf certificates. The
 //! frontend CA (`bridgehead-frontend-ca`) signs `server` (the CONNECT frontend kube-apiserver and
-//! curl talk to, `serverAuth`) and `client` (kube-apiserver, curl; `clientAuth`). The cluster CA
+//! curl talk to, `serverAuth`), `client` (kube-apiserver, curl; `clientAuth`) and `peer`
+//! (servers that forward to each other, both). The cluster CA
 //! (`bridgehead-cluster-ca`) signs `cluster` (the agent-facing WebSocket endpoint, `serverAuth`)
 //! and `agent` (`clientAuth`). The server certificates carry the SANs `localhost`, `127.0.0.1`,
 //! `::1` plus any extra ones. With the frontend trusting only the frontend CA, the agent
@@ -26,7 +27,7 @@
 //! let curl = pki.issue_client("curl")?; // from the frontend CA
 //! # let dir = std::env::temp_dir().join(format!("bridgehead-certs-doc-{}", std::process::id()));
 //! let written = pki.write_dir(&dir, false)?; // dir/frontend-ca.crt, dir/frontend-ca.key, ...
-//! # assert_eq!(written.len(), 12);
+//! # assert_eq!(written.len(), 14);
 //!
 //! // Later, one certificate per node, naming only that node:
 //! let cluster_ca = ClusterCa::load(&dir)?;

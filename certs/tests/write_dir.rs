@@ -8,7 +8,7 @@ use std::path::Path;
 use bridgehead_certs::{CertError, Pki};
 
 /// The file names, a contract with the scripts that deploy them, in the order written.
-const NAMES: [&str; 12] = [
+const NAMES: [&str; 14] = [
     "frontend-ca.crt",
     "frontend-ca.key",
     "server.crt",
@@ -21,6 +21,8 @@ const NAMES: [&str; 12] = [
     "cluster.key",
     "agent.crt",
     "agent.key",
+    "peer.crt",
+    "peer.key",
 ];
 
 fn mode(path: &Path) -> u32 {
@@ -53,6 +55,7 @@ fn writes_every_file_with_its_pem_and_mode() {
         &pki.cluster_ca,
         &pki.cluster,
         &pki.agent,
+        &pki.peer,
     ]
     .into_iter()
     .flat_map(|ck| [&ck.cert_pem, &ck.key_pem]);
