@@ -338,3 +338,94 @@ fn agents_follow_the_server_leases_through_scale_up_shutdown_crash_and_an_api_ou
         }
     });
 }
+
+/// Servers that forward find each other by their Leases (`--enable-lease-controller`,
+/// `--peer-advertise-address`, no `--peer-host`): each writes where its peers reach it on its
+/// Lease, and dials what the others' say. An agent on one server is reached through the other.
+/// A server whose Lease goes (a clean shutdown) is no longer dialed.
+#[test]
+fn servers_find_their_peers_by_their_leases() {
+    let test = "servers_find_their_peers_by_their_leases";
+    let Some(binaries) = kubernetes::require(test) else {
+        return;
+    };
+    netns::with_net(test, 2, TEST_TIMEOUT, move |mut net| {
+        let control_plane = ControlPlane::start(&binaries, &mut net, 0, Egress::Direct, &[])
+            .unwrap_or_else(|e| panic!("starting the control plane: {e:#}"));
+        control_plane.apply(RBAC).unwrap();
+        let kubeconfig = control_plane
+            .kubeconfig_for("bridgehead-server", &[])
+            .unwrap();
+        let addresses: Vec<String> = (0..2).map(|i| net.root_v4(i).to_string()).collect();
+        let pki = Pki::with_sans(&addresses).unwrap();
+        let server = |i: usize| {
+            let kubeconfig = kubeconfig.display().to_string();
+            Server::start(
+                &pki,
+                ServerOptions {
+                    bind: Some(addresses[i].clone()),
+                    args: vec![
+                        format!("--server-id=s{i}"),
+                        "--enable-lease-controller".into(),
+                        format!("--lease-duration={}s", LEASE_DURATION.as_secs()),
+                        format!("--kubeconfig={kubeconfig}"),
+                        // The port bound is added: a free one, picked at the start.
+                        format!("--peer-advertise-address={}", addresses[i]),
+                    ],
+                    peering: Some(bridgehead_e2e::Peering::default()),
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+        };
+        let s0 = server(0);
+        let s1 = server(1);
+        let _agent = Agent::start(&pki, &s1, AgentOptions::default()).unwrap();
+        s1.wait_agents(1).unwrap();
+        let knows = |server: &Server, peers: u64, agents: u64| {
+            let page = server
+                .get("/metrics")
+                .map(|(_, page)| page)
+                .unwrap_or_default();
+            metric(&page, "bridgehead_server_peers_connected") == peers
+                && metric(&page, "bridgehead_server_peer_agents") == agents
+        };
+        wait_until(CONVERGE, || knows(&s0, 1, 1) && knows(&s1, 1, 0)).unwrap_or_else(|_| {
+            panic!(
+                "the servers never found each other; s0:\n{}",
+                s0.process.stderr()
+            )
+        });
+        let annotation = control_plane
+            .kubectl_ok(&[
+                "get",
+                "lease",
+                "-n",
+                NAMESPACE,
+                "bridgehead-server-s1",
+                "-o",
+                "jsonpath={.metadata.annotations.bridgehead\\.io/peer-address}",
+            ])
+            .unwrap();
+        assert_eq!(annotation.trim(), s1.peer_addr.unwrap().to_string());
+
+        let echo = bridgehead_e2e::target::echo("127.0.0.1:0").unwrap();
+        let mut conn = bridgehead_e2e::client::tls_connect(&pki, s0.frontend_addr()).unwrap();
+        let reply = bridgehead_e2e::client::kube_connect(conn.as_mut(), &echo.to_string()).unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.head);
+        let forwarded = "bridgehead_server_tunnels_forwarded_total{server=\"s1\"}";
+        assert_eq!(metric(&s0.get("/metrics").unwrap().1, forwarded), 1);
+
+        // s1 shuts down cleanly: its Lease goes, and s0 stops dialing it.
+        let mut s1 = s1;
+        s1.process.signal("TERM").unwrap();
+        s1.process.wait_exit(CONVERGE).unwrap();
+        wait_until(CONVERGE, || knows(&s0, 0, 0)).unwrap();
+        let leases = control_plane
+            .kubectl_ok(&["get", "leases", "-n", NAMESPACE, "-o", "name"])
+            .unwrap();
+        assert!(!leases.contains("bridgehead-server-s1"), "{leases}");
+        drop(s0);
+        drop(control_plane);
+    });
+}

@@ -6,7 +6,9 @@
 //! last good count while kube-apiserver cannot be reached.
 //!
 //! [`hold`] is the server's side, [`LeaseCount`] the agent's (a watch of the Leases kept in a
-//! local store, counted when asked).
+//! local store, counted when asked). A server that forwards to its peers also writes where
+//! they reach it ([`PEER_ADDRESS_ANNOTATION`]), and may find its peers the same way
+//! ([`LeaseCount::peer_addresses`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -33,6 +35,9 @@ pub const DEFAULT_LABEL: &str = "k8s-app=konnectivity-server";
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(30);
 /// The field manager of the server's server-side apply.
 const FIELD_MANAGER: &str = "bridgehead-server";
+/// The annotation of a server's Lease that says where its peers reach it (`host:port`,
+/// `--peer-advertise-address`).
+pub const PEER_ADDRESS_ANNOTATION: &str = "bridgehead.io/peer-address";
 /// Most expired Leases one garbage collection round deletes.
 const MAX_REMOVED_PER_ROUND: usize = 50;
 
@@ -81,6 +86,8 @@ pub struct LeaseSettings {
     /// The Lease's duration; it is renewed every third of it, and expired Leases are looked
     /// for every half of it.
     pub duration: Duration,
+    /// Annotations written on the Lease ([`PEER_ADDRESS_ANNOTATION`]).
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// What [`hold`] reports, for metrics.
@@ -128,6 +135,8 @@ pub async fn hold(
                         name: Some(name.clone()),
                         namespace: Some(settings.namespace.clone()),
                         labels: Some(settings.labels.clone()),
+                        annotations: (!settings.annotations.is_empty())
+                            .then(|| settings.annotations.clone()),
                         ..ObjectMeta::default()
                     },
                     spec: Some(LeaseSpec {
@@ -304,6 +313,39 @@ impl LeaseCount {
         let count = count_valid(leases.iter().map(|l| &**l), Timestamp::now()).max(1);
         state.last_good = count;
         count
+    }
+}
+
+impl LeaseCount {
+    /// The addresses peers reach the other servers at: [`PEER_ADDRESS_ANNOTATION`] of every
+    /// valid Lease but `own`'s (by name), in name order; a value that is no `host:port` is
+    /// left out. Empty while the watch has not listed yet.
+    pub fn peer_addresses(&self, own: &str) -> Vec<String> {
+        let now = Timestamp::now();
+        let mut leases: Vec<_> = self
+            .store
+            .state()
+            .into_iter()
+            .filter(|lease| lease.metadata.name.as_deref() != Some(own))
+            .filter(|lease| is_valid(lease, now))
+            .collect();
+        leases.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        leases
+            .iter()
+            .filter_map(|lease| {
+                lease
+                    .metadata
+                    .annotations
+                    .as_ref()?
+                    .get(PEER_ADDRESS_ANNOTATION)
+            })
+            .filter(|address| {
+                address
+                    .rsplit_once(':')
+                    .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+            })
+            .cloned()
+            .collect()
     }
 }
 

@@ -86,6 +86,21 @@ impl Addresses {
         self.entries = entries;
     }
 
+    /// Whether these are the addresses of exactly `hosts` (as given to [`Addresses::new`]).
+    pub fn is_for(&self, hosts: &[String]) -> bool {
+        self.hosts.len() == hosts.len()
+            && self
+                .hosts
+                .iter()
+                .zip(hosts)
+                .all(|((host, port), entry)| split_port(entry, *port) == (host.clone(), *port))
+    }
+
+    /// How often the names are resolved again.
+    pub fn every(&self) -> Duration {
+        self.every
+    }
+
     /// Starts the turns at the address `n` (modulo their number) instead of the first.
     pub fn start_at(&mut self, n: usize) {
         self.cursor = n;

@@ -349,9 +349,19 @@ pub struct Cli {
     pub peer_cert: Option<PathBuf>,
     #[arg(long, env = "BRIDGEHEAD_PEER_KEY")]
     pub peer_key: Option<PathBuf>,
-    /// The name peers' certificates are verified for (default: the --peer-host entry dialed).
+    /// The name peers' certificates are verified for (default: the --peer-host entry dialed,
+    /// or the address a peer's Lease gives).
     #[arg(long, env = "BRIDGEHEAD_PEER_SERVER_NAME")]
     pub peer_server_name: Option<String>,
+    /// Where peers reach this server (`host` or `host:port`; without a port, the --peer-port
+    /// it listens on), written on its Lease: with --enable-lease-controller and no
+    /// --peer-host, servers find each other by their Leases.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_PEER_ADVERTISE_ADDRESS",
+        value_name = "HOST[:PORT]"
+    )]
+    pub peer_advertise_address: Option<String>,
     /// How often the peers' names are resolved again and missing peers dialed.
     #[arg(long, env = "BRIDGEHEAD_PEER_SYNC_INTERVAL", default_value = "1s", value_parser = duration::parse, value_name = "DURATION")]
     pub peer_sync_interval: Duration,
@@ -493,6 +503,10 @@ pub struct PeeringConfig {
     pub server_name: Option<String>,
     #[serde(serialize_with = "duration::serialize")]
     pub sync_interval: Duration,
+    /// `--peer-advertise-address`, written on this server's Lease.
+    pub advertise: Option<String>,
+    /// No `--peer-host`: the peers are the addresses on the other servers' Leases.
+    pub from_leases: bool,
 }
 
 /// Which agent a CONNECT goes to, and where it goes when none matches.
@@ -634,7 +648,7 @@ impl Cli {
         let leases = self.leases(&routing.server_id)?;
         let mut frontend = self.frontend()?;
         let agent_endpoint = self.agent_endpoint()?;
-        let peering = self.peering()?;
+        let peering = self.peering(leases.is_some())?;
         // Files last: every flag error is reported before a file is read.
         frontend.shared_ca = match (&frontend.listener, &agent_endpoint.auth.cluster_ca) {
             (FrontendListen::Tcp { client_ca, .. }, Some(cluster_ca)) => {
@@ -763,13 +777,19 @@ impl Cli {
         })
     }
 
-    fn peering(&mut self) -> anyhow::Result<Option<PeeringConfig>> {
+    fn peering(&mut self, leases: bool) -> anyhow::Result<Option<PeeringConfig>> {
         let Some(port) = self.peer_port else {
-            if !self.peer_host.is_empty() {
-                bail!("--peer-host needs --peer-port: the port peers connect to");
+            if !self.peer_host.is_empty() || self.peer_advertise_address.is_some() {
+                bail!("--peer-host and --peer-advertise-address need --peer-port: the port peers connect to");
             }
             return Ok(None);
         };
+        if let Some(address) = &self.peer_advertise_address {
+            let (host, _) = bridgehead_runtime::addresses::split_port(address, port);
+            if host.is_empty() || host.contains(['/', ' ']) {
+                bail!("--peer-advertise-address {address:?}: give host or host:port, where peers reach this server's --peer-port");
+            }
+        }
         let (Some(ca), Some(cert), Some(key)) = (
             self.peer_ca_cert.take(),
             self.peer_cert.take(),
@@ -786,6 +806,10 @@ impl Cli {
             .map(|host| host.trim().to_owned())
             .filter(|host| !host.is_empty())
             .collect();
+        let from_leases = hosts.is_empty();
+        if from_leases && !(leases && self.peer_advertise_address.is_some()) {
+            bail!("--peer-port needs its peers: --peer-host (a DNS name or a list), or --enable-lease-controller with --peer-advertise-address on every server (peers found by their Leases)");
+        }
         Ok(Some(PeeringConfig {
             bind: (self.peer_bind_address, port).into(),
             hosts,
@@ -795,6 +819,8 @@ impl Cli {
             key,
             server_name: self.peer_server_name.take(),
             sync_interval: self.peer_sync_interval,
+            advertise: self.peer_advertise_address.take(),
+            from_leases,
         }))
     }
 
@@ -874,6 +900,7 @@ impl Cli {
             namespace,
             labels,
             duration: self.lease_duration,
+            annotations: Default::default(),
         }))
     }
 

@@ -174,8 +174,14 @@ pub async fn run(
         lifecycle.tasks().clone(),
     ));
     serve_health_and_admin(listeners.health, listeners.admin, &ctx, &lifecycle)?;
+    let peer_port = listeners
+        .peer
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()?
+        .map(|address| address.port());
     if let (Some(listener), Some(settle)) = (listeners.peer, settle) {
-        serve_peers(listener, settle, &ctx, &lifecycle)?;
+        serve_peers(listener, settle, kube.as_ref(), &ctx, &lifecycle)?;
     }
     if let Some(verifier) = verifier {
         lifecycle.spawn(
@@ -184,19 +190,8 @@ pub async fn run(
                 .run(verifier, lifecycle.stop().clone()),
         );
     }
-    if let (Some(settings), Some(api)) = (&config.kubernetes.leases, &kube) {
-        let name = bridgehead_kubeapi::leases::lease_name(&config.routing.server_id)
-            .map_err(anyhow::Error::msg)?;
-        let lease_ctx = ctx.clone();
-        // Stopped with the listeners: a draining server is no longer counted.
-        lifecycle.spawn(bridgehead_kubeapi::leases::hold(
-            api.clone(),
-            settings.clone(),
-            config.routing.server_id.clone(),
-            name,
-            lifecycle.stop().clone(),
-            move |event| lease_ctx.metrics.lease(event),
-        ));
+    if let Some(api) = &kube {
+        hold_lease(api, peer_port, &ctx, &lifecycle)?;
     }
 
     shutdown.cancelled().await;
@@ -228,11 +223,48 @@ pub async fn run(
     Ok(())
 }
 
+/// With `--enable-lease-controller`: holds this server's Lease until the stop (a draining
+/// server is no longer counted), with where peers reach it when it forwards
+/// (`--peer-advertise-address`; the port bound, `peer_port`, when the address names none).
+fn hold_lease(
+    api: &Arc<kubernetes::KubeApi>,
+    peer_port: Option<u16>,
+    ctx: &Arc<Context>,
+    lifecycle: &Lifecycle,
+) -> anyhow::Result<()> {
+    let config = &ctx.config;
+    let Some(settings) = &config.kubernetes.leases else {
+        return Ok(());
+    };
+    let mut settings = settings.clone();
+    let advertise = config.peering.as_ref().and_then(|p| p.advertise.as_ref());
+    if let (Some(advertise), Some(port)) = (advertise, peer_port) {
+        let (host, port) = bridgehead_runtime::addresses::split_port(advertise, port);
+        settings.annotations.insert(
+            bridgehead_kubeapi::leases::PEER_ADDRESS_ANNOTATION.to_owned(),
+            bridgehead_proto::host::HostPort(&host, port).to_string(),
+        );
+    }
+    let name = bridgehead_kubeapi::leases::lease_name(&config.routing.server_id)
+        .map_err(anyhow::Error::msg)?;
+    let lease_ctx = ctx.clone();
+    lifecycle.spawn(bridgehead_kubeapi::leases::hold(
+        api.clone(),
+        settings,
+        config.routing.server_id.clone(),
+        name,
+        lifecycle.stop().clone(),
+        move |event| lease_ctx.metrics.lease(event),
+    ));
+    Ok(())
+}
+
 /// The peer port, and the dialing of the peers: both stop with the listeners, and their
 /// sessions end with the rest (a draining server's peers hear DRAIN and forward nothing new).
 fn serve_peers(
     listener: TcpListener,
     settle: tokio::sync::watch::Sender<bool>,
+    kube: Option<&Arc<kubernetes::KubeApi>>,
     ctx: &Arc<Context>,
     lifecycle: &Lifecycle,
 ) -> anyhow::Result<()> {
@@ -242,6 +274,23 @@ fn serve_peers(
     // Entries without a port are at the port this server listens on (with `--peer-port 0`,
     // the one it was given).
     peering.port = listener.local_addr()?.port();
+    let source = match (peering.from_leases, &ctx.config.kubernetes.leases, kube) {
+        (false, _, _) => peering::dialed::Source::names(&peering),
+        (true, Some(settings), Some(api)) => {
+            let selector = bridgehead_kubeapi::labels::selector(&settings.labels);
+            let leases = bridgehead_kubeapi::leases::LeaseCount::watch(
+                api,
+                &settings.namespace,
+                &selector,
+                lifecycle.stop().clone(),
+            );
+            let own = bridgehead_kubeapi::leases::lease_name(&ctx.config.routing.server_id)
+                .map_err(anyhow::Error::msg)?;
+            info!("peers found by their Leases");
+            peering::dialed::Source::leases(leases, own, &peering)
+        }
+        (true, ..) => anyhow::bail!("peers from Leases need --enable-lease-controller"),
+    };
     let tls = tls_config::ReloadingConfig::load(
         "peer port",
         &peering.cert,
@@ -263,6 +312,7 @@ fn serve_peers(
     lifecycle.spawn(peering::dialed::dial_peers(
         ctx.clone(),
         peering,
+        source,
         settle,
         lifecycle.stop().clone(),
         lifecycle.end().clone(),

@@ -1,6 +1,6 @@
-//! The peers this server forwards to: every address `--peer-host` resolves to (again every
-//! `--peer-sync-interval`) is dialed until a session with the server there is up, and dialed
-//! again when it ends. In each session this server takes the server's role: it opens the view
+//! The peers this server forwards to: every address `--peer-host` resolves to, or the other
+//! servers' Leases give (again every `--peer-sync-interval`), is dialed until a session with
+//! the server there is up, and dialed again when it ends. In each session this server takes the server's role: it opens the view
 //! stream first and keeps the registry's table of that peer's agents current from it; the
 //! frontend opens a stream per forwarded tunnel.
 
@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use bridgehead_kubeapi::leases::LeaseCount;
 use bridgehead_mux::{Mux, MuxStream, Serve, WebSocket, WsRole};
 use bridgehead_proto::servers::{check_server_id, CONNECTED_SERVERS_HEADER, SERVER_ID_HEADER};
 use bridgehead_proto::session::{Role, SessionConfig};
@@ -66,24 +67,84 @@ enum Slot {
     Held(String),
 }
 
-/// Dials the peers until `stop`; their sessions end with `end`. `settled` turns true once
-/// every address of the first resolution was tried (the frontend holds CONNECTs that find no
-/// agent until then: a server just started knows its peers' agents a moment later).
+/// Where the peers are.
+#[derive(Debug)]
+pub enum Source {
+    /// The addresses `--peer-host` resolves to.
+    Names(Addresses),
+    /// The addresses on the other servers' Leases (`--peer-advertise-address`), this
+    /// server's Lease being `own`.
+    Leases {
+        leases: LeaseCount,
+        own: String,
+        found: Addresses,
+    },
+}
+
+impl Source {
+    /// `--peer-host`'s names, at `peering.port` unless an entry names its port.
+    pub fn names(peering: &PeeringConfig) -> Source {
+        Source::Names(Addresses::new(
+            peering.hosts.clone(),
+            peering.port,
+            peering.sync_interval,
+        ))
+    }
+
+    /// The peers on the Leases `leases` watches, but this server's (`own`, its Lease's name).
+    pub fn leases(leases: LeaseCount, own: String, peering: &PeeringConfig) -> Source {
+        let found = Addresses::new(Vec::new(), peering.port, peering.sync_interval);
+        Source::Leases { leases, own, found }
+    }
+
+    /// The addresses now (names resolved again at most once a sync interval).
+    async fn refresh(&mut self) -> Vec<SocketAddr> {
+        let addresses = match self {
+            Source::Names(addresses) => addresses,
+            Source::Leases { leases, own, found } => {
+                let listed = leases.peer_addresses(own);
+                if !found.is_for(&listed) {
+                    let every = found.every();
+                    *found = Addresses::new(listed, 0, every);
+                }
+                found
+            }
+        };
+        addresses.refresh().await;
+        addresses.resolved().to_vec()
+    }
+
+    /// The name `address` was found by, which its certificate must carry (unless
+    /// `--peer-server-name` says otherwise).
+    fn name(&self, address: SocketAddr) -> String {
+        let addresses = match self {
+            Source::Names(addresses)
+            | Source::Leases {
+                found: addresses, ..
+            } => addresses,
+        };
+        addresses.entry(address).unwrap_or_default().to_owned()
+    }
+}
+
+/// Dials the peers `source` finds until `stop`; their sessions end with `end`. `settled` turns
+/// true once every address of the first resolution was tried (the frontend holds CONNECTs
+/// that find no agent until then: a server just started knows its peers' agents a moment
+/// later).
 pub async fn dial_peers(
     ctx: Arc<Context>,
     peering: PeeringConfig,
+    mut source: Source,
     settled: watch::Sender<bool>,
     stop: CancellationToken,
     end: CancellationToken,
     tracker: TaskTracker,
 ) {
-    let mut addresses = Addresses::new(peering.hosts.clone(), peering.port, peering.sync_interval);
     let peering = Arc::new(peering);
     let mut slots: HashMap<SocketAddr, Slot> = HashMap::new();
     let (outcomes, mut results) = mpsc::channel(OUTCOMES);
     loop {
-        addresses.refresh().await;
-        let resolved = addresses.resolved().to_vec();
+        let resolved = source.refresh().await;
         slots.retain(|address, slot| resolved.contains(address) || *slot == Slot::Dialing);
         for &address in &resolved {
             if slots.contains_key(&address) {
@@ -97,7 +158,7 @@ pub async fn dial_peers(
                 })
                 .collect();
             slots.insert(address, Slot::Dialing);
-            let name = addresses.entry(address).unwrap_or_default().to_owned();
+            let name = source.name(address);
             let attempt = attempt(
                 ctx.clone(),
                 peering.clone(),
