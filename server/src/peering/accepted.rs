@@ -22,6 +22,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, Instrument};
 
 use super::view::{self, Sent};
+use crate::admission::ClientKey;
 use crate::context::Context;
 use crate::dial;
 use crate::http_head::{self, RawHead, MAX_HEADERS};
@@ -194,6 +195,8 @@ fn check(head: &[u8]) -> Result<(String, String), String> {
 
 /// Takes the peer's streams until the session ends: the view stream, or a tunnel each.
 async fn accept_loop(mux: &Mux, ctx: &Arc<Context>, peer: &str, streams: &TaskTracker) {
+    // A peer's dials count against the pending-dial bounds as a CONNECT client's do.
+    let client: ClientKey = Arc::from(format!("peer {peer}").as_bytes());
     while let Some(request) = mux.accept().await {
         if request.host == view::VIEW_HOST && request.port == view::VIEW_PORT {
             streams.spawn(tell(request, ctx.clone()));
@@ -201,7 +204,7 @@ async fn accept_loop(mux: &Mux, ctx: &Arc<Context>, peer: &str, streams: &TaskTr
         }
         ctx.metrics.peer_tunnel(peer);
         let span = tracing::debug_span!("tunnel", stream = request.id());
-        let tunnel = forwarded(request, ctx.clone(), ctx.tunnels.token());
+        let tunnel = forwarded(request, ctx.clone(), client.clone(), ctx.tunnels.token());
         streams.spawn(tunnel.instrument(span));
     }
 }
@@ -239,8 +242,25 @@ async fn tell(request: DialRequest, ctx: Arc<Context>) {
 async fn forwarded(
     request: DialRequest,
     ctx: Arc<Context>,
+    client: ClientKey,
     _tunnel: tokio_util::task::task_tracker::TaskTrackerToken,
 ) {
+    let admitted = if ctx.memory.budget.admit() {
+        ctx.admission.admit(&client)
+    } else {
+        Err(Refusal::MemoryBudget {
+            buffered: ctx.memory.budget.buffered(),
+            limit: ctx.memory.budget.limit(),
+        })
+    };
+    // Held while the dial is pending, as a CONNECT's is.
+    let slot = match admitted {
+        Ok(slot) => slot,
+        Err(refusal) => {
+            let (code, message) = answer(&refusal);
+            return request.reject(code, &message);
+        }
+    };
     let authority = bridgehead_proto::host::HostPort(&request.host, request.port).to_string();
     let dialed = match Target::parse(&authority) {
         Ok(target) => match ctx.registry.route_local(&target.host) {
@@ -255,6 +275,7 @@ async fn forwarded(
         },
         Err(bad) => Err(Refusal::BadTarget(bad)),
     };
+    drop(slot);
     let agent = match dialed {
         Ok(dialed) => dialed.stream,
         Err(refusal) => {
@@ -276,6 +297,9 @@ fn answer(refusal: &Refusal) -> (ErrorCode, String) {
         Refusal::Dial { code, .. } => *code,
         Refusal::TimedOut { .. } => ErrorCode::TimedOut,
         Refusal::AgentLost { .. } => ErrorCode::ConnectionReset,
+        Refusal::Overloaded(_) | Refusal::ClientOverloaded(_) | Refusal::MemoryBudget { .. } => {
+            ErrorCode::Overloaded
+        }
         // No agent (or none with room) here any more: the view is a moment behind.
         _ => ErrorCode::Draining,
     };
