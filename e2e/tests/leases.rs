@@ -371,6 +371,7 @@ fn servers_find_their_peers_by_their_leases() {
                         format!("--kubeconfig={kubeconfig}"),
                         // The port bound is added: a free one, picked at the start.
                         format!("--peer-advertise-address={}", addresses[i]),
+                        "--shutdown-grace-period=2s".into(),
                     ],
                     peering: Some(bridgehead_e2e::Peering::default()),
                     ..Default::default()
@@ -415,6 +416,8 @@ fn servers_find_their_peers_by_their_leases() {
         assert_eq!(reply.status, 200, "{}", reply.head);
         let forwarded = "bridgehead_server_tunnels_forwarded_total{server=\"s1\"}";
         assert_eq!(metric(&s0.get("/metrics").unwrap().1, forwarded), 1);
+        // A shutdown waits for the tunnels the server carries, forwarded ones too.
+        drop(conn);
 
         // s1 shuts down cleanly: its Lease goes, and s0 stops dialing it.
         let mut s1 = s1;
