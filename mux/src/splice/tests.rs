@@ -13,7 +13,9 @@ use tokio_util::sync::CancellationToken;
 use bridgehead_proto::frame::MAX_DATA_PAYLOAD;
 use bridgehead_proto::session::{Role as SessionRole, SessionConfig, DEFAULT_MAX_WINDOW};
 
-use super::{splice, EarnedBuffer, EarnedTotal, Moved, Splice, IDLE_READ, STREAMING_READ};
+use super::{
+    splice, EarnedBuffer, EarnedTotal, Moved, Splice, TunnelSocket, IDLE_READ, STREAMING_READ,
+};
 use crate::{Keepalive, Mux, MuxStream};
 use bridgehead_test_support::bounded;
 
@@ -771,6 +773,69 @@ async fn a_unix_socket_earns_its_send_buffer_by_writing() {
             let expected = if stalls { 16 * 1024 } else { 208 * 1024 };
             assert_eq!(send_buffer(&socket), expected, "stalls: {stalls}");
         }
+        shutdown.cancel();
+    })
+    .await
+}
+
+/// What a tunnel's owner asks of its socket reaches the socket itself through a `Box` (the
+/// frontend's clients) or a `&mut` (the agent's targets): the receive buffer and the reset on
+/// close of a TCP socket, the send buffer of a Unix socket, which has no receive buffer to
+/// earn (`Unsupported`: its tunnel earns nothing there).
+#[tokio::test]
+async fn a_boxed_or_borrowed_socket_is_the_socket() {
+    let (tcp, _peer) = tcp_with_receive_buffer(8 * 1024).await;
+    let boxed = Box::new(tcp);
+    boxed.set_receive_buffer(32 * 1024).unwrap();
+    assert_eq!(receive_buffer(&boxed), 64 * 1024);
+    let mut tcp = *boxed;
+    let borrowed = &mut tcp;
+    TunnelSocket::set_receive_buffer(&borrowed, 16 * 1024).unwrap();
+    TunnelSocket::abort_on_close(&borrowed);
+    let linger = socket2::SockRef::from(&tcp).linger().unwrap();
+    assert_eq!(linger, Some(std::time::Duration::ZERO));
+
+    let (unix, _client) = tokio::net::UnixStream::pair().unwrap();
+    let boxed = Box::new(unix);
+    boxed.set_send_buffer(16 * 1024).unwrap();
+    let sent = socket2::SockRef::from(&*boxed).send_buffer_size().unwrap();
+    assert_eq!(sent, 32 * 1024);
+    let refused = boxed.set_receive_buffer(16 * 1024).unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::Unsupported);
+}
+
+/// A Unix socket given a receive policy earns nothing, and its attempt takes nothing from
+/// the total for good: the share it asked for comes back at once.
+#[tokio::test]
+async fn a_socket_that_cannot_grow_gives_its_share_back() {
+    bounded(async {
+        let (server, agent, shutdown) = streams(64 * 1024, 1).await;
+        let policy = EarnedBuffer {
+            start: 8 * 1024,
+            max: 64 * 1024,
+        };
+        let total = EarnedTotal::new(64 * 1024);
+        let (mut socket, mut client) = tokio::net::UnixStream::pair().unwrap();
+        tokio::spawn(async move { client.write_all(&vec![3; 1 << 20]).await });
+        let mut moved = Moved::default();
+        let mut splice = splice(&mut socket, &agent[0], Bytes::new(), &mut moved).earning_within(
+            Some(policy),
+            None,
+            Some(&total),
+        );
+        let reading = async {
+            let mut got = 0;
+            while got < 1 << 20 {
+                got += server[0].read().await.unwrap().unwrap().len();
+            }
+        };
+        tokio::select! {
+            () = reading => {}
+            result = &mut splice => panic!("the splice ended: {result:?}"),
+        }
+        assert_eq!(total.earned(), 0);
+        drop(splice);
+        assert_eq!(total.earned(), 0);
         shutdown.cancel();
     })
     .await

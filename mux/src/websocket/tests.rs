@@ -310,3 +310,156 @@ proptest::proptest! {
         });
     }
 }
+
+/// Every length is written in the shortest form RFC 6455 §5.2 allows (a longer one is a
+/// protocol error to a strict peer), a client's header with its mask bit and key.
+#[test]
+fn lengths_take_the_shortest_encoding() {
+    let server = Writer::new(tokio::io::sink(), Role::Server);
+    let client = Writer::new(tokio::io::sink(), Role::Client);
+    let header = |writer: &Writer<tokio::io::Sink>, len: usize| {
+        let (bytes, end) = writer.header(0x2, len);
+        bytes[..end].to_vec()
+    };
+    assert_eq!(header(&server, 0), [0x82, 0]);
+    assert_eq!(header(&server, 125), [0x82, 125]);
+    assert_eq!(header(&server, 126), [0x82, 126, 0, 126]);
+    assert_eq!(header(&server, 0xFFFF), [0x82, 126, 0xFF, 0xFF]);
+    assert_eq!(
+        header(&server, 0x1_0000),
+        [0x82, 127, 0, 0, 0, 0, 0, 1, 0, 0]
+    );
+    assert_eq!(header(&client, 5), [0x82, 0x85, 0, 0, 0, 0]);
+    assert_eq!(header(&client, 300), [0x82, 0xFE, 1, 44, 0, 0, 0, 0]);
+}
+
+/// A close frame's reason is cut to fit a control frame's 125 bytes, on a character
+/// boundary: the peer gets valid UTF-8 after the code.
+#[test]
+fn a_long_close_reason_is_cut_on_a_character_boundary() {
+    let writer = Writer::new(tokio::io::sink(), Role::Server);
+    let mut out = Vec::new();
+    writer.close(&mut out, 1001, &"é".repeat(100));
+    // Header, code, then 61 whole characters (122 bytes): 123 would split one.
+    assert_eq!(out.len(), 2 + 2 + 122);
+    assert_eq!(out[..4], [0x88, 124, 0x03, 0xE9]);
+    assert!(std::str::from_utf8(&out[4..]).is_ok());
+    let mut short = Vec::new();
+    writer.close(&mut short, 1000, "bye");
+    assert_eq!(short, [0x88, 5, 0x03, 0xE8, b'b', b'y', b'e']);
+}
+
+/// A message goes through a transport that buffers (TLS does) only when flushed: the writer
+/// flushes what it wrote.
+#[tokio::test]
+async fn a_message_reaches_the_peer_through_a_buffering_transport() {
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let mut writer = Writer::new(tokio::io::BufWriter::new(a), Role::Server);
+    let mut peer = WebSocketStream::from_raw_socket(b, TungRole::Client, None).await;
+    let mut message = Outgoing::default();
+    message.clear(16);
+    message.bytes().extend_from_slice(b"through the buffer");
+    writer.send_binary(&mut message).await.unwrap();
+    writer.flush().await.unwrap();
+    let got = tokio::time::timeout(std::time::Duration::from_secs(20), peer.next())
+        .await
+        .expect("the message stayed in the buffer")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        got,
+        Message::Binary(Bytes::from_static(b"through the buffer"))
+    );
+}
+
+/// The header of an unmasked final-or-not frame of any length (the reader in the client's
+/// role takes unmasked frames).
+fn frame(first: u8, payload: &[u8]) -> Vec<u8> {
+    let (mut wire, len) = (vec![first], payload.len());
+    match len {
+        0..=125 => wire.push(len as u8),
+        126..=0xFFFF => {
+            wire.push(126);
+            wire.extend((len as u16).to_be_bytes());
+        }
+        _ => {
+            wire.push(127);
+            wire.extend((len as u64).to_be_bytes());
+        }
+    }
+    wire.extend_from_slice(payload);
+    wire
+}
+
+/// A control frame may carry 125 bytes, not one more.
+#[tokio::test]
+async fn a_control_frame_of_125_bytes_is_taken() {
+    let (a, mut b) = tokio::io::duplex(1 << 16);
+    let mut reader = Reader::new(a, Role::Client, &[]);
+    b.write_all(&frame(FIN | PING, &[7; 125])).await.unwrap();
+    assert!(matches!(reader.next().await.unwrap(), Incoming::Ping(p) if p.len() == 125));
+}
+
+/// A message in fragments may add up to `MAX_MESSAGE` bytes, not one more.
+#[tokio::test]
+async fn fragments_may_add_up_to_max_message_and_no_further() {
+    for (extra, taken) in [(0, true), (1, false)] {
+        let (a, mut b) = tokio::io::duplex(4 * MAX_MESSAGE);
+        let mut reader = Reader::new(a, Role::Client, &[]);
+        let half = MAX_MESSAGE / 2;
+        let mut wire = frame(BINARY, &vec![1; half]);
+        wire.extend(frame(FIN | CONTINUATION, &vec![2; half + extra]));
+        b.write_all(&wire).await.unwrap();
+        match reader.next().await {
+            Ok(Incoming::Binary(message)) => {
+                assert!(
+                    taken,
+                    "a message of {} bytes was taken",
+                    MAX_MESSAGE + extra
+                );
+                assert_eq!(message.len(), MAX_MESSAGE);
+            }
+            Err(WsError::TooLarge(len)) => {
+                assert!(!taken, "a message of {len} bytes was refused");
+                assert_eq!(len, (MAX_MESSAGE + extra) as u64);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// Records how much room each read offered.
+struct Offers<R> {
+    io: R,
+    offered: Vec<usize>,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for Offers<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let room = buf.remaining();
+        self.offered.push(room);
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+/// Between messages the reader waits with 4 KiB of room (`READ_BUFFER`): an idle session
+/// holds that much, not the last message's buffer.
+#[tokio::test]
+async fn an_idle_reader_waits_with_4_kib_of_room() {
+    let (a, mut b) = tokio::io::duplex(1 << 16);
+    let mut reader = Reader::new(
+        Offers {
+            io: a,
+            offered: Vec::new(),
+        },
+        Role::Client,
+        &[],
+    );
+    b.write_all(&frame(FIN | BINARY, b"x")).await.unwrap();
+    assert!(matches!(reader.next().await.unwrap(), Incoming::Binary(m) if m == "x"));
+    assert_eq!(reader.io.offered[0], 4 * 1024);
+}
