@@ -20,7 +20,7 @@ wants=(
   "unshare util-linux"          # e2e/src/kubernetes/node_host.rs: a node host's namespaces
   "script bsdutils"             # e2e/tests/cluster.rs: kubectl exec -it from a pseudo-terminal
   "nft nftables"                # e2e/tests/faults.rs: packet loss on a test host's link
-  "dnsmasq dnsmasq-base"        # e2e/tests/discovery.rs: a real resolver in a test host
+  "dnsmasq dnsmasq-base"        # e2e/tests/discovery.rs, scale_and_restart.rs: a real resolver in a test host
   "runc runc"                   # real nodes: the OCI runtime containerd starts containers with
   "containerd containerd"       # real nodes: the CRI runtime kubelet talks to (and ctr, to import images)
   "/usr/lib/cni/bridge containernetworking-plugins"   # real nodes: pod networks (bridge, host-local, portmap, loopback)

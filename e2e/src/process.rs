@@ -554,6 +554,17 @@ impl Server {
         let (_, body) = self.get("/metrics")?;
         Ok(crate::client::metric_in(&body, series).unwrap_or(0.0))
     }
+
+    /// The sum of every series of metric `name` (all its labels), 0 without any.
+    pub fn metric_sum(&self, name: &str) -> anyhow::Result<f64> {
+        let (_, body) = self.get("/metrics")?;
+        let prefix = format!("{name}{{");
+        Ok(body
+            .lines()
+            .filter(|line| line.starts_with(&prefix))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    }
 }
 
 /// Starts a server with `options` and one default agent, and waits until the agent is

@@ -387,11 +387,9 @@ impl<'a> Fleet<'a> {
 
     /// Tunnels server `i` forwarded to its peers, all peers together.
     fn forwarded(&self, i: usize) -> f64 {
-        let (_, page) = self.server(i).get("/metrics").unwrap();
-        page.lines()
-            .filter(|line| line.starts_with("bridgehead_server_tunnels_forwarded_total{"))
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        self.server(i)
+            .metric_sum("bridgehead_server_tunnels_forwarded_total")
+            .unwrap()
     }
 }
 

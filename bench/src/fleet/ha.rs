@@ -321,12 +321,7 @@ impl Ha {
 
     /// Tunnels server `i` forwarded to its peers.
     fn forwarded(&self, i: usize) -> anyhow::Result<f64> {
-        let (_, page) = self.servers[i].get("/metrics")?;
-        Ok(page
-            .lines()
-            .filter(|line| line.starts_with("bridgehead_server_tunnels_forwarded_total{"))
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum())
+        self.servers[i].metric_sum("bridgehead_server_tunnels_forwarded_total")
     }
 
     /// `every agent on every server`, or `M per agent, forwarding` (or `..., no forwarding`).

@@ -211,16 +211,7 @@ impl ControlPlane {
         let (apiserver, _) = Process::spawn(apiserver, &[])?;
 
         let url = format!("https://{address}:{APISERVER_PORT}");
-        let kubeconfig = path("admin.kubeconfig");
-        write(
-            &kubeconfig,
-            &kubeconfig_text(
-                &url,
-                &path("ca.crt"),
-                &path("admin.crt"),
-                &path("admin.key"),
-            ),
-        )?;
+        let kubeconfig = admin_kubeconfig(dir.path(), &url, "admin.kubeconfig")?;
         let control_plane = ControlPlane {
             binaries: binaries.clone(),
             url,
@@ -259,18 +250,9 @@ impl ControlPlane {
         let mut command = in_namespace(ns, &self.binaries.kube_apiserver);
         command.args(args);
         let (process, _) = Process::spawn(command, &[])?;
-        let kubeconfig = self.dir.path().join(format!("admin-{port}.kubeconfig"));
-        let path = |file: &str| self.dir.path().join(file);
         let url = format!("https://{}:{port}", self.address);
-        write(
-            &kubeconfig,
-            &kubeconfig_text(
-                &url,
-                &path("ca.crt"),
-                &path("admin.crt"),
-                &path("admin.key"),
-            ),
-        )?;
+        let kubeconfig =
+            admin_kubeconfig(self.dir.path(), &url, &format!("admin-{port}.kubeconfig"))?;
         let apiserver = Apiserver {
             process,
             kubeconfig,
@@ -517,6 +499,16 @@ fn egress_config(egress: &Egress) -> Option<String> {
     Some(format!(
         "apiVersion: apiserver.k8s.io/v1beta1\nkind: EgressSelectorConfiguration\negressSelections:\n- name: cluster\n  connection:\n    proxyProtocol: {protocol}\n    transport:\n      {transport}\n"
     ))
+}
+
+/// Writes `dir/file`, an admin kubeconfig (`system:masters`) for the kube-apiserver at `url`;
+/// its path.
+fn admin_kubeconfig(dir: &Path, url: &str, file: &str) -> anyhow::Result<PathBuf> {
+    let path = |name: &str| dir.join(name);
+    let kubeconfig = path(file);
+    let text = kubeconfig_text(url, &path("ca.crt"), &path("admin.crt"), &path("admin.key"));
+    write(&kubeconfig, &text)?;
+    Ok(kubeconfig)
 }
 
 pub(crate) fn kubeconfig_text(url: &str, ca: &Path, cert: &Path, key: &Path) -> String {

@@ -91,10 +91,23 @@ async fn the_reader_reads_what_tungstenite_sends_masked_or_not_fragmented_or_not
 }
 
 /// Raw frames, as a server (unmasked) sends them to a client reader.
+/// An unmasked frame whose first byte is `first`, any length (the reader in the client's role
+/// takes unmasked frames).
 fn raw(first: u8, payload: &[u8]) -> Vec<u8> {
-    let mut frame = vec![first, payload.len() as u8];
-    frame.extend_from_slice(payload);
-    frame
+    let (mut wire, len) = (vec![first], payload.len());
+    match len {
+        0..=125 => wire.push(len as u8),
+        126..=0xFFFF => {
+            wire.push(126);
+            wire.extend((len as u16).to_be_bytes());
+        }
+        _ => {
+            wire.push(127);
+            wire.extend((len as u64).to_be_bytes());
+        }
+    }
+    wire.extend_from_slice(payload);
+    wire
 }
 
 #[tokio::test]
@@ -372,31 +385,12 @@ async fn a_message_reaches_the_peer_through_a_buffering_transport() {
     );
 }
 
-/// The header of an unmasked final-or-not frame of any length (the reader in the client's
-/// role takes unmasked frames).
-fn frame(first: u8, payload: &[u8]) -> Vec<u8> {
-    let (mut wire, len) = (vec![first], payload.len());
-    match len {
-        0..=125 => wire.push(len as u8),
-        126..=0xFFFF => {
-            wire.push(126);
-            wire.extend((len as u16).to_be_bytes());
-        }
-        _ => {
-            wire.push(127);
-            wire.extend((len as u64).to_be_bytes());
-        }
-    }
-    wire.extend_from_slice(payload);
-    wire
-}
-
 /// A control frame may carry 125 bytes, not one more.
 #[tokio::test]
 async fn a_control_frame_of_125_bytes_is_taken() {
     let (a, mut b) = tokio::io::duplex(1 << 16);
     let mut reader = Reader::new(a, Role::Client, &[]);
-    b.write_all(&frame(FIN | PING, &[7; 125])).await.unwrap();
+    b.write_all(&raw(FIN | PING, &[7; 125])).await.unwrap();
     assert!(matches!(reader.next().await.unwrap(), Incoming::Ping(p) if p.len() == 125));
 }
 
@@ -407,8 +401,8 @@ async fn fragments_may_add_up_to_max_message_and_no_further() {
         let (a, mut b) = tokio::io::duplex(4 * MAX_MESSAGE);
         let mut reader = Reader::new(a, Role::Client, &[]);
         let half = MAX_MESSAGE / 2;
-        let mut wire = frame(BINARY, &vec![1; half]);
-        wire.extend(frame(FIN | CONTINUATION, &vec![2; half + extra]));
+        let mut wire = raw(BINARY, &vec![1; half]);
+        wire.extend(raw(FIN | CONTINUATION, &vec![2; half + extra]));
         b.write_all(&wire).await.unwrap();
         match reader.next().await {
             Ok(Incoming::Binary(message)) => {
@@ -459,7 +453,7 @@ async fn an_idle_reader_waits_with_4_kib_of_room() {
         Role::Client,
         &[],
     );
-    b.write_all(&frame(FIN | BINARY, b"x")).await.unwrap();
+    b.write_all(&raw(FIN | BINARY, b"x")).await.unwrap();
     assert!(matches!(reader.next().await.unwrap(), Incoming::Binary(m) if m == "x"));
     assert_eq!(reader.io.offered[0], 4 * 1024);
 }

@@ -174,20 +174,25 @@ async fn agent_context(dial_timeout: Duration) -> (Arc<Context>, Mux, Cancellati
     let shutdown = CancellationToken::new();
     let MuxPair { server, agent } = MuxPair::new(256 * 1024, &shutdown);
     let registry = Registry::new(vec![Strategy::Default], 100);
+    register_agent(&registry, server);
+    (
+        context_with_dial_timeout(registry, dial_timeout),
+        agent,
+        shutdown,
+    )
+}
+
+/// Registers `mux` as `agent-1`, taking every target.
+fn register_agent(registry: &Registry, mux: Mux) {
     registry
         .register(Registration {
             name: "agent-1".to_owned(),
             identity: "certificate CN=agent-1".to_owned(),
             identifiers: AgentIdentifiers::default(),
             peer: SocketAddr::from(([127, 0, 0, 1], 1)),
-            mux: server,
+            mux,
         })
         .unwrap();
-    (
-        context_with_dial_timeout(registry, dial_timeout),
-        agent,
-        shutdown,
-    )
 }
 
 /// Serves `server` in a task of its own, as the listeners do.
@@ -731,15 +736,7 @@ async fn a_connect_that_finds_no_agent_waits_for_the_first_round_of_peers() {
         let mut read = client.read.clone();
         read.wait_for(|&n| n >= HEAD.len()).await.unwrap();
         let MuxPair { server, agent } = MuxPair::new(256 * 1024, &shutdown);
-        registry
-            .register(Registration {
-                name: "agent-1".to_owned(),
-                identity: "certificate CN=agent-1".to_owned(),
-                identifiers: AgentIdentifiers::default(),
-                peer: SocketAddr::from(([127, 0, 0, 1], 1)),
-                mux: server,
-            })
-            .unwrap();
+        register_agent(&registry, server);
         settle.send_replace(true);
         next_dial(&agent).await.accept().unwrap();
         assert_eq!(

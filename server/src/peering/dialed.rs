@@ -4,7 +4,7 @@
 //! stream first and keeps the registry's table of that peer's agents current from it; the
 //! frontend opens a stream per forwarded tunnel.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -142,6 +142,7 @@ pub async fn dial_peers(
 ) {
     let peering = Arc::new(peering);
     let mut slots: HashMap<SocketAddr, Slot> = HashMap::new();
+    let mut failing = HashSet::new();
     let (outcomes, mut results) = mpsc::channel(OUTCOMES);
     loop {
         let resolved = source.refresh().await;
@@ -178,7 +179,7 @@ pub async fn dial_peers(
         loop {
             tokio::select! {
                 Some((address, outcome)) = results.recv() => {
-                    record(&mut slots, address, outcome);
+                    record(&mut slots, &mut failing, address, outcome);
                     if !slots.values().any(|slot| *slot == Slot::Dialing) {
                         settled.send_replace(true);
                     }
@@ -191,19 +192,33 @@ pub async fn dial_peers(
 }
 
 /// Notes what became of `address`.
-fn record(slots: &mut HashMap<SocketAddr, Slot>, address: SocketAddr, outcome: Outcome) {
+/// An address that failed is said once (at warn: peers that cannot reach each other cannot
+/// forward), and again when it is reached.
+fn record(
+    slots: &mut HashMap<SocketAddr, Slot>,
+    failing: &mut HashSet<SocketAddr>,
+    address: SocketAddr,
+    outcome: Outcome,
+) {
     match outcome {
         Outcome::Own => {
             slots.insert(address, Slot::Own);
         }
         Outcome::Up(id) => {
+            if failing.remove(&address) {
+                info!(%address, server = %id, "the peer can be reached again");
+            }
             slots.insert(address, Slot::Live(id));
         }
         Outcome::Held(id) => {
             slots.insert(address, Slot::Held(id));
         }
         Outcome::Failed(error) => {
-            debug!(%address, %error, "dialing a peer");
+            if failing.insert(address) {
+                warn!(%address, %error, "cannot reach a peer; trying again every --peer-sync-interval");
+            } else {
+                debug!(%address, %error, "dialing a peer");
+            }
             slots.remove(&address);
         }
         Outcome::Ended(id) => {
