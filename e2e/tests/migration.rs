@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use bridgehead_e2e::kubernetes::konnectivity::Mode;
 use bridgehead_e2e::kubernetes::real_cluster::{
-    deploy, metric_sum, Install, RealCluster, POD_READY,
+    metric_sum, static_pod_manifest, Install, RealCluster, POD_READY,
 };
 use bridgehead_e2e::kubernetes::workload::{self, TestServer, DENIAL};
 use bridgehead_e2e::kubernetes::{self, Egress};
@@ -399,9 +399,8 @@ fn konnectivity_dials(metrics: &str) -> f64 {
 /// `--admin-port=8143`, `--health-port=8144`, and `--fallback-proxy=unix://` konnectivity's
 /// socket (a hostPath volume for each of the two socket directories)", under its own name.
 fn bridgehead_beside_konnectivity() -> String {
-    let mut text =
-        std::fs::read_to_string(deploy().join("server-static-pod/konnectivity-server.yaml"))
-            .unwrap();
+    let kubectl = kubernetes::Binaries::find().unwrap().kubectl;
+    let mut text = static_pod_manifest(&kubectl).unwrap();
     for (from, to) in [
         ("\n  name: konnectivity-server\n", "\n  name: bridgehead-server\n"),
         (
@@ -412,8 +411,12 @@ fn bridgehead_beside_konnectivity() -> String {
         ("8133", "8143"),
         ("8134", "8144"),
         (
+            "    volumeMounts:\n",
+            "    volumeMounts:\n    - name: bridgehead-uds\n      mountPath: /etc/kubernetes/bridgehead\n",
+        ),
+        (
             "  volumes:\n",
-            "    - name: bridgehead-uds\n      mountPath: /etc/kubernetes/bridgehead\n  volumes:\n  - name: bridgehead-uds\n    hostPath:\n      path: /etc/kubernetes/bridgehead\n      type: DirectoryOrCreate\n",
+            "  volumes:\n  - name: bridgehead-uds\n    hostPath:\n      path: /etc/kubernetes/bridgehead\n      type: DirectoryOrCreate\n",
         ),
     ] {
         assert!(
