@@ -157,10 +157,13 @@ pub fn webhook(cluster: &RealCluster, node: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One check of [`all_through_bridgehead`], given the cluster and the node of the workload.
+type Check = fn(&RealCluster, &str) -> anyhow::Result<()>;
+
 /// [`exec`], [`follow_logs`] and [`webhook`] (on `node`), each of which must add to the
 /// server's [`tunnels`]: proof that they went through Bridgehead, not around it.
 pub fn all_through_bridgehead(cluster: &RealCluster, node: &str) -> anyhow::Result<()> {
-    let checks: [(&str, fn(&RealCluster, &str) -> anyhow::Result<()>); 3] = [
+    let checks: [(&str, Check); 3] = [
         ("kubectl exec", |cluster, _| exec(cluster)),
         ("kubectl logs -f", |cluster, _| follow_logs(cluster)),
         ("a failurePolicy: Fail webhook", webhook),
