@@ -214,11 +214,11 @@ fn the_monitoring_kustomization_validates_against_kube_apiserver() {
                 "json",
                 "-k",
                 &monitoring()
-                    .join("kube-prometheus-stack")
+                    .join("../monitoring-kube-prometheus-stack")
                     .display()
                     .to_string(),
             ])
-            .unwrap_or_else(|e| panic!("deploy/monitoring/kube-prometheus-stack: {e:#}"));
+            .unwrap_or_else(|e| panic!("deploy/monitoring-kube-prometheus-stack: {e:#}"));
         let objects: serde_json::Value = serde_json::from_str(&out).unwrap();
         let items = objects["items"].as_array().unwrap();
         assert_eq!(items.len(), 4, "{out}");
