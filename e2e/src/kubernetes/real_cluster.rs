@@ -162,12 +162,17 @@ impl RealCluster {
             Install::Nothing => {
                 // As `kubeadm init` marks its node; the server's DaemonSet selects the label
                 // and tolerates the taint.
-                let node = format!("node/{CONTROL_PLANE_NODE}");
                 let cp = &cluster.control_plane;
-                cp.kubectl_ok(&["label", &node, "node-role.kubernetes.io/control-plane="])?;
+                cp.kubectl_ok(&[
+                    "label",
+                    "node",
+                    CONTROL_PLANE_NODE,
+                    "node-role.kubernetes.io/control-plane=",
+                ])?;
                 cp.kubectl_ok(&[
                     "taint",
-                    &node,
+                    "node",
+                    CONTROL_PLANE_NODE,
                     "node-role.kubernetes.io/control-plane:NoSchedule",
                 ])?;
             }
