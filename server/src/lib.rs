@@ -304,6 +304,7 @@ fn serve_peers(
     lifecycle.spawn(peering::accepted::serve(
         listener,
         tls,
+        peering::identity::PeerPolicy::new(&peering),
         ctx.clone(),
         lifecycle.stop().clone(),
         lifecycle.end().clone(),

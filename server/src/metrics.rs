@@ -261,6 +261,8 @@ pub struct Metrics {
     forwarded: Family<ServerLabel, Counter>,
     /// `peer_tunnels{server}`: tunnels peers carried to this server's agents.
     peer_tunnels: Family<ServerLabel, Counter>,
+    /// The server ids those two families were given a series for.
+    server_labels: ServerLabels,
     /// Peer servers this server holds a session with, to forward to their agents.
     pub peers_connected: Gauge,
     /// Agents of those peers, which tunnels may be forwarded to.
@@ -279,6 +281,34 @@ struct VerificationLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerLabel {
     server: String,
+}
+
+/// Most distinct server ids the peer families keep a series for. A peer names itself (and a
+/// server without `--server-id` draws a new id at every start), so the ids seen over a
+/// server's life have no end; past this many, the rest share [`OTHER_SERVERS`].
+pub const MAX_SERVER_LABELS: usize = 64;
+/// The `server` label of the ids past [`MAX_SERVER_LABELS`].
+pub const OTHER_SERVERS: &str = "other";
+
+/// The server ids given a series so far.
+#[derive(Debug, Default)]
+struct ServerLabels(std::sync::Mutex<std::collections::HashSet<String>>);
+
+impl ServerLabels {
+    fn label(&self, server: &str) -> ServerLabel {
+        let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let server = if known.contains(server) {
+            server
+        } else if known.len() < MAX_SERVER_LABELS {
+            known.insert(server.to_owned());
+            server
+        } else {
+            OTHER_SERVERS
+        };
+        ServerLabel {
+            server: server.to_owned(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -532,6 +562,7 @@ impl Metrics {
             leases_removed,
             forwarded,
             peer_tunnels,
+            server_labels: ServerLabels::default(),
             peers_connected,
             peer_agents,
             send_waits,
@@ -565,18 +596,14 @@ impl Metrics {
     /// A tunnel was forwarded to peer server `server`'s agent.
     pub fn forwarded(&self, server: &str) {
         self.forwarded
-            .get_or_create(&ServerLabel {
-                server: server.to_owned(),
-            })
+            .get_or_create(&self.server_labels.label(server))
             .inc();
     }
 
     /// Peer server `server` forwarded a tunnel to one of this server's agents.
     pub fn peer_tunnel(&self, server: &str) {
         self.peer_tunnels
-            .get_or_create(&ServerLabel {
-                server: server.to_owned(),
-            })
+            .get_or_create(&self.server_labels.label(server))
             .inc();
     }
 
@@ -733,6 +760,35 @@ mod tests {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, metrics.registry()).unwrap();
         text
+    }
+
+    /// A peer names itself: the ids past the bound share one series instead of growing the
+    /// page (and the server) without end.
+    #[test]
+    fn peer_server_ids_make_a_bounded_number_of_series() {
+        let metrics = Metrics::default();
+        for i in 0..MAX_SERVER_LABELS + 100 {
+            metrics.peer_tunnel(&format!("peer-{i}"));
+            metrics.forwarded(&format!("peer-{i}"));
+        }
+        // One already known keeps its own series.
+        metrics.peer_tunnel("peer-0");
+        let text = page(&metrics);
+        let series = |name: &str| text.lines().filter(|l| l.starts_with(name)).count();
+        let peer_tunnels = "bridgehead_server_peer_tunnels_total{";
+        assert_eq!(series(peer_tunnels), MAX_SERVER_LABELS + 1);
+        assert_eq!(
+            series("bridgehead_server_tunnels_forwarded_total{"),
+            MAX_SERVER_LABELS + 1
+        );
+        assert!(
+            text.contains(&format!("{peer_tunnels}server=\"other\"}} 100\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("{peer_tunnels}server=\"peer-0\"}} 2\n")),
+            "{text}"
+        );
     }
 
     #[test]

@@ -9,11 +9,14 @@
 //! pumps the two streams into each other, each under its own flow control, so a stalled
 //! client holds back only its own tunnel at every hop.
 //!
-//! Peers authenticate each other with mutual TLS against `--peer-ca-cert`: the CA the
-//! frontend's clients chain to, since a peer opens tunnels as a CONNECT client does.
+//! Peers authenticate each other with mutual TLS against `--peer-ca-cert` (the CA the
+//! frontend's clients chain to, since a peer opens tunnels as a CONNECT client does) and a
+//! certificate only a peer holds ([`identity`]: `--allowed-peers`, both TLS usages, never a
+//! CONNECT client's).
 
 pub mod accepted;
 pub mod dialed;
+pub mod identity;
 pub mod view;
 
 use std::time::Duration;

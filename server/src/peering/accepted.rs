@@ -1,4 +1,5 @@
-//! The peer port: servers that forward to this one connect here (mutual TLS, the peer CA),
+//! The peer port: servers that forward to this one connect here (mutual TLS, the peer CA, a
+//! peer's certificate: [`super::identity`]),
 //! upgrade to a WebSocket at [`PEER_PATH`] naming themselves, and run a session in which this
 //! server takes the agent's role. Each stream they open is a tunnel for one of this server's
 //! own agents, routed and dialed as a CONNECT is, then pumped stream to stream under both
@@ -21,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, Instrument};
 
+use super::identity::PeerPolicy;
 use super::view::{self, Sent};
 use crate::admission::ClientKey;
 use crate::context::Context;
@@ -41,6 +43,7 @@ const VIEW_BATCH: Duration = Duration::from_millis(20);
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<crate::tls_config::ReloadingConfig>,
+    policy: PeerPolicy,
     ctx: Arc<Context>,
     stop: CancellationToken,
     end: CancellationToken,
@@ -59,7 +62,14 @@ pub async fn serve(
         };
         let acceptor = TlsAcceptor::from(tls.current());
         let span = tracing::info_span!("peer", %address, server = tracing::field::Empty);
-        let session = session(tcp, acceptor, ctx.clone(), stop.clone(), end.clone());
+        let session = session(
+            tcp,
+            acceptor,
+            policy.clone(),
+            ctx.clone(),
+            stop.clone(),
+            end.clone(),
+        );
         tracker.spawn(session.instrument(span));
     }
 }
@@ -68,16 +78,22 @@ pub async fn serve(
 async fn session(
     tcp: TcpStream,
     acceptor: TlsAcceptor,
+    policy: PeerPolicy,
     ctx: Arc<Context>,
     stop: CancellationToken,
     end: CancellationToken,
 ) {
     let _ = tcp.set_nodelay(true);
     let timeout = ctx.config.agent_endpoint.handshake_timeout;
-    let opened = tokio::time::timeout(timeout, upgrade(tcp, acceptor, &ctx)).await;
+    let opened = tokio::time::timeout(timeout, upgrade(tcp, acceptor, &policy, &ctx)).await;
     let (ws, peer) = match opened {
         Ok(Ok(upgraded)) => upgraded,
-        Ok(Err(error)) => return debug!(%error, "peer refused"),
+        Ok(Err(error)) => {
+            if let Some(suppressed) = ctx.refusal_log.admit() {
+                info!(%error, suppressed, "peer refused");
+            }
+            return;
+        }
         Err(_) => return debug!(?timeout, "peer's handshake timed out"),
     };
     tracing::Span::current().record("server", tracing::field::display(&peer));
@@ -110,13 +126,15 @@ async fn session(
     }
 }
 
-/// TLS (the peer's certificate chains to the peer CA, or the handshake fails), the upgrade
-/// request checked, `101` answered with this server's id. A peer that turns out to be this
+/// TLS (the peer's certificate chains to the peer CA, or the handshake fails), the
+/// certificate a peer's ([`PeerPolicy`], else `403`), the upgrade request checked, `101`
+/// answered with this server's id. A peer that turns out to be this
 /// server (its own address among `--peer-host`) is answered `409` with the id, and stops
 /// dialing that address.
 async fn upgrade(
     tcp: TcpStream,
     acceptor: TlsAcceptor,
+    policy: &PeerPolicy,
     ctx: &Context,
 ) -> Result<(WebSocket<TlsStream<TcpStream>>, String), String> {
     let mut tls = acceptor
@@ -132,7 +150,11 @@ async fn upgrade(
         RawHead::TooLarge => return Err("upgrade request head too large".to_owned()),
     };
     let own = &ctx.config.routing.server_id;
-    let checked = check(&buf[..end]);
+    let certificate = tls.get_ref().1.peer_certificates().and_then(|c| c.first());
+    let checked = match policy.check(certificate) {
+        Ok(_) => check(&buf[..end]).map_err(|reason| (400, reason)),
+        Err(not_a_peer) => Err((403, not_a_peer.to_string())),
+    };
     let (status, reason, headers) = match &checked {
         Ok((_, peer)) if peer == own => (409, "this is the server itself", own_id(own)),
         Ok((key, _)) => {
@@ -148,7 +170,7 @@ async fn upgrade(
             let early = buf.freeze().slice(end..);
             return Ok((WebSocket::new(tls, WsRole::Server, early), peer));
         }
-        Err(reason) => (400, reason.as_str(), String::new()),
+        Err((status, reason)) => (*status, reason.as_str(), String::new()),
     };
     let _ = tls
         .write_all(&http_head::answer(status, reason, &headers))

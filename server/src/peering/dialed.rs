@@ -32,6 +32,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
 
 use super::accepted::PEER_PATH;
+use super::identity::PeerPolicy;
 use super::view::{self, Update, MAX_LINE, VIEW_HOST, VIEW_PORT};
 use crate::config::PeeringConfig;
 use crate::context::Context;
@@ -280,8 +281,8 @@ enum Refused {
 
 type PeerWebSocket = WebSocket<tokio_rustls::client::TlsStream<TcpStream>>;
 
-/// TCP, mutual TLS, and the upgrade to [`PEER_PATH`] naming this server and the peers it
-/// holds: the peer's WebSocket and id.
+/// TCP, mutual TLS, the peer's certificate checked ([`PeerPolicy`]), and the upgrade to
+/// [`PEER_PATH`] naming this server and the peers it holds: the peer's WebSocket and id.
 async fn connect(
     peering: &PeeringConfig,
     address: SocketAddr,
@@ -299,6 +300,12 @@ async fn connect(
         .connect(name, tcp)
         .await
         .map_err(|error| failed(&format!("TLS handshake: {error}")))?;
+    // The chain and the name are TLS's; that the certificate is a peer's, not the frontend's
+    // or a client's from the same CA, is ours.
+    let certificate = tls.get_ref().1.peer_certificates().and_then(|c| c.first());
+    PeerPolicy::new(peering)
+        .check(certificate)
+        .map_err(|not_a_peer| failed(&not_a_peer))?;
     tls.get_mut()
         .1
         .set_buffer_limit(Some(bridgehead_mux::SESSION_TLS_BUFFER));

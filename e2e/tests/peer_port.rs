@@ -1,0 +1,103 @@
+//! The peer port's edge (`--peer-port`): who may come in (a peer's certificate, never a
+//! CONNECT client's), what it holds before a peer has proved who it is, and what a peer may
+//! make it hold. Forwarding itself: `forwarding.rs`.
+
+use bridgehead_e2e::client::{tls_config, websocket_upgrade, ErrorReply};
+use bridgehead_e2e::{Peering, Pki, Server, ServerOptions};
+
+/// A server with a peer port (its only peer address its own) and `--allowed-clients` naming
+/// kube-apiserver's certificate, `client.crt`.
+fn server(pki: &Pki, args: &[&str]) -> Server {
+    let mut all = vec!["--allowed-clients=bridgehead-client".to_owned()];
+    all.extend(args.iter().map(|a| (*a).to_owned()));
+    Server::start(
+        pki,
+        ServerOptions {
+            args: all,
+            peering: Some(Peering {
+                port: 0,
+                hosts: vec!["127.0.0.1".into()],
+                bind: None,
+            }),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Writes `pki`'s frontend CA's client certificate for `name` as `<file>.crt`/`.key`.
+fn frontend_client(pki: &Pki, name: &str, file: &str) {
+    let issued = pki.pki.issue_client(name).unwrap();
+    std::fs::write(pki.path(&format!("{file}.crt")), &issued.cert_pem).unwrap();
+    std::fs::write(pki.path(&format!("{file}.key")), &issued.key_pem).unwrap();
+}
+
+/// `GET /peer` as a peer server named `id` asks, with the certificate in `file`.
+fn peer_upgrade(pki: &Pki, server: &Server, file: &str, id: &str) -> ErrorReply {
+    let (crt, key) = (format!("{file}.crt"), format!("{file}.key"));
+    let config = tls_config(pki, Some((&crt, &key))).unwrap();
+    websocket_upgrade(
+        config,
+        server.peer_addr.unwrap(),
+        "/peer",
+        bridgehead_proto::SUBPROTOCOL,
+        &format!("bridgehead-server-id: {id}\r\n"),
+    )
+    .unwrap()
+}
+
+/// Issue 49, finding 1: a frontend client certificate that the frontend refuses (not among
+/// `--allowed-clients`) got `101` on the peer port, and with it every agent's identifiers
+/// and a tunnel to any of them. Now only a peer's certificate is a peer's: a client
+/// certificate is refused with 403 and the reason, whether the frontend lets it in or not.
+#[test]
+fn a_connect_client_certificate_is_never_a_peers() {
+    let pki = Pki::new().unwrap();
+    let server = server(&pki, &[]);
+    frontend_client(&pki, "curl-on-a-laptop", "curl");
+    for (file, says) in [
+        // Refused by the frontend (403, not among --allowed-clients)...
+        ("curl", "serverAuth"),
+        // ...and let in by it: kube-apiserver's own certificate.
+        ("client", "never a peer's"),
+    ] {
+        let reply = peer_upgrade(&pki, &server, file, "impostor");
+        assert_eq!(reply.status, 403, "{file}: {}{}", reply.head, reply.body);
+        assert!(reply.body.contains(says), "{file}: {}", reply.body);
+    }
+    // The peer certificate is let in.
+    let reply = peer_upgrade(&pki, &server, "peer", "s2");
+    assert_eq!(reply.status, 101, "{}{}", reply.head, reply.body);
+}
+
+/// `--allowed-peers` narrows the peer port to named peer certificates; naming a CONNECT
+/// client there is refused at startup.
+#[test]
+fn allowed_peers_name_the_peer_certificates() {
+    let pki = Pki::new().unwrap();
+    let server = server(&pki, &["--allowed-peers=cp-peer"]);
+    let reply = peer_upgrade(&pki, &server, "peer", "s2");
+    assert_eq!(reply.status, 403, "{}{}", reply.head, reply.body);
+    assert!(
+        reply.body.contains("CN=bridgehead-peer") && reply.body.contains("--allowed-peers"),
+        "{}",
+        reply.body
+    );
+    let refused = Server::start(
+        &pki,
+        ServerOptions {
+            args: vec![
+                "--allowed-clients=bridgehead-client".into(),
+                "--allowed-peers=bridgehead-peer,bridgehead-client".into(),
+            ],
+            peering: Some(Peering {
+                port: 0,
+                hosts: vec!["127.0.0.1".into()],
+                bind: None,
+            }),
+            ..Default::default()
+        },
+    );
+    let error = format!("{:#}", refused.unwrap_err());
+    assert!(error.contains("never a peer's"), "{error}");
+}
