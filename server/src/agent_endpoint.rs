@@ -37,10 +37,7 @@ use crate::registry::{RegisterError, Registration};
 
 /// Path of the upgrade request.
 pub const CONNECT_PATH: &str = "/connect";
-/// Most identifiers (`host`, `ipv4`, `ipv6`, `cidr` and unknown keys) one agent announces.
-pub const MAX_IDENTIFIERS: usize = 256;
-/// Longest identifier query, in bytes.
-pub const MAX_QUERY_BYTES: usize = 8 * 1024;
+pub use bridgehead_proto::ident::{MAX_IDENTIFIERS, MAX_QUERY_BYTES};
 
 /// Accepts agents until `shutdown`; each session runs until the agent leaves or `sessions`
 /// is cancelled.
@@ -514,11 +511,7 @@ fn check_upgrade(head: &[u8], server_id: &str) -> Result<Upgrade, Refused> {
     });
     let identifiers = AgentIdentifiers::parse(query)
         .map_err(|error| Refused::bad(format!("bad agent identifiers: {error}")))?;
-    let count = identifiers.hosts.len()
-        + identifiers.ipv4.len()
-        + identifiers.ipv6.len()
-        + identifiers.cidrs.len()
-        + identifiers.unknown.len();
+    let count = identifiers.count();
     if count > MAX_IDENTIFIERS {
         return Err(Refused::bad(format!(
             "{count} identifiers: an agent may announce at most {MAX_IDENTIFIERS}"

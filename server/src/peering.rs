@@ -19,6 +19,9 @@ pub mod dialed;
 pub mod identity;
 pub mod view;
 
+#[cfg(test)]
+mod tests;
+
 use std::time::Duration;
 
 use tokio::sync::watch;

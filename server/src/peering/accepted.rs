@@ -20,7 +20,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info, Instrument};
+use tracing::{debug, info, warn, Instrument};
 
 use super::identity::PeerPolicy;
 use super::view::{self, Sent};
@@ -215,12 +215,19 @@ fn check(head: &[u8]) -> Result<(String, String), String> {
     Ok((key.to_owned(), peer.to_owned()))
 }
 
-/// Takes the peer's streams until the session ends: the view stream, or a tunnel each.
-async fn accept_loop(mux: &Mux, ctx: &Arc<Context>, peer: &str, streams: &TaskTracker) {
+/// Takes the peer's streams until the session ends: the view stream (one: a second closes
+/// the session, since each holds a copy of the view), or a tunnel each.
+pub(super) async fn accept_loop(mux: &Mux, ctx: &Arc<Context>, peer: &str, streams: &TaskTracker) {
     // A peer's dials count against the pending-dial bounds as a CONNECT client's do.
     let client: ClientKey = Arc::from(format!("peer {peer}").as_bytes());
+    let mut viewing = false;
     while let Some(request) = mux.accept().await {
         if request.host == view::VIEW_HOST && request.port == view::VIEW_PORT {
+            if viewing {
+                warn!(server = %peer, "the peer opened a second view stream; closing its session");
+                return mux.close("a second view stream: one per session");
+            }
+            viewing = true;
             streams.spawn(tell(request, ctx.clone()));
             continue;
         }

@@ -33,7 +33,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::accepted::PEER_PATH;
 use super::identity::PeerPolicy;
-use super::view::{self, Update, MAX_LINE, VIEW_HOST, VIEW_PORT};
+use super::view::{self, Held, Update, ViewError, ViewLimits, MAX_LINE, VIEW_HOST, VIEW_PORT};
 use crate::config::PeeringConfig;
 use crate::context::Context;
 use crate::registry::PeerSession;
@@ -389,7 +389,8 @@ async fn run(
     ctx.metrics.peers_connected.inc();
     info!(server = %id, "forwarding to peer: tunnels to its agents go through it");
     let watch_view = async {
-        if let Err(error) = follow(&mux, id, session, ctx, synced).await {
+        let limits = ViewLimits::default();
+        if let Err(error) = follow(&mux, id, session, ctx, synced, limits).await {
             warn!(server = %id, %error, "the peer's view of its agents failed; closing the session");
             mux.close("the view of the peer's agents failed");
         }
@@ -419,13 +420,15 @@ fn count(ctx: &Context) -> i64 {
     i64::try_from(ctx.registry.peer_agent_count()).unwrap_or(i64::MAX)
 }
 
-/// Opens the view stream and applies each line to the registry until the session ends.
-async fn follow(
+/// Opens the view stream and applies each line to the registry until the session ends; an
+/// error when the view is malformed or goes past `limits` (the caller closes the session).
+pub(super) async fn follow(
     mux: &Mux,
     id: &str,
     session: PeerSession,
     ctx: &Context,
     synced: oneshot::Sender<()>,
+    limits: ViewLimits,
 ) -> Result<(), String> {
     let mut synced = Some(synced);
     let stream: MuxStream = mux
@@ -433,6 +436,7 @@ async fn follow(
         .await
         .map_err(|error| format!("opening the view stream: {error}"))?;
     let mut pending = BytesMut::new();
+    let mut held = Held::default();
     loop {
         let chunk = match stream.read().await {
             Ok(Some(chunk)) => chunk,
@@ -440,28 +444,43 @@ async fn follow(
             Ok(None) | Err(_) => return Ok(()),
         };
         pending.extend_from_slice(&chunk);
-        while let Some(at) = pending.iter().position(|&b| b == b'\n') {
-            let line = pending.split_to(at + 1);
-            let line = std::str::from_utf8(&line[..at]).map_err(|_| "a line is not UTF-8")?;
-            match view::parse(line)? {
-                Update::Agent {
-                    key,
-                    draining,
-                    identifiers,
-                } => ctx
-                    .registry
-                    .set_peer_agent(id, session, key, &identifiers, draining),
-                Update::Gone { key } => ctx.registry.remove_peer_agent(id, session, key),
-                Update::Synced => {
-                    if let Some(synced) = synced.take() {
-                        let _ = synced.send(());
-                    }
+        let applied = apply_lines(&mut pending, &mut held, limits, |update| match update {
+            Update::Agent {
+                key,
+                draining,
+                identifiers,
+            } => ctx
+                .registry
+                .set_peer_agent(id, session, key, &identifiers, draining),
+            Update::Gone { key } => ctx.registry.remove_peer_agent(id, session, key),
+            Update::Synced => {
+                if let Some(synced) = synced.take() {
+                    let _ = synced.send(());
                 }
             }
-        }
-        if pending.len() > MAX_LINE {
-            return Err(format!("a line longer than {MAX_LINE} bytes"));
-        }
+        });
         ctx.metrics.peer_agents.set(count(ctx));
+        applied.map_err(|error| error.to_string())?;
     }
+}
+
+/// Takes every whole line off `pending`, each checked against `held` and `limits` before
+/// `apply` sees it; a line still open may not grow past [`MAX_LINE`].
+fn apply_lines(
+    pending: &mut BytesMut,
+    held: &mut Held,
+    limits: ViewLimits,
+    mut apply: impl FnMut(Update),
+) -> Result<(), ViewError> {
+    while let Some(at) = pending.iter().position(|&b| b == b'\n') {
+        let line = pending.split_to(at + 1);
+        let line = std::str::from_utf8(&line[..at]).map_err(|_| ViewError::NotUtf8)?;
+        let update = view::parse(line)?;
+        held.apply(&update, line.len(), limits)?;
+        apply(update);
+    }
+    if pending.len() > MAX_LINE {
+        return Err(ViewError::LineTooLong);
+    }
+    Ok(())
 }
