@@ -2,8 +2,17 @@
 //! CONNECT client's), what it holds before a peer has proved who it is, and what a peer may
 //! make it hold. Forwarding itself: `forwarding.rs`.
 
-use bridgehead_e2e::client::{tls_config, websocket_upgrade, ErrorReply};
+use std::net::TcpStream;
+
+use bridgehead_e2e::client::{
+    request_reply, tls_config, tls_stream_named, websocket_upgrade, ErrorReply,
+};
+use bridgehead_e2e::procfs::fd_count;
 use bridgehead_e2e::{Peering, Pki, Server, ServerOptions};
+use rustls::pki_types::ServerName;
+
+/// The peer port's places for connections in their handshake (`PEER_HANDSHAKES`).
+const PEER_HANDSHAKES: usize = 16;
 
 /// A server with a peer port (its only peer address its own) and `--allowed-clients` naming
 /// kube-apiserver's certificate, `client.crt`.
@@ -100,4 +109,61 @@ fn allowed_peers_name_the_peer_certificates() {
     );
     let error = format!("{:#}", refused.unwrap_err());
     assert!(error.contains("never a peer's"), "{error}");
+}
+
+/// Issue 49, finding 2: 2,000 silent connections to the peer port held 2,000 server
+/// descriptors. Now at most a few are in their handshake, the rest wait in the listen
+/// backlog, a place whose peer stalled is given to a waiting connection, and a real peer
+/// still gets in.
+#[test]
+fn silent_connections_hold_a_few_places_and_keep_no_peer_out() {
+    let pki = Pki::new().unwrap();
+    let server = server(
+        &pki,
+        &[
+            "--agent-handshake-stall=300ms",
+            "--agent-handshake-timeout=10m",
+        ],
+    );
+    let pid = server.process.pid();
+    let before = fd_count(pid);
+    let silent: Vec<TcpStream> = (0..4 * PEER_HANDSHAKES)
+        .map(|_| TcpStream::connect(server.peer_addr.unwrap()).unwrap())
+        .collect();
+    // Behind every silent connection in the backlog: let in once they stalled.
+    let reply = peer_upgrade(&pki, &server, "peer", "s2");
+    assert_eq!(reply.status, 101, "{}{}", reply.head, reply.body);
+    let held = fd_count(pid).saturating_sub(before);
+    assert!(
+        held <= PEER_HANDSHAKES + 4,
+        "{held} more descriptors for {} silent connections",
+        silent.len()
+    );
+    let cut = server
+        .metric("bridgehead_server_handshakes_refused_total{listener=\"peer\"}")
+        .unwrap();
+    assert!(cut >= 1.0, "no stalled handshake was cut ({cut})");
+    drop(silent);
+}
+
+/// Issue 49, finding 7: the peer port read its upgrade request itself and checked no
+/// `Upgrade`, `Connection` or `Sec-WebSocket-Version`. It now reads it as the agent port does.
+#[test]
+fn the_peer_port_checks_the_websocket_headers_as_the_agent_port_does() {
+    let pki = Pki::new().unwrap();
+    let server = server(&pki, &[]);
+    let request = format!(
+        "GET /peer HTTP/1.1\r\nhost: bridgehead\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-protocol: {}\r\nbridgehead-server-id: s2\r\n\r\n",
+        bridgehead_proto::SUBPROTOCOL
+    );
+    let config = tls_config(&pki, Some(("peer.crt", "peer.key"))).unwrap();
+    let name = ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
+    let mut tls = tls_stream_named(config, server.peer_addr.unwrap(), name).unwrap();
+    let reply = request_reply(&mut tls, request.as_bytes()).unwrap();
+    assert_eq!(reply.status, 400, "{}{}", reply.head, reply.body);
+    assert!(
+        reply.body.contains("not a WebSocket upgrade"),
+        "{}",
+        reply.body
+    );
 }

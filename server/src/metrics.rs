@@ -512,7 +512,7 @@ impl Metrics {
         };
         let token_reviews = registered(r, "token_reviews", "Agent token checks by result: authenticated, rejected (by kube-apiserver), error (no answer), cached", Family::default());
         let token_verifications = registered(r, "token_verifications", "Agent tokens checked locally (--token-verification=local) by result: verified, refused (reason: why, as kube-apiserver would refuse it), fallback (reason: why it went to TokenReview)", Family::default());
-        let handshakes_refused = registered(r, "handshakes_refused", "Handshakes cut because their listener had its limit in progress and a newer connection came (listener: frontend, agent)", Family::default());
+        let handshakes_refused = registered(r, "handshakes_refused", "Handshakes cut because their listener had its limit in progress and a newer connection came (listener: frontend, agent, peer)", Family::default());
         preset(
             &token_reviews,
             results(["authenticated", "rejected", "error", "cached"]),
@@ -539,7 +539,7 @@ impl Metrics {
         );
         preset(
             &handshakes_refused,
-            ["frontend", "agent"].map(|listener| ListenerLabel { listener }),
+            ["frontend", "agent", "peer"].map(|listener| ListenerLabel { listener }),
         );
         Metrics {
             registry: Registry::default(),

@@ -16,6 +16,7 @@
 
 pub mod accepted;
 pub mod dialed;
+mod forwarded;
 pub mod identity;
 pub mod view;
 
