@@ -1,6 +1,7 @@
 //! The peer port's edge (`--peer-port`): who may come in (a peer's certificate, never a
-//! CONNECT client's), what it holds before a peer has proved who it is, and what a peer may
-//! make it hold. Forwarding itself: `forwarding.rs`.
+//! CONNECT client's), what it holds before a peer has proved who it is, and what it speaks
+//! (`bridgehead-peer.v1`, never the agents' protocol). What a peer may make it hold once in:
+//! `server/src/peering/tests.rs`. Forwarding itself: `forwarding.rs`.
 
 use std::net::TcpStream;
 
@@ -49,7 +50,7 @@ fn peer_upgrade(pki: &Pki, server: &Server, file: &str, id: &str) -> ErrorReply 
         config,
         server.peer_addr.unwrap(),
         "/peer",
-        bridgehead_proto::SUBPROTOCOL,
+        bridgehead_proto::PEER_SUBPROTOCOL,
         &format!("bridgehead-server-id: {id}\r\n"),
     )
     .unwrap()
@@ -154,7 +155,7 @@ fn the_peer_port_checks_the_websocket_headers_as_the_agent_port_does() {
     let server = server(&pki, &[]);
     let request = format!(
         "GET /peer HTTP/1.1\r\nhost: bridgehead\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-protocol: {}\r\nbridgehead-server-id: s2\r\n\r\n",
-        bridgehead_proto::SUBPROTOCOL
+        bridgehead_proto::PEER_SUBPROTOCOL
     );
     let config = tls_config(&pki, Some(("peer.crt", "peer.key"))).unwrap();
     let name = ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
@@ -163,6 +164,41 @@ fn the_peer_port_checks_the_websocket_headers_as_the_agent_port_does() {
     assert_eq!(reply.status, 400, "{}{}", reply.head, reply.body);
     assert!(
         reply.body.contains("not a WebSocket upgrade"),
+        "{}",
+        reply.body
+    );
+}
+
+/// Issue 49, finding 7: peers speak a protocol of their own on the peer port
+/// (`bridgehead-peer.v1`, whose first stream is the view), and agents theirs on the agent
+/// port, unchanged: neither port takes the other's.
+#[test]
+fn each_port_speaks_its_own_protocol() {
+    let pki = Pki::new().unwrap();
+    let server = server(&pki, &[]);
+    let config = tls_config(&pki, Some(("peer.crt", "peer.key"))).unwrap();
+    let id = "bridgehead-server-id: s2\r\n";
+    let agents = bridgehead_proto::SUBPROTOCOL;
+    let reply = websocket_upgrade(config, server.peer_addr.unwrap(), "/peer", agents, id).unwrap();
+    assert_eq!(reply.status, 400, "{}{}", reply.head, reply.body);
+    assert!(
+        reply.body.contains("this server speaks bridgehead-peer.v1"),
+        "{}",
+        reply.body
+    );
+    let agent = bridgehead_e2e::client::agent_tls_config(&pki, Some(("agent.crt", "agent.key")));
+    let peers = bridgehead_proto::PEER_SUBPROTOCOL;
+    let reply = websocket_upgrade(
+        agent.unwrap(),
+        server.agent_addr,
+        "/connect?id=a",
+        peers,
+        "",
+    )
+    .unwrap();
+    assert_eq!(reply.status, 400, "{}{}", reply.head, reply.body);
+    assert!(
+        reply.body.contains("this server speaks bridgehead.v1"),
         "{}",
         reply.body
     );

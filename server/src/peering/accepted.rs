@@ -4,7 +4,8 @@
 //! upgrade to a WebSocket at [`PEER_PATH`] naming themselves ([`crate::upgrade`], the agent
 //! port's checks), and run a session in which this server takes the agent's role. Each stream
 //! they open is a tunnel for one of this server's own agents ([`super::forwarded`]), or the
-//! view stream, on which this server keeps them told of its agents ([`super::view`]).
+//! view stream (the first, `bridgehead-peer.v1`'s stream 1), on which this server keeps them
+//! told of its agents ([`super::view`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use std::time::Duration;
 use bridgehead_mux::{DialRequest, Mux, Serve, WebSocket, WsRole};
 use bridgehead_proto::servers::{check_server_id, SERVER_ID_HEADER};
 use bridgehead_proto::session::{Role, SessionConfig};
-use bridgehead_proto::SUBPROTOCOL;
+use bridgehead_proto::PEER_SUBPROTOCOL;
 use http::StatusCode;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -36,7 +37,7 @@ pub const PEER_PATH: &str = "/peer";
 const PEER_UPGRADE: Expect = Expect {
     who: "peers",
     path: PEER_PATH,
-    subprotocol: SUBPROTOCOL,
+    subprotocol: PEER_SUBPROTOCOL,
 };
 
 /// Most connections in their TLS handshake and upgrade request on the peer port at once. A
@@ -230,7 +231,7 @@ impl Peer {
             Err(refused) => return Err(answer(&mut tls, refused, own).await),
         };
         let own_id = format!("{SERVER_ID_HEADER}: {own}\r\n");
-        tls.write_all(&upgrade::switching(&upgrade.key, SUBPROTOCOL, &own_id))
+        tls.write_all(&upgrade::switching(&upgrade.key, PEER_SUBPROTOCOL, &own_id))
             .await
             .map_err(|_| Refused::Closed)?;
         Ok((WebSocket::new(tls, WsRole::Server, early), peer))
@@ -288,19 +289,13 @@ async fn answer(tls: &mut PreAuthTls, refused: Refused, own: &str) -> Refused {
     refused
 }
 
-/// Takes the peer's streams until the session ends: the view stream (one: a second closes
-/// the session, since each holds a copy of the view), or a tunnel each.
+/// Takes the peer's streams until the session ends: the view stream ([`view::VIEW_STREAM`],
+/// by its id: one per session, since ids are never reused), or a tunnel each.
 pub(super) async fn accept_loop(mux: &Mux, ctx: &Arc<Context>, peer: &str, streams: &TaskTracker) {
     // A peer's dials count against the pending-dial bounds as a CONNECT client's do.
     let client: ClientKey = Arc::from(format!("peer {peer}").as_bytes());
-    let mut viewing = false;
     while let Some(request) = mux.accept().await {
-        if request.host == view::VIEW_HOST && request.port == view::VIEW_PORT {
-            if viewing {
-                warn!(server = %peer, "the peer opened a second view stream; closing its session");
-                return mux.close("a second view stream: one per session");
-            }
-            viewing = true;
+        if request.id() == view::VIEW_STREAM {
             streams.spawn(tell(request, ctx.clone()));
             continue;
         }

@@ -14,7 +14,7 @@ use bridgehead_kubeapi::leases::LeaseCount;
 use bridgehead_mux::{Mux, MuxStream, Serve, WebSocket, WsRole};
 use bridgehead_proto::servers::{check_server_id, CONNECTED_SERVERS_HEADER, SERVER_ID_HEADER};
 use bridgehead_proto::session::{Role, SessionConfig};
-use bridgehead_proto::SUBPROTOCOL;
+use bridgehead_proto::PEER_SUBPROTOCOL;
 use bridgehead_runtime::addresses::Addresses;
 use bridgehead_runtime::tls;
 use bridgehead_runtime::upgrade::{upgrade, Answer};
@@ -33,7 +33,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::accepted::PEER_PATH;
 use super::identity::PeerPolicy;
-use super::view::{self, Held, Update, ViewError, ViewLimits, MAX_LINE, VIEW_HOST, VIEW_PORT};
+use super::view::{self, Held, Update, ViewError, ViewLimits, MAX_LINE, VIEW_DIAL, VIEW_STREAM};
 use crate::config::PeeringConfig;
 use crate::context::Context;
 use crate::registry::PeerSession;
@@ -315,7 +315,7 @@ async fn connect(
     let headers = request.headers_mut();
     headers.insert(
         SEC_WEBSOCKET_PROTOCOL,
-        HeaderValue::from_static(SUBPROTOCOL),
+        HeaderValue::from_static(PEER_SUBPROTOCOL),
     );
     // Ids are checked when configured and received (header-safe), so the values form.
     if let Ok(value) = HeaderValue::from_str(own) {
@@ -339,6 +339,15 @@ async fn connect(
     };
     match answer {
         Answer::Upgraded { headers, early } => {
+            let speaks = headers
+                .get(SEC_WEBSOCKET_PROTOCOL)
+                .and_then(|value| value.to_str().ok())
+                .is_some_and(|value| value.trim() == PEER_SUBPROTOCOL);
+            if !speaks {
+                return Err(failed(&format!(
+                    "the peer's 101 does not name {PEER_SUBPROTOCOL}"
+                )));
+            }
             let id = id_in(&headers).ok_or_else(|| failed(&"the peer sent no server id"))?;
             Ok((WebSocket::new(tls, WsRole::Client, early), id))
         }
@@ -431,10 +440,19 @@ pub(super) async fn follow(
     limits: ViewLimits,
 ) -> Result<(), String> {
     let mut synced = Some(synced);
+    let (host, port) = VIEW_DIAL;
     let stream: MuxStream = mux
-        .open(VIEW_HOST, VIEW_PORT, CONNECT_TIMEOUT)
+        .open(host, port, CONNECT_TIMEOUT)
         .await
         .map_err(|error| format!("opening the view stream: {error}"))?;
+    // Nothing is routed to a peer before its view names an agent, so this is the session's
+    // first stream; were it not, the peer would take it for a tunnel.
+    if stream.id() != VIEW_STREAM {
+        return Err(format!(
+            "the view stream is stream {}, not {VIEW_STREAM}",
+            stream.id()
+        ));
+    }
     let mut pending = BytesMut::new();
     let mut held = Held::default();
     loop {

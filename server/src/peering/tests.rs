@@ -1,15 +1,17 @@
 //! What a peer may make this server hold, on both ends of a peer session, with a hostile peer
 //! on the other end of an in-memory session: the view a dialed peer sends is bounded
-//! ([`super::dialed::follow`]), and a peer that dials this server gets one view stream
-//! ([`super::accepted::accept_loop`]).
+//! ([`super::dialed::follow`]), and a peer that dials this server gets one view stream, the
+//! first ([`super::accepted::accept_loop`]).
 
 use bridgehead_test_support::{bounded, MuxPair, TEST_TIMEOUT};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::view::{ViewLimits, VIEW_HOST, VIEW_PORT};
+use super::view::{ViewLimits, VIEW_STREAM};
 use crate::test_util::test_context;
+use bridgehead_mux::OpenFailure;
+use bridgehead_proto::ErrorCode;
 
 /// A dialed peer that sends `lines` on its view stream and keeps it open: what following it
 /// ends with, and how many of its agents the registry then holds.
@@ -97,29 +99,38 @@ async fn a_peers_view_is_bounded_in_bytes_and_identifiers_per_agent() {
     .await
 }
 
-/// Issue 49, finding 3: one peer session opened 2,000 view streams, each holding a copy of
-/// the view. Now a second one closes the session, saying why.
+/// Issue 49, findings 3 and 7: the view was a DIAL to a sentinel host that the answering
+/// server treated as special, and one session opened 2,000 of them, each holding a copy of the
+/// view. Now the view is the session's first stream, by its id: every later stream is a
+/// tunnel, whatever it names, so a session has one view.
 #[tokio::test]
-async fn a_peer_gets_one_view_stream_per_session() {
+async fn the_view_is_the_first_stream_and_the_only_one() {
     bounded(async {
         let ctx = test_context();
         let shutdown = CancellationToken::new();
         // `server` is the peer that dialed this server; `agent` is this server's end.
         let MuxPair { server, agent } = MuxPair::new(1 << 20, &shutdown);
-        let ours = agent.clone();
-        let accepting = tokio::spawn(async move {
+        tokio::spawn(async move {
             let streams = TaskTracker::new();
-            super::accepted::accept_loop(&ours, &ctx, "hostile", &streams).await;
+            super::accepted::accept_loop(&agent, &ctx, "hostile", &streams).await;
         });
-        let first = server.open(VIEW_HOST, VIEW_PORT, TEST_TIMEOUT).await;
-        let first = first.expect("the first view stream");
+        let first = server.open("anything", 7, TEST_TIMEOUT).await;
+        let first = first.expect("the view stream");
+        assert_eq!(first.id(), VIEW_STREAM);
         let told = first.read().await.expect("the view").expect("lines");
         assert_eq!(&told[..], super::view::SYNCED, "no agents, then synced");
-        let second = server.open(VIEW_HOST, VIEW_PORT, TEST_TIMEOUT).await;
-        assert!(second.is_err(), "a second view stream was opened");
-        accepting.await.unwrap();
-        let end = agent.closed().await.to_string();
-        assert!(end.contains("second view stream"), "{end}");
+        for _ in 0..3 {
+            // The old sentinel is a tunnel's target like any other: no agent here has it.
+            let again = server
+                .open("agents.bridgehead.invalid", 1, TEST_TIMEOUT)
+                .await;
+            match again {
+                Err(OpenFailure::Dial { code, .. }) => assert_eq!(code, ErrorCode::Draining),
+                other => panic!("a second view, or no answer: {other:?}"),
+            }
+        }
+        // The session and its view live on.
+        assert_eq!(server.open_streams(), 1);
         shutdown.cancel();
     })
     .await

@@ -1,5 +1,5 @@
 //! What a server tells the peers that forward to it about its agents: one stream of the peer
-//! session (opened by the forwarding server to [`VIEW_HOST`]) carries a line per change, the
+//! session (the first the forwarding server opens, [`VIEW_STREAM`]) carries a line per change, the
 //! whole set first. Pure: [`Sent`] turns the registry's current agents into the lines since
 //! the last call, [`parse`] reads one line.
 //!
@@ -23,14 +23,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bridgehead_proto::ident::{AgentIdentifiers, MAX_IDENTIFIERS, MAX_QUERY_BYTES};
+pub use bridgehead_proto::VIEW_STREAM;
 
 use crate::registry::LocalAgent;
 use crate::router::AgentKey;
 
-/// The dial target of the view stream (`.invalid`: no real host has this name).
-pub const VIEW_HOST: &str = "agents.bridgehead.invalid";
-/// The view stream's port.
-pub const VIEW_PORT: u16 = 1;
+/// What the view stream's DIAL names: nothing the answering server reads (the stream's id
+/// says what it is), but a DIAL carries a host and a port.
+pub const VIEW_DIAL: (&str, u16) = ("view", 0);
 /// Longest line: an agent's identifier query is at most [`MAX_QUERY_BYTES`], which encoding
 /// it again may make up to three times as long, behind `agent <key> draining `.
 pub const MAX_LINE: usize = 3 * MAX_QUERY_BYTES + 64;
