@@ -203,3 +203,33 @@ fn each_port_speaks_its_own_protocol() {
         reply.body
     );
 }
+
+/// The same rule on the dialing side: a server whose peer address leads to a certificate of
+/// the peer CA that is not a peer's (here another server's frontend, `server.crt`: the right
+/// CA and address, `serverAuth` only) does not take it for a peer, and says why.
+#[test]
+fn a_dialing_server_takes_only_a_peer_for_a_peer() {
+    let pki = Pki::new().unwrap();
+    let frontend = Server::start(&pki, ServerOptions::default()).unwrap();
+    let dialing = Server::start(
+        &pki,
+        ServerOptions {
+            peering: Some(Peering {
+                port: 0,
+                hosts: vec![frontend.frontend.clone()],
+                bind: None,
+            }),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    dialing
+        .process
+        .wait_log("lacks clientAuth", bridgehead_e2e::client::IO_TIMEOUT)
+        .unwrap_or_else(|_| panic!("log:\n{}", dialing.process.stderr()));
+    let (_, metrics) = dialing.get("/metrics").unwrap();
+    assert!(
+        metrics.contains("bridgehead_server_peers_connected 0"),
+        "{metrics}"
+    );
+}
