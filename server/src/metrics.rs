@@ -267,6 +267,8 @@ pub struct Metrics {
     pub peers_connected: Gauge,
     /// Agents of those peers, which tunnels may be forwarded to.
     pub peer_agents: Gauge,
+    /// Bytes of identifier lines the peers' views hold, all peers together.
+    pub peer_view_bytes: Gauge,
     /// `tunnel_send_waits{reason}`: uploads waiting for the agent's window or the queue.
     pub send_waits: bridgehead_runtime::memory::SendWaits,
     anp: Anp,
@@ -281,6 +283,33 @@ struct VerificationLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerLabel {
     server: String,
+}
+
+/// One holder's share of a gauge that several add to: set to what the holder holds now, taken
+/// back out when it is dropped.
+#[derive(Debug)]
+pub struct GaugeShare<'a> {
+    gauge: &'a Gauge,
+    held: i64,
+}
+
+impl<'a> GaugeShare<'a> {
+    pub fn new(gauge: &'a Gauge) -> GaugeShare<'a> {
+        GaugeShare { gauge, held: 0 }
+    }
+
+    /// This holder now holds `held`.
+    pub fn set(&mut self, held: usize) {
+        let held = i64::try_from(held).unwrap_or(i64::MAX);
+        self.gauge.inc_by(held - self.held);
+        self.held = held;
+    }
+}
+
+impl Drop for GaugeShare<'_> {
+    fn drop(&mut self) {
+        self.gauge.dec_by(self.held);
+    }
 }
 
 /// Most distinct server ids the peer families keep a series for. A peer names itself (and a
@@ -537,6 +566,12 @@ impl Metrics {
             "Agents of peer servers that tunnels may be forwarded to",
             Gauge::default(),
         );
+        let peer_view_bytes = registered(
+            r,
+            "peer_view_bytes",
+            "Bytes of identifier lines held for the peers' agents, all peers together (each peer's view is bounded at 32 MiB)",
+            Gauge::default(),
+        );
         preset(
             &handshakes_refused,
             ["frontend", "agent", "peer"].map(|listener| ListenerLabel { listener }),
@@ -565,6 +600,7 @@ impl Metrics {
             server_labels: ServerLabels::default(),
             peers_connected,
             peer_agents,
+            peer_view_bytes,
             send_waits,
         }
     }
@@ -760,6 +796,21 @@ mod tests {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, metrics.registry()).unwrap();
         text
+    }
+
+    #[test]
+    fn each_share_of_a_gauge_is_taken_back_when_dropped() {
+        let gauge = Gauge::default();
+        let mut a = GaugeShare::new(&gauge);
+        let mut b = GaugeShare::new(&gauge);
+        a.set(100);
+        b.set(30);
+        a.set(60);
+        assert_eq!(gauge.get(), 90);
+        drop(a);
+        assert_eq!(gauge.get(), 30);
+        drop(b);
+        assert_eq!(gauge.get(), 0);
     }
 
     /// A peer names itself: the ids past the bound share one series instead of growing the

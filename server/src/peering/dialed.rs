@@ -36,6 +36,7 @@ use super::identity::PeerPolicy;
 use super::view::{self, Held, Update, ViewError, ViewLimits, MAX_LINE, VIEW_DIAL, VIEW_STREAM};
 use crate::config::PeeringConfig;
 use crate::context::Context;
+use crate::metrics::GaugeShare;
 use crate::registry::PeerSession;
 
 /// Longest wait for a peer's TCP connection, TLS handshake and upgrade answer, together.
@@ -455,6 +456,7 @@ pub(super) async fn follow(
     }
     let mut pending = BytesMut::new();
     let mut held = Held::default();
+    let mut counted = GaugeShare::new(&ctx.metrics.peer_view_bytes);
     loop {
         let chunk = match stream.read().await {
             Ok(Some(chunk)) => chunk,
@@ -478,6 +480,7 @@ pub(super) async fn follow(
             }
         });
         ctx.metrics.peer_agents.set(count(ctx));
+        counted.set(held.bytes());
         applied.map_err(|error| error.to_string())?;
     }
 }

@@ -14,7 +14,8 @@ use bridgehead_mux::OpenFailure;
 use bridgehead_proto::ErrorCode;
 
 /// A dialed peer that sends `lines` on its view stream and keeps it open: what following it
-/// ends with, and how many of its agents the registry then holds.
+/// ends with, and how many of its agents the registry then holds. The bytes its view held
+/// are no longer counted once following ended.
 async fn follow_lines(lines: String, limits: ViewLimits) -> (Result<(), String>, usize) {
     let ctx = test_context();
     let shutdown = CancellationToken::new();
@@ -31,6 +32,11 @@ async fn follow_lines(lines: String, limits: ViewLimits) -> (Result<(), String>,
     });
     let (synced, _) = oneshot::channel();
     let followed = super::dialed::follow(&server, "hostile", session, &ctx, synced, limits).await;
+    assert_eq!(
+        ctx.metrics.peer_view_bytes.get(),
+        0,
+        "counted after the view ended"
+    );
     shutdown.cancel();
     (followed, ctx.registry.peer_agent_count())
 }
