@@ -4,8 +4,8 @@
 //!
 //! The endpoint reads the upgrade request itself ([`crate::upgrade`], as the peer port does),
 //! so that authentication — a TokenReview against kube-apiserver — can run before the answer;
-//! then it answers `101` and hands the connection to the session driver. A refusal is the status and
-//! a one-line reason (in the status line and the body), which the agent logs.
+//! then it answers `101` and hands the connection to the session driver. A refusal is the
+//! status and a one-line reason (in the status line and the body), which the agent logs.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,6 +34,8 @@ use crate::metrics::AgentHandshake;
 use crate::registry::{RegisterError, Registration};
 use crate::upgrade::{self, Expect, PreAuthTls};
 
+pub use bridgehead_proto::ident::{MAX_IDENTIFIERS, MAX_QUERY_BYTES};
+
 /// Path of the upgrade request.
 pub const CONNECT_PATH: &str = "/connect";
 
@@ -43,7 +45,6 @@ const AGENT_UPGRADE: Expect = Expect {
     path: CONNECT_PATH,
     subprotocol: SUBPROTOCOL,
 };
-pub use bridgehead_proto::ident::{MAX_IDENTIFIERS, MAX_QUERY_BYTES};
 
 /// Accepts agents until `shutdown`; each session runs until the agent leaves or `sessions`
 /// is cancelled.
