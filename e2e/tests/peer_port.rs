@@ -6,14 +6,18 @@
 use std::net::TcpStream;
 
 use bridgehead_e2e::client::{
-    request_reply, tls_config, tls_stream_named, websocket_upgrade, ErrorReply,
+    raw_request, request_reply, tls_config, tls_stream_named, websocket_upgrade, ErrorReply,
+    IO_TIMEOUT,
 };
+use bridgehead_e2e::process::wait_until;
 use bridgehead_e2e::procfs::fd_count;
 use bridgehead_e2e::{Peering, Pki, Server, ServerOptions};
 use rustls::pki_types::ServerName;
 
 /// The peer port's places for connections in their handshake (`PEER_HANDSHAKES`).
 const PEER_HANDSHAKES: usize = 16;
+/// The peer sessions it serves at once (`PEER_SESSIONS`).
+const PEER_SESSIONS: usize = 64;
 
 /// A server with a peer port (its only peer address its own) and `--allowed-clients` naming
 /// kube-apiserver's certificate, `client.crt`.
@@ -232,4 +236,41 @@ fn a_dialing_server_takes_only_a_peer_for_a_peer() {
         metrics.contains("bridgehead_server_peers_connected 0"),
         "{metrics}"
     );
+}
+
+/// Each peer session holds a view and its tunnels: the peer port serves a bounded number at
+/// once, and answers the next 503 until one ends.
+#[test]
+fn the_peer_port_serves_a_bounded_number_of_sessions() {
+    let pki = Pki::new().unwrap();
+    // Sessions that never answer a ping live a minute: longer than this test.
+    let server = server(&pki, &["--keepalive-time=1m"]);
+    let config = tls_config(&pki, Some(("peer.crt", "peer.key"))).unwrap();
+    let name = ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
+    let open = |id: usize| {
+        let mut tls =
+            tls_stream_named(config.clone(), server.peer_addr.unwrap(), name.clone()).unwrap();
+        let request = format!(
+            "GET /peer HTTP/1.1\r\nhost: bridgehead\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-protocol: {}\r\nbridgehead-server-id: s{id}\r\n\r\n",
+            bridgehead_proto::PEER_SUBPROTOCOL
+        );
+        let reply = raw_request(&mut tls, request.as_bytes()).unwrap();
+        (reply, tls)
+    };
+    let mut sessions = Vec::new();
+    for id in 0..PEER_SESSIONS {
+        let (reply, tls) = open(id);
+        assert_eq!(reply.status, 101, "session {id}: {}", reply.head);
+        sessions.push(tls);
+    }
+    let (reply, _) = open(PEER_SESSIONS);
+    assert_eq!(reply.status, 503, "{}", reply.head);
+    assert!(
+        reply.head.contains("64 peer sessions already"),
+        "{}",
+        reply.head
+    );
+    // One ends: its place is free again.
+    drop(sessions.pop());
+    wait_until(IO_TIMEOUT, || open(PEER_SESSIONS).0.status == 101).unwrap();
 }

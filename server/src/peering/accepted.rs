@@ -17,6 +17,7 @@ use bridgehead_proto::PEER_SUBPROTOCOL;
 use http::StatusCode;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -46,6 +47,11 @@ const PEER_UPGRADE: Expect = Expect {
 /// `--agent-handshake-stall` is given to a waiting one, as on the agent port.
 pub const PEER_HANDSHAKES: usize = 16;
 
+/// Most peer sessions this server serves at once: each peer holds one (two while it
+/// reconnects), so this is room for a control plane of dozens of servers; past it a peer is
+/// answered 503, since every session holds a view and its tunnels.
+pub const PEER_SESSIONS: usize = 64;
+
 /// After a change of this server's agents, how long the view waits for more before it tells
 /// the peers: a fleet reconnecting at once goes out in a few batches, not a line per change
 /// and a scan of every agent per line.
@@ -62,6 +68,7 @@ pub async fn serve(
     tracker: TaskTracker,
 ) {
     let admission = AgentAdmission::new(PEER_HANDSHAKES, ctx.config.agent_endpoint.handshake_stall);
+    let sessions = Arc::new(Semaphore::new(PEER_SESSIONS));
     loop {
         // A place first, then the connection, as on the agent port.
         let (place, room) = tokio::select! {
@@ -91,6 +98,7 @@ pub async fn serve(
         let span = tracing::info_span!("peer", %address, server = tracing::field::Empty);
         let peer = Peer {
             policy: policy.clone(),
+            sessions: sessions.clone(),
             ctx: ctx.clone(),
         };
         let session = peer.session(tcp, place, acceptor, stop.clone(), end.clone());
@@ -118,6 +126,8 @@ enum Refused {
     /// The peer is this server (its own address among `--peer-host`).
     #[error("this is the server itself")]
     Itself,
+    #[error("this server serves {PEER_SESSIONS} peer sessions already")]
+    TooManySessions,
 }
 
 impl Refused {
@@ -129,6 +139,7 @@ impl Refused {
             Refused::Bad(bad) => Some(bad.status),
             Refused::NoServerId => Some(StatusCode::BAD_REQUEST),
             Refused::Itself => Some(StatusCode::CONFLICT),
+            Refused::TooManySessions => Some(StatusCode::SERVICE_UNAVAILABLE),
         }
     }
 }
@@ -137,6 +148,8 @@ impl Refused {
 #[derive(Debug)]
 struct Peer {
     policy: PeerPolicy,
+    /// A permit per session served ([`PEER_SESSIONS`]).
+    sessions: Arc<Semaphore>,
     ctx: Arc<Context>,
 }
 
@@ -177,7 +190,7 @@ impl Peer {
             }
             Err(refused) => Err(refused),
         };
-        let (ws, peer) = match opened {
+        let (ws, peer, _session) = match opened {
             Ok(opened) => opened,
             Err(error) => {
                 if let Some(suppressed) = ctx.refusal_log.admit() {
@@ -216,17 +229,21 @@ impl Peer {
         }
     }
 
-    /// The certificate a peer's (else `403`), the upgrade request checked, `101` answered with
-    /// this server's id: the WebSocket and the peer's id. A peer that turns out to be this
-    /// server is answered `409` with the id, and stops dialing that address.
+    /// The certificate a peer's (else `403`), the upgrade request checked, a session's permit
+    /// (else `503`), `101` answered with this server's id: the WebSocket, the peer's id and the
+    /// permit, held while the session lives. A peer that turns out to be this server is
+    /// answered `409` with the id, and stops dialing that address.
     async fn establish(
         &self,
         mut tls: PreAuthTls,
         head: RawHead,
-    ) -> Result<(WebSocket<PreAuthTls>, String), Refused> {
+    ) -> Result<(WebSocket<PreAuthTls>, String, OwnedSemaphorePermit), Refused> {
         let own = &self.ctx.config.routing.server_id;
-        let checked = self.check(&tls, head, own);
-        let (upgrade, peer, early) = match checked {
+        let checked = self.check(&tls, head, own).and_then(|checked| {
+            let permit = self.sessions.clone().try_acquire_owned();
+            Ok((checked, permit.map_err(|_| Refused::TooManySessions)?))
+        });
+        let ((upgrade, peer, early), permit) = match checked {
             Ok(checked) => checked,
             Err(refused) => return Err(answer(&mut tls, refused, own).await),
         };
@@ -234,7 +251,7 @@ impl Peer {
         tls.write_all(&upgrade::switching(&upgrade.key, PEER_SUBPROTOCOL, &own_id))
             .await
             .map_err(|_| Refused::Closed)?;
-        Ok((WebSocket::new(tls, WsRole::Server, early), peer))
+        Ok((WebSocket::new(tls, WsRole::Server, early), peer, permit))
     }
 
     /// The certificate, the request and the server id it names, in that order: a stranger's
