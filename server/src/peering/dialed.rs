@@ -479,8 +479,9 @@ pub(super) async fn follow(
                 }
             }
         });
-        ctx.metrics.peer_agents.set(count(ctx));
+        // The bytes first: whoever sees the agents counted sees their bytes too.
         counted.set(held.bytes());
+        ctx.metrics.peer_agents.set(count(ctx));
         applied.map_err(|error| error.to_string())?;
     }
 }
