@@ -23,6 +23,9 @@ use crate::tls_config::TlsPolicy;
 /// `--dial-timeout`'s default, also taken for ANP's 0.
 const DEFAULT_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// `--allowed-peers`' default: the common name of `bridgehead-certs init`'s `peer.crt`.
+pub const DEFAULT_ALLOWED_PEER: &str = "bridgehead-peer";
+
 /// bridgehead-server: HTTP CONNECT tunnels into a private network, through connected agents.
 ///
 /// kube-apiserver (EgressSelectorConfiguration, proxyProtocol HTTPConnect), curl -p or any
@@ -327,8 +330,24 @@ pub struct Cli {
     /// forwarding.
     #[arg(long, env = "BRIDGEHEAD_PEER_PORT")]
     pub peer_port: Option<u16>,
+    /// Address the peer port binds. Peers run on other control-plane nodes, so the default
+    /// is every address, as the agent port's; give the control-plane network's address in
+    /// production (docs/security.md).
     #[arg(long, env = "BRIDGEHEAD_PEER_BIND_ADDRESS", default_value = "0.0.0.0")]
     pub peer_bind_address: IpAddr,
+    /// Peer servers let in on the peer port (and accepted when dialed), by their
+    /// certificate's common name or a DNS SAN (comma-separated). Their certificate must also
+    /// carry both `serverAuth` and `clientAuth`, and name none of --allowed-clients: a CONNECT
+    /// client's certificate is never a peer's. The default is the name of bridgehead-certs
+    /// init's peer.crt.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_ALLOWED_PEERS",
+        value_delimiter = ',',
+        value_name = "NAMES",
+        default_value = DEFAULT_ALLOWED_PEER
+    )]
+    pub allowed_peers: Vec<String>,
     /// The peers: a DNS name with a record per server (a headless Service), or a
     /// comma-separated list of names and addresses, each at --peer-port unless it says
     /// `host:port`. This server's own address may be among them.
@@ -507,6 +526,10 @@ pub struct PeeringConfig {
     pub advertise: Option<String>,
     /// No `--peer-host`: the peers are the addresses on the other servers' Leases.
     pub from_leases: bool,
+    /// `--allowed-peers`: the names a peer's certificate must carry one of.
+    pub allowed: Vec<String>,
+    /// `--allowed-clients`: names a peer's certificate must carry none of.
+    pub clients: Vec<String>,
 }
 
 /// Which agent a CONNECT goes to, and where it goes when none matches.
@@ -648,7 +671,13 @@ impl Cli {
         let leases = self.leases(&routing.server_id)?;
         let mut frontend = self.frontend()?;
         let agent_endpoint = self.agent_endpoint()?;
-        let peering = self.peering(leases.is_some())?;
+        let clients = match &frontend.listener {
+            FrontendListen::Tcp {
+                allowed_clients, ..
+            } => allowed_clients.clone(),
+            FrontendListen::Unix { .. } => Vec::new(),
+        };
+        let peering = self.peering(leases.is_some(), &clients)?;
         // Files last: every flag error is reported before a file is read.
         frontend.shared_ca = match (&frontend.listener, &agent_endpoint.auth.cluster_ca) {
             (FrontendListen::Tcp { client_ca, .. }, Some(cluster_ca)) => {
@@ -777,7 +806,12 @@ impl Cli {
         })
     }
 
-    fn peering(&mut self, leases: bool) -> anyhow::Result<Option<PeeringConfig>> {
+    /// `clients`: the frontend's `--allowed-clients`, which no peer may carry.
+    fn peering(
+        &mut self,
+        leases: bool,
+        clients: &[String],
+    ) -> anyhow::Result<Option<PeeringConfig>> {
         let Some(port) = self.peer_port else {
             if !self.peer_host.is_empty() || self.peer_advertise_address.is_some() {
                 bail!("--peer-host and --peer-advertise-address need --peer-port: the port peers connect to");
@@ -810,6 +844,21 @@ impl Cli {
         if from_leases && !(leases && self.peer_advertise_address.is_some()) {
             bail!("--peer-port needs its peers: --peer-host (a DNS name or a list), or --enable-lease-controller with --peer-advertise-address on every server (peers found by their Leases)");
         }
+        let allowed: Vec<String> = self
+            .allowed_peers
+            .iter()
+            .map(|name| name.trim().to_owned())
+            .filter(|name| !name.is_empty())
+            .collect();
+        if allowed.is_empty() {
+            bail!("--allowed-peers is empty: name the peer certificate (bridgehead-certs init: {DEFAULT_ALLOWED_PEER})");
+        }
+        if let Some(name) = allowed
+            .iter()
+            .find(|name| clients.iter().any(|c| c.eq_ignore_ascii_case(name)))
+        {
+            bail!("--allowed-peers and --allowed-clients both name {name:?}: a CONNECT client's certificate is never a peer's; give peers a certificate of their own (bridgehead-certs init: peer.crt)");
+        }
         Ok(Some(PeeringConfig {
             bind: (self.peer_bind_address, port).into(),
             hosts,
@@ -821,6 +870,8 @@ impl Cli {
             sync_interval: self.peer_sync_interval,
             advertise: self.peer_advertise_address.take(),
             from_leases,
+            allowed,
+            clients: clients.to_vec(),
         }))
     }
 
@@ -1063,6 +1114,46 @@ mod tests {
         let tcp = tcp();
         let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
         assert!(!validate(&tcp).unwrap().frontend.shared_ca);
+    }
+
+    /// Peers are let in by name (`--allowed-peers`, bridgehead-certs' peer.crt by default),
+    /// and a name of `--allowed-clients` is never a peer's.
+    #[test]
+    fn allowed_peers() {
+        let tcp = tcp();
+        let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
+        let ca = format!("--peer-ca-cert={}", file("frontend-ca.crt"));
+        let peering = [
+            "--peer-port=0",
+            "--peer-host=127.0.0.1",
+            &ca,
+            "--peer-cert=p.crt",
+            "--peer-key=p.key",
+        ];
+        let with = |extra: &[&str]| validate(&[&tcp[..], &peering[..], extra].concat());
+        let config = with(&["--allowed-clients=kube-apiserver"]).unwrap();
+        let peering_config = config.peering.unwrap();
+        assert_eq!(peering_config.allowed, [DEFAULT_ALLOWED_PEER]);
+        assert_eq!(peering_config.clients, ["kube-apiserver"]);
+        assert_eq!(
+            peering_config.bind,
+            SocketAddr::from(([0, 0, 0, 0], 0)),
+            "the documented default"
+        );
+        let config = with(&["--allowed-peers=cp-1, cp-2", "--peer-bind-address=10.0.0.1"]).unwrap();
+        let peering_config = config.peering.unwrap();
+        assert_eq!(peering_config.allowed, ["cp-1", "cp-2"]);
+        assert_eq!(peering_config.bind.ip(), IpAddr::from([10, 0, 0, 1]));
+        for (extra, says) in [
+            (
+                &["--allowed-clients=a,Bridgehead-Peer"][..],
+                "a CONNECT client's certificate is never a peer's",
+            ),
+            (&["--allowed-peers= "], "--allowed-peers is empty"),
+        ] {
+            let error = format!("{:#}", with(extra).unwrap_err());
+            assert!(error.contains(says), "{extra:?}: {error}");
+        }
     }
 
     /// Unset, each process draws its own id (a restarted server is a new server to agents),
