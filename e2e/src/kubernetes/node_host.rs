@@ -171,7 +171,10 @@ fn write_files(
     )?;
     if let Some(registry) = &options.registry {
         // The host's /etc is an overlay whose upper layer is `etc/upper`.
-        let certs_d = path(&format!("etc/upper{CERTS_D}/{host}", host = registry.host));
+        let in_etc = CERTS_D
+            .strip_prefix("/etc/")
+            .context("containerd's certs.d is not under /etc")?;
+        let certs_d = path(&format!("etc/upper/{in_etc}/{host}", host = registry.host));
         std::fs::create_dir_all(&certs_d)?;
         write(&certs_d.join("hosts.toml"), &hosts_toml(registry))?;
         write(&certs_d.join("ca.crt"), &registry.ca_pem)?;
