@@ -105,7 +105,8 @@ pub struct Registry {
     pub cert_dir: PathBuf,
     process: Process,
     access_log: PathBuf,
-    dir: tempfile::TempDir,
+    /// Configuration, certificates, storage; removed on drop.
+    _dir: tempfile::TempDir,
 }
 
 impl Registry {
@@ -155,7 +156,7 @@ impl Registry {
             cert_dir: path("certs"),
             process,
             access_log,
-            dir,
+            _dir: dir,
         })
     }
 
@@ -226,14 +227,10 @@ impl Registry {
         Ok(serde_json::from_slice(&body)?)
     }
 
-    /// The digests a node of this machine's platform fetches to run `repository:reference`:
-    /// its manifest (the one for `linux/<this architecture>` where the tag names an index),
-    /// then that manifest's config and layers.
-    pub fn pulled_digests(
-        &self,
-        repository: &str,
-        reference: &str,
-    ) -> anyhow::Result<PlatformImage> {
+    /// The blobs a node of this machine's platform fetches to run `repository:reference`:
+    /// the config's digest, then each layer's, of its manifest (the one for
+    /// `linux/<this architecture>` where the reference names an index).
+    pub fn pulled_blobs(&self, repository: &str, reference: &str) -> anyhow::Result<Vec<String>> {
         let mut manifest = self.manifest(repository, reference)?;
         if let Some(entries) = manifest["manifests"].as_array() {
             let arch = oci_architecture();
@@ -253,7 +250,7 @@ impl Registry {
         for layer in manifest["layers"].as_array().context("layers")? {
             blobs.push(layer["digest"].as_str().context("a digest")?.to_owned());
         }
-        Ok(PlatformImage { blobs })
+        Ok(blobs)
     }
 
     /// Every request the registry served so far, in order.
@@ -269,18 +266,6 @@ impl Registry {
     pub fn log(&self) -> String {
         self.process.stderr()
     }
-
-    /// The registry's folder (configuration, certificates, storage).
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-/// What one platform's image is made of in the registry.
-#[derive(Debug, Clone)]
-pub struct PlatformImage {
-    /// The config's digest, then each layer's.
-    pub blobs: Vec<String>,
 }
 
 /// This machine's architecture as OCI names it (`GOARCH`).

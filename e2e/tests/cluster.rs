@@ -842,7 +842,7 @@ fn pulled_from_the_registry(cluster: &RealCluster) {
     let image = cluster.registry.image(&format!("{REPOSITORY}:{tag}"));
     let pulled = cluster
         .registry
-        .pulled_digests(REPOSITORY, tag)
+        .pulled_blobs(REPOSITORY, tag)
         .unwrap_or_else(|e| panic!("{e:#}"));
     let requests = cluster.registry.requests();
     let served = |node: &str, client: std::net::IpAddr, path: &str| {
@@ -876,7 +876,7 @@ fn pulled_from_the_registry(cluster: &RealCluster) {
             "the registry served no manifest of {REPOSITORY} to {} ({client}); its access log:\n{requests:#?}",
             node.name
         );
-        for digest in &pulled.blobs {
+        for digest in &pulled {
             served(
                 &node.name,
                 client,

@@ -187,7 +187,7 @@ fn an_archive_of_one_image_of_platforms_side_by_side_or_of_an_index_arrives_whol
     registry.push(&archive, "test/side-by-side:1").unwrap();
     check_served(&registry, "test/side-by-side", "1", &[&amd64, &arm64]);
     // What a node of this machine's platform fetches, found through the index.
-    let pulled = registry.pulled_digests("test/side-by-side", "1").unwrap();
+    let pulled = registry.pulled_blobs("test/side-by-side", "1").unwrap();
     let ours = if registry::oci_architecture() == "arm64" {
         &arm64
     } else {
@@ -196,7 +196,7 @@ fn an_archive_of_one_image_of_platforms_side_by_side_or_of_an_index_arrives_whol
     let ours = registry
         .manifest("test/side-by-side", ours["digest"].as_str().unwrap())
         .unwrap();
-    assert_eq!(pulled.blobs[0], ours["config"]["digest"].as_str().unwrap());
+    assert_eq!(pulled[0], ours["config"]["digest"].as_str().unwrap());
 
     // One image index (buildah's `manifest push --all` shape): pushed as it is, its digest
     // kept.
