@@ -18,13 +18,14 @@
 //! it for pod-bound tokens either); legacy Secret tokens and node-bound tokens are TokenReview's.
 //!
 //! - `jwt`: the token taken apart; `keys`: the JWKS and the signature check; `discovery`:
-//!   fetching them.
+//!   fetching them; `json`: the strict JSON both read (no member named twice).
 //! - `claims`: the claim rules; `liveness`: the watched objects and their rules; `watches`: the
 //!   kube-rs watches that feed them.
 //! - `outcome`: the verdicts; `verifier`: [`TokenVerifier`], the async side.
 
 mod claims;
 mod discovery;
+mod json;
 mod jwt;
 mod keys;
 mod liveness;

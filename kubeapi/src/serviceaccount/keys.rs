@@ -24,7 +24,7 @@ const MIN_RSA_BITS: usize = 2048;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum JwksError {
     #[error("not a JSON Web Key Set: {0}")]
-    Json(String),
+    Json(super::json::JsonError),
 }
 
 /// One issuer key, ready to check signatures.
@@ -87,8 +87,7 @@ impl KeySet {
     /// Reads a JWKS. Keys for encryption are left out; a key with fields that do not decode
     /// is kept as one this verifier cannot check, so that its tokens are not refused for it.
     pub(crate) fn parse(json: &[u8]) -> Result<KeySet, JwksError> {
-        let jwks: Jwks =
-            serde_json::from_slice(json).map_err(|e| JwksError::Json(e.to_string()))?;
+        let jwks: Jwks = super::json::object(json).map_err(JwksError::Json)?;
         let keys = jwks
             .keys
             .into_iter()
@@ -440,6 +439,35 @@ pub(crate) mod tests {
         for bad in [&b"{}"[..], b"[]", b"{\"keys\": 1}", b"garbage"] {
             assert!(KeySet::parse(bad).is_err());
         }
+    }
+
+    #[test]
+    fn a_jwks_that_names_a_member_twice_is_refused() {
+        use super::super::json::JsonError;
+        let (a, b) = (TestKey::p256(), TestKey::p256());
+        let (one, other) = (a.jwk("a").to_string(), b.jwk("b").to_string());
+        // Which `keys`, which `x`? serde_json alone would take the last of each.
+        let twice_keys = format!(r#"{{"keys":[{one}],"keys":[{other}]}}"#);
+        let mut twice_x = a.jwk("a");
+        let x = twice_x["x"].to_string();
+        twice_x.as_object_mut().unwrap().remove("x");
+        let twice_x = format!(
+            r#"{{"keys":[{}]}}"#,
+            twice_x
+                .to_string()
+                .replacen('{', &format!("{{\"x\":{x},\"x\":{x},"), 1)
+        );
+        for json in [twice_keys, twice_x] {
+            assert_eq!(
+                KeySet::parse(json.as_bytes()),
+                Err(JwksError::Json(JsonError::DuplicateMember)),
+                "{json}"
+            );
+        }
+        assert_eq!(
+            KeySet::parse(&jwks(&[(&a, "a"), (&b, "b")])).unwrap().len(),
+            2
+        );
     }
 
     #[test]
