@@ -56,6 +56,11 @@ pub const DEFAULT_MAX_STALENESS: Duration = Duration::from_secs(60);
 /// How often the issuer's keys are fetched again (kube-apiserver publishes a new key before
 /// it signs with it).
 pub const DEFAULT_KEY_REFRESH: Duration = Duration::from_secs(300);
+/// How old the issuer's keys may be and still verify a token: two refresh periods, so that
+/// one failed refresh (retried every 30 s) costs nothing, and a key the issuer dropped is
+/// trusted at most this long after the last fetch that listed it, however long discovery
+/// fails. Past it, tokens go to TokenReview until a fetch works again.
+pub const DEFAULT_MAX_KEY_AGE: Duration = Duration::from_secs(600);
 
 /// What the server verifies tokens for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +80,8 @@ pub struct VerifierSettings {
     pub max_staleness: Duration,
     /// How often the keys are fetched again.
     pub key_refresh: Duration,
+    /// How old the keys may be and still decide; past it, [`Fallback::KeysStale`].
+    pub max_key_age: Duration,
 }
 
 impl VerifierSettings {
@@ -88,6 +95,7 @@ impl VerifierSettings {
             watch_nodes: false,
             max_staleness: DEFAULT_MAX_STALENESS,
             key_refresh: DEFAULT_KEY_REFRESH,
+            max_key_age: DEFAULT_MAX_KEY_AGE,
         }
     }
 
@@ -217,13 +225,13 @@ impl At {
     }
 }
 
-/// The verdict on `token`, whose signature `issuer`'s keys judged as `signature`, with what
-/// `live` holds, at `at`.
+/// The verdict on `token`, whose signature `issuer`'s keys judged as `signature` (or why there
+/// are no keys to judge it with), with what `live` holds, at `at`.
 fn decide(
     settings: &VerifierSettings,
     expected: &Expected,
     token: &Token,
-    issuer: Option<&Issuer>,
+    issuer: Result<&Issuer, Fallback>,
     signature: SignatureCheck,
     live: &Live,
     at: At,
@@ -231,16 +239,17 @@ fn decide(
     let (now_unix, now) = (at.unix, at.instant);
     let (signed, unverified) = match (issuer, signature) {
         (_, SignatureCheck::Invalid) => return Step::Done(Outcome::Refused(Refusal::BadSignature)),
-        // No keys at all (discovery forbidden, not served, or not fetched yet): no signature
-        // can be judged, so nothing is refused for its key; what the claims cannot settle
-        // goes to TokenReview, as it did before there was a verifier.
-        (None, _) => (Signed::Yes, Some(Fallback::KeysUnavailable)),
-        (Some(_), SignatureCheck::Valid) => (Signed::Yes, None),
-        (Some(_), SignatureCheck::UnknownKey) => (Signed::No, Some(Fallback::UnknownKey)),
-        (Some(_), SignatureCheck::Unsupported) => (Signed::No, Some(Fallback::UnsupportedKey)),
+        // No keys (discovery forbidden, not served, not fetched yet, or failing for longer
+        // than keys may be trusted): no signature can be judged, so nothing is refused for
+        // its key; what the claims cannot settle goes to TokenReview, as it did before there
+        // was a verifier.
+        (Err(missing), _) => (Signed::Yes, Some(missing)),
+        (Ok(_), SignatureCheck::Valid) => (Signed::Yes, None),
+        (Ok(_), SignatureCheck::UnknownKey) => (Signed::No, Some(Fallback::UnknownKey)),
+        (Ok(_), SignatureCheck::Unsupported) => (Signed::No, Some(Fallback::UnsupportedKey)),
     };
     let mut issuers: Vec<&str> = settings.issuers.iter().map(String::as_str).collect();
-    issuers.extend(issuer.map(|issuer| issuer.issuer.as_str()));
+    issuers.extend(issuer.ok().map(|issuer| issuer.issuer.as_str()));
     let verdict = claims::check(&token.claims, expected, &issuers, now_unix, signed)
         .and_then(|bound| live.judge(settings, &bound, now_unix, now).map(|()| bound));
     match (verdict, unverified) {

@@ -14,6 +14,7 @@ use serde::Deserialize;
 use tokio::time::Instant;
 
 use super::jwt::{Algorithm, Token};
+use super::Fallback;
 
 /// Fewest time between two fetches of the keys.
 pub const MIN_REFETCH_INTERVAL: Duration = Duration::from_secs(10);
@@ -266,6 +267,17 @@ impl KeyRing {
     pub(crate) fn age(&self, now: Instant) -> Option<Duration> {
         self.fetched.map(|at| now.saturating_duration_since(at))
     }
+
+    /// The keys, if fetched no more than `max_age` before `now`; else why not. Keys older than
+    /// that vouch for nothing: a key the issuer has since dropped would stay trusted for as
+    /// long as discovery fails.
+    pub(crate) fn usable(&self, now: Instant, max_age: Duration) -> Result<Arc<Issuer>, Fallback> {
+        match (&self.current, self.age(now)) {
+            (Some(issuer), Some(age)) if age <= max_age => Ok(issuer.clone()),
+            (Some(_), _) => Err(Fallback::KeysStale),
+            (None, _) => Err(Fallback::KeysUnavailable),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -490,5 +502,38 @@ pub(crate) mod tests {
             Some(Duration::from_secs(3))
         );
         assert_eq!(ring.current().as_deref(), Some(&issuer));
+    }
+
+    #[test]
+    fn keys_past_their_maximum_age_are_not_used() {
+        let start = Instant::now();
+        let max_age = Duration::from_secs(600);
+        let mut ring = KeyRing::default();
+        assert_eq!(
+            ring.usable(start, max_age).unwrap_err(),
+            Fallback::KeysUnavailable
+        );
+        let issuer = Issuer {
+            issuer: "https://i".into(),
+            keys: KeySet::default(),
+        };
+        ring.replace(issuer.clone(), start);
+        assert_eq!(
+            ring.usable(start + max_age, max_age).as_deref(),
+            Ok(&issuer)
+        );
+        // Fetches that fail since do not make them younger.
+        ring.attempt(start + max_age);
+        assert_eq!(
+            ring.usable(start + max_age + Duration::from_millis(1), max_age)
+                .unwrap_err(),
+            Fallback::KeysStale
+        );
+        // A fetch that works does.
+        ring.replace(issuer.clone(), start + max_age + Duration::from_secs(1));
+        assert_eq!(
+            ring.usable(start + 2 * max_age, max_age).as_deref(),
+            Ok(&issuer)
+        );
     }
 }
