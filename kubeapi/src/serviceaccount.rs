@@ -169,9 +169,16 @@ impl Live {
         Ok(())
     }
 
-    fn verified(&self, bound: Bound) -> Verified {
+    /// What `bound` is verified as at `now`, with its node's addresses from the nodes' watch
+    /// while that is current: a watch failing for longer than `max_staleness` says nothing,
+    /// and the caller reads the Node live, as a review's answer would be.
+    fn verified(&self, settings: &VerifierSettings, bound: Bound, now: Instant) -> Verified {
         let node_addresses = match (&self.nodes, &bound.node) {
-            (Some(nodes), Some(node)) if nodes.age(Instant::now()).is_some() => {
+            (Some(nodes), Some(node))
+                if nodes
+                    .age(now)
+                    .is_some_and(|age| age <= settings.max_staleness) =>
+            {
                 nodes.get(&node.name).cloned()
             }
             _ => None,
@@ -268,7 +275,7 @@ fn decide(
             }
         }
         (Err(Verdict::Fallback(reason)), None) => Step::Done(Outcome::Fallback(reason)),
-        (Ok(bound), None) => Step::Done(Outcome::Verified(live.verified(bound))),
+        (Ok(bound), None) => Step::Done(Outcome::Verified(live.verified(settings, bound, now))),
     }
 }
 

@@ -492,3 +492,31 @@ fn keys_past_their_age_judge_nothing_and_go_to_a_fetch() {
         refused(Refusal::Expired)
     );
 }
+
+#[test]
+fn a_failing_nodes_watch_past_the_bound_leaves_the_addresses_to_a_live_read() {
+    let key = TestKey::p256();
+    let mut case = Case::new(&key);
+    let token = sign(&key, "k1", &claims(600));
+    let addresses = |step: Step| match step {
+        Step::Done(Outcome::Verified(verified)) => verified.node_addresses,
+        other => panic!("not verified: {other:?}"),
+    };
+    assert_eq!(
+        addresses(case.decide(&token)),
+        Some(vec!["node-1".to_owned(), "10.0.0.1".to_owned()])
+    );
+    // The nodes' watch fails: its last addresses bind identities up to the bound, then the
+    // caller reads the Node (the token itself still verifies: pods and account are current).
+    case.live
+        .nodes
+        .as_mut()
+        .unwrap()
+        .apply(Change::Failed, case.now);
+    let bound = case.settings.max_staleness;
+    assert!(addresses(case.decide_at(&token, NOW, case.now + bound)).is_some());
+    assert_eq!(
+        addresses(case.decide_at(&token, NOW, case.now + bound + Duration::from_millis(1))),
+        None
+    );
+}
