@@ -22,6 +22,8 @@
 //! - `claims`: the claim rules; `liveness`: the watched objects and their rules; `watches`: the
 //!   kube-rs watches that feed them.
 //! - `outcome`: the verdicts; `verifier`: [`TokenVerifier`], the async side.
+//! - [`parsers`]: the token and JWKS parsers as public functions, for the fuzz targets
+//!   (`kubeapi/fuzz`).
 
 mod claims;
 mod discovery;
@@ -30,6 +32,7 @@ mod jwt;
 mod keys;
 mod liveness;
 mod outcome;
+pub mod parsers;
 mod verifier;
 mod watches;
 
@@ -279,5 +282,7 @@ fn decide(
     }
 }
 
+#[cfg(test)]
+mod properties;
 #[cfg(test)]
 mod tests;
