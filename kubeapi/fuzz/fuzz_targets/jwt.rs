@@ -18,8 +18,8 @@ fuzz_target!(|data: &[u8]| {
     match parsers::strict_json(data) {
         Ok(value) => {
             assert!(value.is_object(), "{value}");
-            let plain: serde_json::Value =
-                serde_json::from_slice(data).expect("serde_json reads what the strict reader reads");
+            let plain: serde_json::Value = serde_json::from_slice(data)
+                .expect("serde_json reads what the strict reader reads");
             assert_eq!(plain, value);
         }
         Err(StrictJsonError::DuplicateMember) => {
@@ -40,7 +40,9 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(parts.signed_len, pieces[0].len() + 1 + pieces[1].len());
     assert_eq!(URL_SAFE_NO_PAD.encode(&parts.signature), pieces[2]);
     for piece in &pieces[..2] {
-        let decoded = URL_SAFE_NO_PAD.decode(piece).expect("an accepted part decodes");
+        let decoded = URL_SAFE_NO_PAD
+            .decode(piece)
+            .expect("an accepted part decodes");
         assert_eq!(&URL_SAFE_NO_PAD.encode(decoded), piece);
     }
     assert!(parts.key_id.as_deref() != Some(""));
