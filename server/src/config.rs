@@ -85,6 +85,38 @@ pub struct Cli {
     /// Private key (PEM) for --fallback-proxy-client-cert.
     #[arg(long, env = "BRIDGEHEAD_FALLBACK_PROXY_CLIENT_KEY")]
     pub fallback_proxy_client_key: Option<PathBuf>,
+    /// IP targets that may be relayed to --fallback-proxy, as the agent's
+    /// --allowed-destinations: comma-separated `CIDR`, `CIDR:PORT`, `CIDR:LOW-HIGH`
+    /// (`[IPv6/len]:PORT`); empty: any not denied.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_FALLBACK_ALLOWED_DESTINATIONS",
+        default_value = "",
+        hide_default_value = true,
+        value_name = "RULES"
+    )]
+    pub fallback_allowed_destinations: String,
+    /// IP targets never relayed to --fallback-proxy (403), on top of the defaults the agent
+    /// denies too: link-local and cloud metadata addresses, 0.0.0.0/8 and ::.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_FALLBACK_DENIED_DESTINATIONS",
+        default_value = "",
+        hide_default_value = true,
+        value_name = "RULES"
+    )]
+    pub fallback_denied_destinations: String,
+    /// Widens the fallback's policy for a migration window: IP targets the defaults deny that
+    /// may still be relayed to --fallback-proxy (what the cluster reached through konnectivity
+    /// on purpose), in the same syntax; --fallback-denied-destinations still wins.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_FALLBACK_EXEMPT_DESTINATIONS",
+        default_value = "",
+        hide_default_value = true,
+        value_name = "RULES"
+    )]
+    pub fallback_exempt_destinations: String,
     /// Serve plain HTTP CONNECT on this Unix socket instead of the TCP frontend (mode 0660;
     /// a stale socket file is replaced).
     #[arg(long, env = "BRIDGEHEAD_UDS_NAME")]
@@ -545,6 +577,8 @@ pub struct RoutingConfig {
     pub dial_timeout: Duration,
     /// `--fallback-proxy`: where CONNECTs with no agent go.
     pub fallback: Option<crate::fallback::FallbackConfig>,
+    /// What may be relayed there.
+    pub fallback_destinations: crate::fallback::FallbackDestinations,
 }
 
 /// The bounds on dials, tunnels and sessions.
@@ -884,7 +918,8 @@ impl Cli {
         } else {
             self.dial_timeout
         };
-        let fallback = self.fallback()?;
+        let fallback_destinations = self.fallback_destinations()?;
+        let fallback = self.fallback(&fallback_destinations)?;
         let strategies = parse_strategies(&self.proxy_strategies).context("--proxy-strategies")?;
         let server_id = match self.server_id.take() {
             Some(id) => id,
@@ -903,16 +938,35 @@ impl Cli {
             server_count: self.server_count,
             dial_timeout,
             fallback,
+            fallback_destinations,
         })
     }
 
-    fn fallback(&mut self) -> anyhow::Result<Option<crate::fallback::FallbackConfig>> {
+    fn fallback_destinations(&self) -> anyhow::Result<crate::fallback::FallbackDestinations> {
+        use bridgehead_runtime::destinations::parse_rules;
+        Ok(crate::fallback::FallbackDestinations {
+            allowed: parse_rules(&self.fallback_allowed_destinations)
+                .context("--fallback-allowed-destinations")?,
+            denied: parse_rules(&self.fallback_denied_destinations)
+                .context("--fallback-denied-destinations")?,
+            exempt: parse_rules(&self.fallback_exempt_destinations)
+                .context("--fallback-exempt-destinations")?,
+        })
+    }
+
+    fn fallback(
+        &mut self,
+        destinations: &crate::fallback::FallbackDestinations,
+    ) -> anyhow::Result<Option<crate::fallback::FallbackConfig>> {
         let Some(url) = self.fallback_proxy.as_deref().filter(|url| !url.is_empty()) else {
             if self.fallback_proxy_ca_cert.is_some()
                 || self.fallback_proxy_client_cert.is_some()
                 || self.fallback_proxy_client_key.is_some()
             {
                 bail!("--fallback-proxy-ca-cert/-client-cert/-client-key need --fallback-proxy");
+            }
+            if *destinations != crate::fallback::FallbackDestinations::default() {
+                bail!("--fallback-allowed/-denied/-exempt-destinations need --fallback-proxy");
             }
             return Ok(None);
         };
@@ -923,7 +977,7 @@ impl Cli {
             self.fallback_proxy_client_key.take(),
         )?;
         // Its files load now, or the server does not start.
-        crate::fallback::Fallback::new(config.clone())
+        crate::fallback::Fallback::new(config.clone(), destinations)
             .map_err(|error| anyhow::anyhow!("--fallback-proxy: {error:#}"))?;
         Ok(Some(config))
     }
@@ -1080,11 +1134,52 @@ mod tests {
                 "loading --fallback-proxy-ca-cert",
             ),
             (vec![&ca], "need --fallback-proxy"),
+            (
+                vec!["--fallback-exempt-destinations=169.254.169.254:80"],
+                "need --fallback-proxy",
+            ),
+            (
+                vec![
+                    "--fallback-proxy=unix:///s",
+                    "--fallback-denied-destinations=10.0.0.0/33",
+                ],
+                "--fallback-denied-destinations: bad destination rule",
+            ),
         ] {
             let error = format!("{:#}", with(&extra).unwrap_err());
             assert!(error.contains(says), "{extra:?}: {error}");
             assert!(!error.contains('\n'), "one line: {error}");
         }
+    }
+
+    #[test]
+    fn the_fallbacks_destination_rules_parse_and_show_in_config() {
+        let tcp = tcp();
+        let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
+        let config = validate(
+            &[
+                &tcp[..],
+                &[
+                    "--fallback-proxy=unix:///run/konnectivity.sock",
+                    "--fallback-allowed-destinations=10.0.0.0/8",
+                    "--fallback-denied-destinations=127.0.0.0/8,[::1/128]",
+                    "--fallback-exempt-destinations=169.254.169.254:80",
+                ],
+            ]
+            .concat(),
+        )
+        .unwrap();
+        let shown = serde_json::to_value(&config.routing.fallback_destinations).unwrap();
+        assert_eq!(
+            shown,
+            serde_json::json!({
+                "allowed": ["10.0.0.0/8"],
+                "denied": ["127.0.0.0/8", "::1/128"],
+                "exempt": ["169.254.169.254/32:80"],
+            })
+        );
+        let defaults = validate(&tcp).unwrap().routing.fallback_destinations;
+        assert_eq!(defaults, crate::fallback::FallbackDestinations::default());
     }
 
     /// As Go's pflag: a flag given twice takes its last value (chart and kubeadm extraArgs

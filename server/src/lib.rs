@@ -357,7 +357,9 @@ async fn start(
     }
     let fallback = match &config.routing.fallback {
         Some(fallback) => {
-            let fallback = fallback::Fallback::new(fallback.clone()).context("--fallback-proxy")?;
+            let fallback =
+                fallback::Fallback::new(fallback.clone(), &config.routing.fallback_destinations)
+                    .context("--fallback-proxy")?;
             info!(fallback = %fallback.url(), "CONNECTs that no agent matches go to the fallback proxy");
             Some(fallback)
         }

@@ -512,7 +512,7 @@ impl Metrics {
         );
         let dials = registered(r, "dials", "CONNECT requests by result", Family::default());
         let agent_handshakes = registered(r, "agent_handshakes", "Agent connections by how their handshake ended: ok, tls_error, unauthorized (401), forbidden (403), refused (another status), timed_out, stalled (cut for room), closed, duplicate (a server the agent holds already)", Family::default());
-        let fallback_dials = registered(r, "fallback_dials", "CONNECTs no agent matched, relayed to --fallback-proxy, by result: ok, refused (it answered another status), unreachable, timed_out, bad_answer", Family::default());
+        let fallback_dials = registered(r, "fallback_dials", "CONNECTs no agent matched, relayed to --fallback-proxy, by result: ok, refused (it answered another status than 200), unreachable, timed_out, bad_answer, denied (by the destination policy, not relayed)", Family::default());
         let fallback_tunnels_open = registered(
             r,
             "fallback_tunnels_open",
