@@ -12,7 +12,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use bridgehead_e2e::kubernetes::manifests::{self, hardening_problems, pod_specs};
-use bridgehead_e2e::kubernetes::real_cluster::{Install, RealCluster};
+use bridgehead_e2e::kubernetes::real_cluster::{Install, RealCluster, REPOSITORY};
 use bridgehead_e2e::kubernetes::{self, carried, ControlPlane, Egress};
 use bridgehead_e2e::{netns, prometheus};
 use serde_json::Value;
@@ -250,6 +250,8 @@ fn helm_install_on_a_real_cluster_carries_exec_logs_and_webhooks() {
         let mut cluster = RealCluster::start_with(&binaries, 2, Install::Nothing)
             .unwrap_or_else(|e| panic!("{e:#}"));
         let endpoint = format!("controlPlaneEndpoint={}", cluster.control_plane.address);
+        // The image from the cluster's registry, as a user points the chart at theirs.
+        let image = format!("image.repository={}", cluster.registry.image(REPOSITORY));
         let chart_dir = chart().display().to_string();
         let out = Command::new(&binary)
             .args([
@@ -260,6 +262,8 @@ fn helm_install_on_a_real_cluster_carries_exec_logs_and_webhooks() {
                 "kube-system",
                 "--set",
                 &endpoint,
+                "--set",
+                &image,
                 "--wait",
                 "--timeout=4m",
             ])

@@ -1,7 +1,8 @@
 //! docs/install.md, run as written: a real cluster with no egress at all (kube-apiserver dials
 //! nodes directly, and has no route to the workers, so `kubectl logs` fails), then every `sh`
-//! block of the page in order, as root on the control-plane node, in a checkout of this
-//! repository, with only `CONTROL_PLANE_ENDPOINT` given its value; then `kubectl exec`,
+//! block of the page in order, as root on the control-plane node, in a copy of this repository's
+//! deploy/, with only `CONTROL_PLANE_ENDPOINT` and `BRIDGEHEAD_IMAGE` (the cluster's registry)
+//! given their values; then `kubectl exec`,
 //! `kubectl logs -f` and a `failurePolicy: Fail` webhook work, each counted by the server as
 //! tunnels. Once per shape of the server: blocks marked `sh static-pod` or `sh daemonset` run
 //! only for theirs.
@@ -16,14 +17,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use bridgehead_e2e::kubernetes::real_cluster::{Install, RealCluster};
+use bridgehead_e2e::kubernetes::real_cluster::{Install, RealCluster, REPOSITORY};
 use bridgehead_e2e::kubernetes::{self, carried};
 use bridgehead_e2e::netns;
 
 /// The whole test, cluster start included.
 const TIMEOUT: Duration = Duration::from_secs(600);
-/// What the page tells the operator to replace, and with what.
+/// What the page tells the operator to replace.
 const ENDPOINT_LINE: &str = "export CONTROL_PLANE_ENDPOINT=control-plane.example.internal";
+const IMAGE_LINE: &str = "export BRIDGEHEAD_IMAGE=bridgehead";
 /// The shapes of the server, as the page marks their blocks.
 const SHAPES: [&str; 2] = ["static-pod", "daemonset"];
 
@@ -53,8 +55,9 @@ fn blocks(markdown: &str) -> Vec<(String, String)> {
     found
 }
 
-/// The script docs/install.md gives for `shape`, with `endpoint` for the control plane's.
-fn script(shape: &str, endpoint: &str) -> String {
+/// The script docs/install.md gives for `shape`, with `endpoint` for the control plane's and
+/// `image` for the image's repository.
+fn script(shape: &str, endpoint: &str, image: &str) -> String {
     let page = std::fs::read_to_string(repository().join("docs/install.md")).unwrap();
     let mut script = String::new();
     let mut last = String::new();
@@ -73,25 +76,29 @@ fn script(shape: &str, endpoint: &str) -> String {
             last = body;
         }
     }
-    assert!(
-        script.contains(ENDPOINT_LINE),
-        "docs/install.md no longer has {ENDPOINT_LINE:?}"
-    );
+    for line in [ENDPOINT_LINE, IMAGE_LINE] {
+        assert!(
+            script.contains(line),
+            "docs/install.md no longer has {line:?}"
+        );
+    }
     // kube-apiserver's restart (which the test does) comes after every command of the page.
     assert!(
         last.contains("/etc/kubernetes/manifests/kube-apiserver.yaml"),
         "docs/install.md's last block for {shape} is not kube-apiserver's:\n{last}"
     );
-    script.replace(
-        ENDPOINT_LINE,
-        &format!("export CONTROL_PLANE_ENDPOINT={endpoint}"),
-    )
+    script
+        .replace(
+            ENDPOINT_LINE,
+            &format!("export CONTROL_PLANE_ENDPOINT={endpoint}"),
+        )
+        .replace(IMAGE_LINE, &format!("export BRIDGEHEAD_IMAGE={image}"))
 }
 
 #[test]
 fn the_page_is_one_script_per_shape() {
     for shape in SHAPES {
-        let script = script(shape, "192.0.2.1");
+        let script = script(shape, "192.0.2.1", "registry.example/bridgehead");
         assert!(script.contains("export CONTROL_PLANE_ENDPOINT=192.0.2.1\n"));
         assert!(script.contains("kubectl apply -k deploy/rbac"));
         assert_eq!(
@@ -150,15 +157,27 @@ fn fresh_install(test: &'static str, shape: &'static str) {
     });
 }
 
-/// The page's script for `shape`, as root on the control-plane node, from the repository,
-/// with kubectl (the cluster's) on the PATH.
+/// The page's script for `shape`, as root on the control-plane node, in a copy of the
+/// repository's deploy/ (the page edits deploy/image), with kubectl (the cluster's) on the PATH.
 fn run_the_page(cluster: &RealCluster, shape: &str) {
     let endpoint = cluster.control_plane.address.to_string();
+    let image = cluster.registry.image(REPOSITORY);
     let kubectl_dir = cluster.control_plane.binaries.kubectl.parent().unwrap();
+    let checkout = tempfile::Builder::new()
+        .prefix("bh-install-")
+        .tempdir()
+        .unwrap();
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(repository().join("deploy"))
+        .arg(checkout.path())
+        .status()
+        .unwrap();
+    assert!(copied.success(), "copying deploy/");
     let script = format!(
         "cd {}\n{}",
-        repository().display(),
-        script(shape, &endpoint)
+        checkout.path().display(),
+        script(shape, &endpoint, &image)
     );
     let path = format!(
         "PATH={}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
