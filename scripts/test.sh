@@ -21,6 +21,8 @@ if command -v go >/dev/null; then
   # konnectivity itself, for the --fallback-proxy tests, the migration test on the real
   # cluster (an image of it) and the bench's side by side.
   scripts/anp-build.sh
+  # helm, for the chart's tests (lint, template, install on the real cluster).
+  scripts/helm-build.sh
 fi
 # Prometheus and promtool from Debian's package, unpacked under target/prometheus (not
 # installed: no service starts), for the monitoring tests.

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes Bridgehead's monitoring from one description: the Prometheus rule file, the same
-groups as a PrometheusRule, and the Grafana dashboard.
+groups as a PrometheusRule, and the Grafana dashboard (as JSON and as a ConfigMap for Grafana's
+sidecar); and the rule groups and dashboard charts/bridgehead reads.
 
     deploy/monitoring/generate.py            # rewrite the generated files
     deploy/monitoring/generate.py --check    # exit 1 if a generated file is stale
@@ -366,11 +367,36 @@ def rule_tests():
     return HEADER + yaml(test) + "\n"
 
 
+def dashboard_configmap():
+    """The dashboard where Grafana's sidecar (kube-prometheus-stack's) picks it up: a ConfigMap
+    with the label `grafana_dashboard`."""
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "bridgehead-dashboard",
+            "namespace": "kube-system",
+            "labels": {"app.kubernetes.io/name": "bridgehead", "grafana_dashboard": "1"},
+        },
+        "data": {"bridgehead.json": dashboard()},
+    }
+    return HEADER + yaml(config_map) + "\n"
+
+
+def chart_groups():
+    """The rule groups for charts/bridgehead's PrometheusRule (Helm does not template files
+    it reads with .Files.Get, so the alerts' {{ $labels }} stay as they are)."""
+    return HEADER + yaml(groups()) + "\n"
+
+
 OUTPUTS = {
     "bridgehead.rules.yaml": rule_file,
     "prometheusrule.yaml": prometheus_rule,
     "dashboard.json": dashboard,
+    "dashboard-configmap.yaml": dashboard_configmap,
     "tests/bridgehead.rules.test.yaml": rule_tests,
+    "../../charts/bridgehead/files/rule-groups.yaml": chart_groups,
+    "../../charts/bridgehead/files/dashboard.json": dashboard,
 }
 
 

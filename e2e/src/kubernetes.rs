@@ -18,12 +18,14 @@
 //! Everything runs in namespaces the test created, on their own addresses; kube-apiserver's
 //! resolver is the namespace's loopback, where nothing answers, so no query leaves the test.
 
+pub mod carried;
 pub mod cluster;
 pub mod control_plane;
 pub mod controllers;
 pub mod fleet;
 pub mod images;
 pub mod konnectivity;
+pub mod manifests;
 pub mod node;
 pub mod node_host;
 pub mod real_cluster;

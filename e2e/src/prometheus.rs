@@ -146,3 +146,53 @@ fn encode(text: &str) -> String {
         })
         .collect()
 }
+
+/// The prometheus-operator release whose CRDs (PodMonitor, PrometheusRule, ServiceMonitor)
+/// deploy/monitoring and the chart are validated against.
+pub const OPERATOR: &str = "github.com/prometheus-operator/prometheus-operator@v0.85.0";
+
+/// The folder of [`OPERATOR`]'s CRDs, from its Go module (`go mod download`); `None` when Go is
+/// missing.
+pub fn operator_crds() -> anyhow::Result<Option<PathBuf>> {
+    let download = Command::new("go")
+        .args(["mod", "download", "-json", OPERATOR])
+        .env("GOFLAGS", "-mod=mod")
+        .output();
+    let Ok(download) = download else {
+        return Ok(None);
+    };
+    if !download.status.success() {
+        bail!(
+            "go mod download {OPERATOR}: {}{}",
+            String::from_utf8_lossy(&download.stdout),
+            String::from_utf8_lossy(&download.stderr)
+        );
+    }
+    let module: serde_json::Value = serde_json::from_slice(&download.stdout)?;
+    let dir = module["Dir"]
+        .as_str()
+        .context("no Dir from go mod download")?;
+    Ok(Some(
+        PathBuf::from(dir).join("example/prometheus-operator-crd"),
+    ))
+}
+
+/// [`operator_crds`] applied to `control_plane`, each waited for until established.
+pub fn install_operator_crds(
+    control_plane: &crate::kubernetes::ControlPlane,
+    crds: &Path,
+) -> anyhow::Result<()> {
+    for kind in ["prometheusrules", "podmonitors", "servicemonitors"] {
+        let file = crds.join(format!("monitoring.coreos.com_{kind}.yaml"));
+        control_plane
+            .kubectl_ok(&["apply", "--server-side", "-f", &file.display().to_string()])
+            .with_context(|| format!("{kind} CRD"))?;
+        control_plane.kubectl_ok(&[
+            "wait",
+            "--for=condition=established",
+            "--timeout=60s",
+            &format!("crd/{kind}.monitoring.coreos.com"),
+        ])?;
+    }
+    Ok(())
+}

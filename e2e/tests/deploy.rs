@@ -1,13 +1,17 @@
 //! The manifests in `deploy/` against a real kube-apiserver: every kustomization and manifest
 //! passes `kubectl apply --dry-run=server` (strict field validation: an unknown or misplaced
 //! field fails), and kube-apiserver starts with the EgressSelectorConfiguration file given
-//! there. Needs root and `scripts/k8s-build.sh`; skipped loudly otherwise.
+//! there; every pod they run is hardened (seccomp, read-only root, no capability, the priority
+//! class kubernetes.io's konnectivity page gives, no hostPath that makes a missing file), the
+//! agents pass the restricted Pod Security level, and every image is the workspace version's.
+//! Needs root and `scripts/k8s-build.sh`; skipped loudly otherwise.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use bridgehead_e2e::kubernetes::{self, ControlPlane, Egress};
+use bridgehead_e2e::kubernetes::{self, manifests, ControlPlane, Egress};
 use bridgehead_e2e::netns;
+use serde_json::Value;
 
 fn deploy(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -44,14 +48,13 @@ fn every_manifest_passes_server_side_validation() {
         control_plane
             .apply("apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n  namespace: kube-system\n")
             .unwrap();
-        let pod = deploy("server-static-pod/konnectivity-server.yaml");
         let out = control_plane
             .kubectl_ok(&[
                 "apply",
                 "--dry-run=server",
                 "--validate=strict",
-                "-f",
-                &pod.display().to_string(),
+                "-k",
+                &deploy("server-static-pod").display().to_string(),
             ])
             .unwrap();
         assert!(
@@ -71,6 +74,74 @@ fn every_manifest_passes_server_side_validation() {
             "image: bridgehead:0.1.0",
         ] {
             assert!(built.contains(needle), "{needle}\n{built}");
+        }
+    });
+}
+
+#[test]
+fn every_pod_is_hardened_and_the_agents_are_restricted() {
+    let test = "every_pod_is_hardened_and_the_agents_are_restricted";
+    let Some(binaries) = kubernetes::require(test) else {
+        return;
+    };
+    netns::with_net(test, 1, Duration::from_secs(180), move |mut net| {
+        let control_plane = ControlPlane::start(&binaries, &mut net, 0, Egress::Direct, &[])
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        control_plane
+            .apply("apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n  namespace: kube-system\n")
+            .unwrap();
+        let mut pods = 0;
+        for kustomization in ["server-static-pod", "server-daemonset", "agent"] {
+            let out = control_plane
+                .kubectl_ok(&[
+                    "apply",
+                    "--dry-run=server",
+                    "-o",
+                    "json",
+                    "-k",
+                    &deploy(kustomization).display().to_string(),
+                ])
+                .unwrap_or_else(|e| panic!("deploy/{kustomization}: {e:#}"));
+            let objects: Value = serde_json::from_str(&out).unwrap();
+            for (what, pod) in manifests::pod_specs(&objects) {
+                let problems = manifests::hardening_problems(&pod, &manifests::image());
+                assert!(
+                    problems.is_empty(),
+                    "deploy/{kustomization} {what}: {problems:#?}"
+                );
+                pods += 1;
+            }
+        }
+        assert_eq!(
+            pods, 3,
+            "the static pod, the server's and the agents' DaemonSets"
+        );
+
+        // Pod Security admission warns about a workload whose pods a namespace's level would
+        // refuse: none for the agents at `restricted`; the server, on the host's network and
+        // files, is at `privileged` as docs/install.md says.
+        control_plane
+            .apply("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: restricted\n  labels:\n    pod-security.kubernetes.io/enforce: restricted\n    pod-security.kubernetes.io/warn: restricted\n")
+            .unwrap();
+        for (kustomization, admitted) in [("agent", true), ("server-daemonset", false)] {
+            let built = control_plane
+                .kubectl_ok(&["kustomize", &deploy(kustomization).display().to_string()])
+                .unwrap()
+                .replace("namespace: kube-system", "namespace: restricted");
+            let out = control_plane
+                .kubectl_as(
+                    &control_plane.kubeconfig,
+                    &["apply", "--dry-run=server", "-f", "-"],
+                    Some(&built),
+                )
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "deploy/{kustomization}: {stderr}");
+            assert_eq!(
+                !stderr.contains("would violate PodSecurity \"restricted"),
+                admitted,
+                "deploy/{kustomization} at restricted: {stderr}"
+            );
         }
     });
 }

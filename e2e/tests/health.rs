@@ -257,6 +257,7 @@ fn konnectivity_and_process_metrics_by_name_type_and_labels() {
         ),
         ("bridgehead_server_dials", "counter", &["result"]),
         ("bridgehead_server_bytes", "counter", &["direction"]),
+        ("bridgehead_server_build_info", "gauge", &["version"]),
     ];
     let agent_expected: &[(&str, &str, &[&str])] = &[
         (
@@ -285,6 +286,7 @@ fn konnectivity_and_process_metrics_by_name_type_and_labels() {
             &[],
         ),
         ("bridgehead_agent_dials", "counter", &["result"]),
+        ("bridgehead_agent_build_info", "gauge", &["version"]),
     ];
     let process: &[(&str, &str, &[&str])] = &[
         ("process_cpu_seconds", "counter", &[]),

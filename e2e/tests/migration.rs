@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use bridgehead_e2e::kubernetes::konnectivity::Mode;
 use bridgehead_e2e::kubernetes::real_cluster::{
-    deploy, metric_sum, Install, RealCluster, POD_READY,
+    metric_sum, static_pod_manifest, Install, RealCluster, POD_READY,
 };
 use bridgehead_e2e::kubernetes::workload::{self, TestServer, DENIAL};
 use bridgehead_e2e::kubernetes::{self, Egress};
@@ -400,11 +400,9 @@ fn konnectivity_dials(metrics: &str) -> f64 {
 /// socket (a hostPath volume for each of the two socket directories)", under its own name;
 /// its image pulled from the cluster's registry.
 fn bridgehead_beside_konnectivity(cluster: &RealCluster) -> String {
+    let kubectl = kubernetes::Binaries::find().unwrap().kubectl;
     let mut text = cluster
-        .pulled_from_registry(
-            &std::fs::read_to_string(deploy().join("server-static-pod/konnectivity-server.yaml"))
-                .unwrap(),
-        )
+        .pulled_from_registry(&static_pod_manifest(&kubectl).unwrap())
         .unwrap();
     for (from, to) in [
         ("\n  name: konnectivity-server\n", "\n  name: bridgehead-server\n"),
@@ -416,8 +414,12 @@ fn bridgehead_beside_konnectivity(cluster: &RealCluster) -> String {
         ("8133", "8143"),
         ("8134", "8144"),
         (
+            "    volumeMounts:\n",
+            "    volumeMounts:\n    - name: bridgehead-uds\n      mountPath: /etc/kubernetes/bridgehead\n",
+        ),
+        (
             "  volumes:\n",
-            "    - name: bridgehead-uds\n      mountPath: /etc/kubernetes/bridgehead\n  volumes:\n  - name: bridgehead-uds\n    hostPath:\n      path: /etc/kubernetes/bridgehead\n      type: DirectoryOrCreate\n",
+            "  volumes:\n  - name: bridgehead-uds\n    hostPath:\n      path: /etc/kubernetes/bridgehead\n      type: DirectoryOrCreate\n",
         ),
     ] {
         assert!(

@@ -16,9 +16,6 @@ use bridgehead_e2e::process::{start_pair, wait_until};
 use bridgehead_e2e::prometheus::{self, promtool, Prometheus};
 use bridgehead_e2e::{kubernetes, netns, target, Agent, AgentOptions, Pki, ServerOptions};
 
-/// The prometheus-operator release whose CRDs the kustomization is validated against.
-const PROMETHEUS_OPERATOR: &str = "github.com/prometheus-operator/prometheus-operator@v0.85.0";
-
 fn monitoring() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/monitoring")
 }
@@ -174,23 +171,10 @@ fn the_monitoring_kustomization_validates_against_kube_apiserver() {
     let Some(binaries) = kubernetes::require(test) else {
         return;
     };
-    let download = Command::new("go")
-        .args(["mod", "download", "-json", PROMETHEUS_OPERATOR])
-        .env("GOFLAGS", "-mod=mod")
-        .output();
-    let Ok(download) = download.map_err(|e| e.to_string()) else {
+    let Some(crds) = prometheus::operator_crds().unwrap() else {
         bridgehead_e2e::skip::skip(test, "needs Go for the prometheus-operator's CRDs");
         return;
     };
-    assert!(
-        download.status.success(),
-        "go mod download {PROMETHEUS_OPERATOR}: {}{}",
-        String::from_utf8_lossy(&download.stdout),
-        String::from_utf8_lossy(&download.stderr)
-    );
-    let module: serde_json::Value = serde_json::from_slice(&download.stdout).unwrap();
-    let crds =
-        PathBuf::from(module["Dir"].as_str().unwrap()).join("example/prometheus-operator-crd");
     netns::with_net(test, 1, Duration::from_secs(180), move |mut net| {
         let control_plane = kubernetes::ControlPlane::start(
             &binaries,
@@ -200,20 +184,7 @@ fn the_monitoring_kustomization_validates_against_kube_apiserver() {
             &[],
         )
         .unwrap();
-        for kind in ["prometheusrules", "podmonitors", "servicemonitors"] {
-            let file = crds.join(format!("monitoring.coreos.com_{kind}.yaml"));
-            control_plane
-                .kubectl_ok(&["apply", "--server-side", "-f", &file.display().to_string()])
-                .unwrap_or_else(|e| panic!("{kind} CRD: {e:#}"));
-            control_plane
-                .kubectl_ok(&[
-                    "wait",
-                    "--for=condition=established",
-                    "--timeout=60s",
-                    &format!("crd/{kind}.monitoring.coreos.com"),
-                ])
-                .unwrap();
-        }
+        prometheus::install_operator_crds(&control_plane, &crds).unwrap();
         let out = control_plane
             .kubectl_ok(&[
                 "apply",
@@ -227,8 +198,49 @@ fn the_monitoring_kustomization_validates_against_kube_apiserver() {
             "prometheusrule.monitoring.coreos.com/bridgehead created (server dry run)",
             "podmonitor.monitoring.coreos.com/bridgehead-server created (server dry run)",
             "podmonitor.monitoring.coreos.com/bridgehead-agent created (server dry run)",
+            "configmap/bridgehead-dashboard created (server dry run)",
         ] {
             assert!(out.contains(created), "{created}\n{out}");
+        }
+        // kube-prometheus-stack's overlay: what its default selectors pick (`release`), and
+        // the dashboard where its Grafana sidecar looks (`grafana_dashboard`); the scrapes by
+        // port name (`targetPort` is deprecated).
+        let out = control_plane
+            .kubectl_ok(&[
+                "apply",
+                "--dry-run=server",
+                "--validate=strict",
+                "-o",
+                "json",
+                "-k",
+                &monitoring()
+                    .join("../monitoring-kube-prometheus-stack")
+                    .display()
+                    .to_string(),
+            ])
+            .unwrap_or_else(|e| panic!("deploy/monitoring-kube-prometheus-stack: {e:#}"));
+        let objects: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let items = objects["items"].as_array().unwrap();
+        assert_eq!(items.len(), 4, "{out}");
+        for item in items {
+            let labels = &item["metadata"]["labels"];
+            assert_eq!(labels["release"], "kube-prometheus-stack", "{item}");
+            match item["kind"].as_str().unwrap() {
+                "ConfigMap" => {
+                    assert_eq!(labels["grafana_dashboard"], "1");
+                    let board: serde_json::Value =
+                        serde_json::from_str(item["data"]["bridgehead.json"].as_str().unwrap())
+                            .unwrap();
+                    assert_eq!(board["uid"], "bridgehead-fleet");
+                }
+                "PodMonitor" => {
+                    for endpoint in item["spec"]["podMetricsEndpoints"].as_array().unwrap() {
+                        assert!(endpoint["port"].is_string(), "{endpoint}");
+                        assert!(endpoint.get("targetPort").is_none(), "{endpoint}");
+                    }
+                }
+                _ => {}
+            }
         }
     });
 }

@@ -1,11 +1,16 @@
-//! The README's flag tables are the operator's reference: every long flag a binary's `--help`
+//! docs/flags.md's tables are the operator's reference: every long flag a binary's `--help`
 //! lists is in a table row (its own table, or the konnectivity-compatibility and logging
-//! tables), and each binary's own table names no flag the binary does not take.
+//! tables), and each binary's own table names no flag the binary does not take. The README
+//! sends an operator there, and to the install before the flags.
 
 use std::collections::BTreeSet;
 use std::process::Command;
 
 use bridgehead_e2e::process::binary;
+
+fn flags_page() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/flags.md")).unwrap()
+}
 
 fn readme() -> String {
     std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap()
@@ -46,12 +51,12 @@ fn table_flags(text: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// The README's section that starts with the heading `title`, up to the next heading of the
+/// The section of `text` that starts with the heading `title`, up to the next heading of the
 /// same or a higher level.
 fn section<'a>(text: &'a str, title: &str) -> &'a str {
     let start = text
         .find(title)
-        .unwrap_or_else(|| panic!("{title} in README"));
+        .unwrap_or_else(|| panic!("{title} in docs/flags.md"));
     let rest = &text[start + title.len()..];
     let end = rest
         .find("\n## ")
@@ -63,8 +68,8 @@ fn section<'a>(text: &'a str, title: &str) -> &'a str {
 
 #[test]
 fn the_flag_tables_match_each_binarys_help() {
-    let readme = readme();
-    let documented = table_flags(&readme);
+    let page = flags_page();
+    let documented = table_flags(&page);
     for (name, heading) in [
         ("bridgehead-server", "### bridgehead-server"),
         ("bridgehead-agent", "### bridgehead-agent"),
@@ -74,13 +79,44 @@ fn the_flag_tables_match_each_binarys_help() {
         let missing: Vec<_> = takes.difference(&documented).collect();
         assert!(
             missing.is_empty(),
-            "{name} takes flags the README's tables do not list: {missing:?}"
+            "{name} takes flags docs/flags.md's tables do not list: {missing:?}"
         );
-        let own = table_flags(section(&readme, heading));
+        let own = table_flags(section(&page, heading));
         let stale: Vec<_> = own.difference(&takes).collect();
         assert!(
             stale.is_empty(),
-            "the README's {name} table lists flags it does not take: {stale:?}"
+            "docs/flags.md's {name} table lists flags it does not take: {stale:?}"
         );
     }
+}
+
+/// An operator's first screen: what it is and why (a measured table), then Install with the
+/// `helm install` and `kubectl apply -k` lines, before any developer command; no flag table.
+#[test]
+fn the_readme_opens_with_why_and_install() {
+    let readme = readme();
+    let install = readme.find("\n## Install\n").expect("an Install section");
+    let why = readme.find("| konnectivity |").expect("the measured table");
+    assert!(why < install, "the measured table comes before Install");
+    let helm = readme
+        .find("helm install bridgehead charts/bridgehead")
+        .expect("helm install");
+    let kustomize = readme
+        .find("kubectl apply -k deploy/")
+        .expect("kubectl apply -k");
+    let developer = readme
+        .find("scripts/quickstart.sh")
+        .expect("the quickstart");
+    assert!(
+        install < helm && install < kustomize,
+        "the install lines are under Install"
+    );
+    assert!(
+        helm < developer && kustomize < developer,
+        "install before developer commands"
+    );
+    assert!(
+        table_flags(&readme).is_empty(),
+        "the flag tables live in docs/flags.md, not the README"
+    );
 }

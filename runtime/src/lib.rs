@@ -21,6 +21,7 @@
 //!   `--tunnel-max-window` into `bridgehead_mux::memory::TunnelMemory`, and its metrics; byte
 //!   sizes.
 //! - [`process_metrics`]: `process_*` metrics under Prometheus' standard names.
+//! - [`build_info`]: `<prefix>_build_info{version}`, the release a process runs.
 //! - [`upgrade`]: the client's side of the WebSocket upgrade (agents to servers, servers to
 //!   peers).
 //! - [`threads`]: the tokio runtime, sized by `--worker-threads`.
@@ -30,6 +31,7 @@
 
 pub mod accept;
 pub mod addresses;
+pub mod build_info;
 pub mod certificates;
 pub mod compat;
 pub mod destinations;

@@ -457,6 +457,7 @@ impl Metrics {
             bridgehead_runtime::process_metrics::ProcessCollector,
         ));
         let registry = root.sub_registry_with_prefix("bridgehead_server");
+        registry.register_collector(Box::new(bridgehead_runtime::build_info::BuildInfoCollector));
         registry.register_collector(Box::new(bridgehead_runtime::logging::DroppedCollector));
         let budget = budget.clone();
         registry.register_collector(Box::new(bridgehead_runtime::memory::BudgetCollector(

@@ -342,7 +342,31 @@ impl ControlPlane {
         self.wait_ready()
     }
 
-    /// Runs kubectl with the admin kubeconfig.
+    /// kube-apiserver's arguments (its program aside), as it runs now.
+    pub fn apiserver_args(&self) -> Vec<String> {
+        self.apiserver_command
+            .1
+            .iter()
+            .map(|arg| arg.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    /// Stops kube-apiserver, and starts it again with its arguments and `flags` after them
+    /// (a later flag wins), and waits until it is ready: what kubelet does when an operator
+    /// adds flags to kube-apiserver's static pod manifest.
+    pub fn restart_apiserver_adding(&mut self, flags: &[String]) -> anyhow::Result<()> {
+        self.stop_apiserver();
+        self.apiserver_command
+            .1
+            .extend(flags.iter().map(std::ffi::OsString::from));
+        let (ns, args) = &self.apiserver_command;
+        let mut command = in_namespace(ns, &self.binaries.kube_apiserver);
+        command.args(args);
+        let (apiserver, _) = Process::spawn(command, &[])?;
+        self.apiserver = apiserver;
+        self.wait_ready()
+    }
+
     pub fn kubectl(&self, args: &[&str]) -> anyhow::Result<Output> {
         self.kubectl_as(&self.kubeconfig, args, None)
     }

@@ -2,13 +2,15 @@
 //! (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) whose `cluster` egress goes
 //! to the Unix socket of deploy/server-static-pod's EgressSelectorConfiguration; a
 //! control-plane node whose kubelet runs bridgehead-server from that static pod manifest,
-//! copied into its `/etc/kubernetes/manifests` (only its `image:` line pointed at the
-//! registry); worker nodes; and the agents as deploy/agent's DaemonSet (`kubectl apply -k` of
-//! an overlay that sets only `--proxy-server-host` and the image, as its kustomization says
-//! to). Each node is a [`NodeHost`] running the image `scripts/image.sh` builds from the
-//! binaries under test, pushed to a registry on the control plane's host ([`Registry`], CNCF
-//! Distribution over TLS) and pulled from there by each node's containerd, as a user's nodes
-//! pull from theirs.
+//! rendered (`kubectl kustomize`, for deploy/image's image) into its
+//! `/etc/kubernetes/manifests` (only its `image:` line pointed at the registry); worker nodes;
+//! and the agents as deploy/agent's DaemonSet (`kubectl apply -k` of an overlay that sets only
+//! `--proxy-server-host` and the image, as its kustomization says to). Each node is a
+//! [`NodeHost`] running the image `scripts/image.sh` builds from the binaries under test,
+//! pushed to a registry on the control plane's host ([`Registry`], CNCF Distribution over TLS)
+//! and pulled from there by each node's containerd, as a user's nodes pull from theirs. Or,
+//! for docs/install.md and the chart, the same cluster with nothing installed
+//! ([`Install::Nothing`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -45,6 +47,10 @@ pub enum Install {
     /// konnectivity as kubernetes.io sets it up ([`super::konnectivity`]), in this mode, on
     /// the same socket: where docs/migrating.md starts. deploy/rbac is applied too.
     Konnectivity(Mode),
+    /// Nothing: kube-apiserver without an egress selector, no RBAC, server or agent; the
+    /// control-plane node labelled and tainted, and its `/etc/kubernetes` holding what
+    /// `kubeadm init` leaves there ([`kubeadm_files`]): where docs/install.md starts.
+    Nothing,
 }
 
 /// The running cluster. Torn down on drop, nodes first.
@@ -79,7 +85,7 @@ impl RealCluster {
         install: Install,
     ) -> anyhow::Result<RealCluster> {
         let images = match install {
-            Install::Bridgehead => Images::get()?,
+            Install::Bridgehead | Install::Nothing => Images::get()?,
             Install::Konnectivity(_) => Images::with_konnectivity()?,
         };
         let mut net = TestNet::new(1)?;
@@ -103,6 +109,7 @@ impl RealCluster {
             CONTROL_PLANE_HOST,
             match install {
                 Install::Konnectivity(Mode::Grpc) => Egress::GrpcUds(socket),
+                Install::Nothing => Egress::Direct,
                 _ => Egress::Uds(socket),
             },
             &[],
@@ -123,26 +130,33 @@ impl RealCluster {
             ca_pem: registry.ca_pem.clone(),
         };
         let controllers = Controllers::start(&control_plane, &net, CONTROL_PLANE_HOST)?;
-        control_plane.kubectl_ok(&["apply", "-k", &deploy().join("rbac").to_string_lossy()])?;
         let manifest = match install {
-            Install::Bridgehead => pulled_from(
-                &std::fs::read_to_string(
-                    deploy().join("server-static-pod/konnectivity-server.yaml"),
-                )
-                .context("reading deploy/'s static pod manifest")?,
+            Install::Bridgehead => Some(pulled_from(
+                &static_pod_manifest(&binaries.kubectl)?,
                 &registry,
                 &version,
-            )?,
-            Install::Konnectivity(mode) => super::konnectivity::server_manifest(
+            )?),
+            Install::Konnectivity(mode) => Some(super::konnectivity::server_manifest(
                 &images
                     .konnectivity
                     .as_ref()
                     .context("no konnectivity image")?
                     .name,
                 mode,
-            ),
+            )),
+            Install::Nothing => None,
         };
-        install_server_files(&control_plane, etc_kubernetes.path(), &manifest)?;
+        match &manifest {
+            Some(manifest) => {
+                control_plane.kubectl_ok(&[
+                    "apply",
+                    "-k",
+                    &deploy().join("rbac").to_string_lossy(),
+                ])?;
+                install_server_files(&control_plane, etc_kubernetes.path(), manifest)?;
+            }
+            None => kubeadm_files(&control_plane, etc_kubernetes.path())?,
+        }
         let ns = net.host(CONTROL_PLANE_HOST).ns_name().to_owned();
         let control_plane_node = NodeHost::start(
             &control_plane,
@@ -182,6 +196,23 @@ impl RealCluster {
         };
         match install {
             Install::Bridgehead => cluster.install_agents(&[])?,
+            Install::Nothing => {
+                // As `kubeadm init` marks its node; the server's DaemonSet selects the label
+                // and tolerates the taint.
+                let cp = &cluster.control_plane;
+                cp.kubectl_ok(&[
+                    "label",
+                    "node",
+                    CONTROL_PLANE_NODE,
+                    "node-role.kubernetes.io/control-plane=",
+                ])?;
+                cp.kubectl_ok(&[
+                    "taint",
+                    "node",
+                    CONTROL_PLANE_NODE,
+                    "node-role.kubernetes.io/control-plane:NoSchedule",
+                ])?;
+            }
             Install::Konnectivity(_) => {
                 let image = &images
                     .konnectivity
@@ -346,6 +377,62 @@ fn relative_to(from: &Path, target: &Path) -> PathBuf {
 /// The workspace's deploy/.
 pub fn deploy() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// deploy/server-static-pod rendered by `kubectl` (`kubectl kustomize`: the image comes from
+/// deploy/image), as docs/install.md has an operator write it into `/etc/kubernetes/manifests`.
+pub fn static_pod_manifest(kubectl: &Path) -> anyhow::Result<String> {
+    let out = std::process::Command::new(kubectl)
+        .arg("kustomize")
+        .arg(deploy().join("server-static-pod"))
+        .output()
+        .context("running kubectl kustomize")?;
+    if !out.status.success() {
+        bail!(
+            "kubectl kustomize deploy/server-static-pod: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// What `kubeadm init` leaves in a control-plane node's `/etc/kubernetes` that docs/install.md
+/// uses: the cluster CA's pair and kube-apiserver's serving pair in `pki/` (keys 0600),
+/// `admin.conf`, and in `manifests/` a `kube-apiserver.yaml` whose command is the running
+/// kube-apiserver's (this kube-apiserver is a process of the test, not a static pod: kubelet
+/// finds the manifest's image nowhere and leaves it be; the test runs what an edit of the
+/// manifest asks for, [`ControlPlane::restart_apiserver_adding`]).
+pub fn kubeadm_files(control_plane: &ControlPlane, etc: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for folder in ["pki", "manifests"] {
+        std::fs::create_dir_all(etc.join(folder))?;
+    }
+    let cp = control_plane.dir();
+    let ca = &control_plane.authority().ca;
+    let pki = etc.join("pki");
+    std::fs::write(pki.join("ca.crt"), &ca.cert_pem)?;
+    std::fs::write(pki.join("ca.key"), &ca.key_pem)?;
+    std::fs::copy(cp.join("apiserver.crt"), pki.join("apiserver.crt"))?;
+    std::fs::copy(cp.join("apiserver.key"), pki.join("apiserver.key"))?;
+    for key in ["ca.key", "apiserver.key"] {
+        std::fs::set_permissions(pki.join(key), std::fs::Permissions::from_mode(0o600))?;
+    }
+    std::fs::copy(&control_plane.kubeconfig, etc.join("admin.conf"))?;
+    std::fs::set_permissions(
+        etc.join("admin.conf"),
+        std::fs::Permissions::from_mode(0o600),
+    )?;
+    let mut manifest = String::from(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: kube-apiserver\n  namespace: kube-system\n  labels:\n    component: kube-apiserver\n    tier: control-plane\nspec:\n  hostNetwork: true\n  priorityClassName: system-node-critical\n  containers:\n  - name: kube-apiserver\n    image: kube-apiserver.invalid/kube-apiserver:test\n    command:\n    - kube-apiserver\n",
+    );
+    for arg in control_plane.apiserver_args() {
+        manifest.push_str(&format!("    - {}\n", serde_json::to_string(&arg)?));
+    }
+    manifest.push_str(
+        "    volumeMounts:\n    - name: k8s-certs\n      mountPath: /etc/kubernetes/pki\n      readOnly: true\n  volumes:\n  - name: k8s-certs\n    hostPath:\n      path: /etc/kubernetes/pki\n      type: DirectoryOrCreate\n",
+    );
+    std::fs::write(etc.join("manifests/kube-apiserver.yaml"), manifest)?;
+    Ok(())
 }
 
 /// What a kubeadm control-plane node holds for the server's static pod: the kube-apiserver's

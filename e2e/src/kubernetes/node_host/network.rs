@@ -167,10 +167,13 @@ pub(super) fn refuse_elsewhere(holder_pid: u32) -> anyhow::Result<()> {
 }
 
 /// What kube-proxy would program on the node for the one Service the node's own pods need,
-/// `kubernetes` (in-cluster configuration: the agents' Lease counting): connections to its
-/// ClusterIP, port 443, from the node's pods (PREROUTING) and its own processes (OUTPUT) go
-/// to kube-apiserver. No kube-proxy runs on the test nodes; other Services' ClusterIPs stay
-/// unrouted (kube-apiserver reaches Services' pods by their endpoints).
+/// `kubernetes` (in-cluster configuration: the agents' Lease counting, the server's DaemonSet
+/// on the host's network): connections to its ClusterIP, port 443, from the node's pods
+/// (PREROUTING) and its own processes (OUTPUT) go to kube-apiserver. No kube-proxy runs on the
+/// test nodes; other Services' ClusterIPs stay unrouted (kube-apiserver reaches Services' pods
+/// by their endpoints). The OUTPUT filter matches the interface routed to before the DNAT
+/// (on the control-plane node, which has no route to the ClusterIP, the one
+/// [`refuse_elsewhere`] rejects): what was translated is let through first.
 pub(super) fn kubernetes_service(
     holder_pid: u32,
     apiserver: Ipv4Addr,
@@ -178,6 +181,25 @@ pub(super) fn kubernetes_service(
 ) -> anyhow::Result<()> {
     let to = format!("{apiserver}:{port}");
     let service = format!("{}/32", super::super::control_plane::KUBERNETES_SERVICE_IP);
+    let accept = [
+        "iptables",
+        "-I",
+        "OUTPUT",
+        "1",
+        "-m",
+        "conntrack",
+        "--ctstate",
+        "DNAT",
+        "-j",
+        "ACCEPT",
+    ];
+    let out = enter(holder_pid, &accept)?;
+    if !out.status.success() {
+        bail!(
+            "{accept:?} in the node host: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     for chain in ["PREROUTING", "OUTPUT"] {
         let command = [
             "iptables",
