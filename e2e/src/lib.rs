@@ -22,6 +22,7 @@ pub mod dns;
 pub mod haproxy;
 pub mod konnectivity;
 pub mod kubernetes;
+pub mod late;
 pub mod netns;
 pub mod pki;
 pub mod process;
