@@ -118,6 +118,8 @@ enum Refused {
     PreAuthTimeout(std::time::Duration),
     #[error("handshake stalled, and closed to make room for another agent")]
     Stalled,
+    #[error("the server shut down during the handshake")]
+    ShuttingDown,
     #[error("the upgrade answer could not be written within {0:?}")]
     AnswerTimeout(std::time::Duration),
     /// Answered with this status and reason.
@@ -135,7 +137,7 @@ impl Refused {
     fn label(&self) -> AgentHandshake {
         match self {
             Refused::Tls(_) => AgentHandshake::TlsError,
-            Refused::Closed => AgentHandshake::Closed,
+            Refused::Closed | Refused::ShuttingDown => AgentHandshake::Closed,
             Refused::PreAuthTimeout(_) | Refused::AnswerTimeout(_) => AgentHandshake::TimedOut,
             Refused::Stalled => AgentHandshake::Stalled,
             Refused::Auth(refusal) => match refusal.status() {
@@ -173,13 +175,18 @@ async fn session(
     home: Option<Home>,
 ) {
     let _ = tcp.set_nodelay(true);
-    // Before authentication: TLS and the upgrade request, bounded in time and cut for room
-    // only when the agent has stalled.
+    // Before authentication: TLS and the upgrade request, cut for room only when the agent
+    // has stalled (the rule that tells a slowloris from a slow agent), and bounded in all by
+    // `--agent-handshake-timeout`, a backstop past what an agent itself waits for, so that
+    // it never throws away a handshake whose agent is still answering. Nothing waits for
+    // one at shutdown: it has not proved who it is.
+    let backstop = ctx.config.agent_endpoint.handshake_timeout;
     let read = tokio::select! {
-        read = tokio::time::timeout(ctx.config.agent_endpoint.handshake_timeout, pre_auth(place.watch(tcp), acceptor)) => {
-            read.unwrap_or(Err(Refused::PreAuthTimeout(ctx.config.agent_endpoint.handshake_timeout)))
+        read = tokio::time::timeout(backstop, pre_auth(place.watch(tcp), acceptor)) => {
+            read.unwrap_or(Err(Refused::PreAuthTimeout(backstop)))
         }
         () = place.cut() => Err(Refused::Stalled),
+        () = sessions.cancelled() => Err(Refused::ShuttingDown),
     };
     drop(place);
     let outcome = match read {
@@ -434,6 +441,7 @@ async fn answer(tls: &mut AgentTls, refused: Refused) -> Refused {
         | Refused::Closed
         | Refused::PreAuthTimeout(_)
         | Refused::Stalled
+        | Refused::ShuttingDown
         | Refused::AnswerTimeout(_) => return refused,
     };
     let _ = tls

@@ -37,6 +37,10 @@ pub const PEER_PATH: &str = "/peer";
 /// and a scan of every agent per line.
 const VIEW_BATCH: Duration = Duration::from_millis(20);
 
+/// Longest a peer may take for its TLS handshake and upgrade: servers on the control plane
+/// answer at once, so this stays short (the agent endpoint's backstop waits for slow agents).
+const PEER_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Accepts peers until `stop`; each session runs until the peer leaves or `end` fires.
 pub async fn serve(
     listener: TcpListener,
@@ -73,7 +77,7 @@ async fn session(
     end: CancellationToken,
 ) {
     let _ = tcp.set_nodelay(true);
-    let timeout = ctx.config.agent_endpoint.handshake_timeout;
+    let timeout = PEER_HANDSHAKE_TIMEOUT;
     let opened = tokio::time::timeout(timeout, upgrade(tcp, acceptor, &ctx)).await;
     let (ws, peer) = match opened {
         Ok(Ok(upgraded)) => upgraded,
