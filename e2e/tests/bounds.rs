@@ -349,3 +349,32 @@ fn agent_handshake_timeout_cuts_an_agent_that_trickles_its_hello() {
     drop(tcp);
     paced.join().unwrap();
 }
+
+/// A handshake is not work a shutdown waits for (the agent has proved nothing yet): with a
+/// silent connection accepted on the agent port and the handshake bound far away, SIGTERM
+/// ends the server at once, not when the handshake's bound or the close timeout comes.
+#[test]
+fn a_shutdown_does_not_wait_for_an_agent_handshake() {
+    let pki = Pki::new().unwrap();
+    let options = ServerOptions {
+        args: args(&["--agent-handshake-timeout", "10m"]),
+        ..Default::default()
+    };
+    let mut server = Server::start(&pki, options).unwrap();
+    let pid = server.process.pid();
+    let before = bridgehead_e2e::procfs::fd_count(pid);
+    let _silent = raw_tcp(server.agent_addr);
+    // Accepted once the server holds a descriptor for it.
+    wait_until(IO_TIMEOUT, || {
+        bridgehead_e2e::procfs::fd_count(pid) > before
+    })
+    .unwrap();
+    let started = Instant::now();
+    server.process.signal("TERM").unwrap();
+    server.process.wait_exit(IO_TIMEOUT).unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "the server took {took:?} to exit with one handshake open"
+    );
+}

@@ -81,9 +81,10 @@ pub async fn serve(
         }
         let span = tracing::info_span!("agent", peer = %peer, agent = tracing::field::Empty);
         let acceptor = TlsAcceptor::from(tls.current());
-        let (ctx, sessions) = (ctx.clone(), sessions.clone());
+        let (ctx, sessions, stop) = (ctx.clone(), sessions.clone(), shutdown.clone());
         let Some(home) = ctx.shards.home() else {
-            let here = session(tcp, peer, acceptor, ctx, sessions, place, None);
+            let ends = Ends { stop, sessions };
+            let here = session(tcp, peer, acceptor, ctx, ends, place, None);
             spawn_home(None, &tracker, here.instrument(span));
             continue;
         };
@@ -99,7 +100,10 @@ pub async fn serve(
         let handle = home.handle().clone();
         let on_home = async move {
             match tokio::net::TcpStream::from_std(tcp) {
-                Ok(tcp) => session(tcp, peer, acceptor, ctx, sessions, place, Some(home)).await,
+                Ok(tcp) => {
+                    let ends = Ends { stop, sessions };
+                    session(tcp, peer, acceptor, ctx, ends, place, Some(home)).await
+                }
                 Err(error) => debug!(%error, "registering an agent's connection"),
             }
         };
@@ -165,12 +169,19 @@ struct Upgrade {
     duplicate: bool,
 }
 
+/// When a connection's work ends: `stop` (the server stops accepting) ends a handshake,
+/// `sessions` (the grace period is over) a session.
+struct Ends {
+    stop: CancellationToken,
+    sessions: CancellationToken,
+}
+
 async fn session(
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
     acceptor: TlsAcceptor,
     ctx: Arc<Context>,
-    sessions: CancellationToken,
+    ends: Ends,
     place: Place,
     home: Option<Home>,
 ) {
@@ -186,7 +197,7 @@ async fn session(
             read.unwrap_or(Err(Refused::PreAuthTimeout(backstop)))
         }
         () = place.cut() => Err(Refused::Stalled),
-        () = sessions.cancelled() => Err(Refused::ShuttingDown),
+        () = ends.stop.cancelled() => Err(Refused::ShuttingDown),
     };
     drop(place);
     let outcome = match read {
@@ -209,7 +220,7 @@ async fn session(
             return;
         }
     };
-    serve_session(established, &ctx, sessions).await;
+    serve_session(established, &ctx, ends.sessions).await;
 }
 
 /// A session that was answered `101`, registered under `key`.
