@@ -4,7 +4,9 @@
 # namespace; a control-plane node whose kubelet runs bridgehead-server from
 # deploy/server-static-pod; worker nodes (containerd and kubelet in namespaces of their own,
 # which the control plane has no route to) running the agents from deploy/agent; the image
-# built by scripts/image.sh from this tree; a demo pod (a shell serving port 8080) on worker-1.
+# built by scripts/image.sh from this tree, pushed (scripts/push-image.sh) to a registry on the
+# control plane's host (CNCF Distribution over TLS, scripts/registry-build.sh) that every
+# node's containerd pulls it from; a demo pod (a shell serving port 8080) on worker-1.
 # Prints an `export KUBECONFIG=...` line once ready and runs until Ctrl-C, which removes every
 # process, mount, cgroup, namespace and file it made. Needs root; the first run installs the
 # system packages (scripts/install-test-deps.sh) and builds the Kubernetes binaries from their
@@ -15,5 +17,6 @@ cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "cluster.sh needs root (namespaces, mounts, cgroups)" >&2; exit 1; }
 scripts/install-test-deps.sh
 scripts/k8s-build.sh >/dev/null
+scripts/registry-build.sh >/dev/null
 cargo build -q --workspace --bins
 exec target/debug/real-cluster "$@"

@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets of proto/fuzz and runs each for a number of executions.
+# Builds the libFuzzer targets of proto/fuzz (or kubeapi/fuzz) and runs each for a number of
+# executions.
 #
 #   scripts/fuzz.sh                       # the figures of proto/fuzz/README.md (10^8 in all)
 #   scripts/fuzz.sh decode=1000000        # one target, a million executions
+#   scripts/fuzz.sh kubeapi               # kubeapi/fuzz's targets (kubeapi/fuzz/README.md)
+#   scripts/fuzz.sh kubeapi jwt=1000000   # one of them
 #
 # Needs the nightly toolchain (rustup's `nightly`) or RUSTC_BOOTSTRAP=1 with the stable one,
 # and a C++ compiler (libfuzzer-sys builds libFuzzer). No cargo-fuzz: the flags it would pass
 # are set here. Targets run one after another; each
-# grows its corpus in proto/fuzz/corpus/<target> (ignored by git) from proto/fuzz/seeds/<target>,
-# and a crash leaves its input in proto/fuzz/artifacts/<target>/ and fails the script.
+# grows its corpus in <crate>/fuzz/corpus/<target> (ignored by git) from <crate>/fuzz/seeds/<target>,
+# and a crash leaves its input in <crate>/fuzz/artifacts/<target>/ and fails the script.
 set -euo pipefail
 
-cd "$(dirname "$0")/../proto/fuzz"
+crate=proto
+case "${1:-}" in
+proto | kubeapi)
+    crate=$1
+    shift
+    ;;
+esac
+cd "$(dirname "$0")/../$crate/fuzz"
 
-runs=("decode=50000000" "ident=35000000" "session=15000000" "connect_head=10000000")
+case "$crate" in
+proto) runs=("decode=50000000" "ident=35000000" "session=15000000" "connect_head=10000000") ;;
+kubeapi) runs=("jwt=5000000" "jwks=5000000") ;;
+esac
 if [ "$#" -gt 0 ]; then
     runs=("$@")
 fi

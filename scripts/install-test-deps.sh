@@ -4,7 +4,7 @@
 # `scripts/test.sh` where it runs as root on a machine with apt-get. Elsewhere it lists what is
 # missing and exits 0: the tests that need those skip loudly (and fail where skips are
 # forbidden). The Go-built components (kube-apiserver, kubelet, ...) come from
-# scripts/k8s-build.sh, not from here.
+# scripts/k8s-build.sh, and the image registry from scripts/registry-build.sh, not from here.
 set -euo pipefail
 
 # What a test needs, as "probe package": the probe is a command on PATH or an absolute path.
@@ -26,6 +26,7 @@ wants=(
   "/usr/lib/cni/bridge containernetworking-plugins"   # real nodes: pod networks (bridge, host-local, portmap, loopback)
   "iptables iptables"           # real nodes: the portmap CNI plugin and kubelet's own rules
   "/bin/busybox busybox-static" # real nodes: the test pods' root file system (scripts/image.sh)
+  "skopeo skopeo"               # scripts/push-image.sh: Bridgehead's image into the test registry
 )
 
 missing=()

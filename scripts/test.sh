@@ -15,6 +15,9 @@ cargo build --workspace --bins
 # dialer) from their Go modules, cached under target/k8s: minutes the first time, nothing after.
 if command -v go >/dev/null; then
   scripts/k8s-build.sh
+  # The image registry the real cluster's nodes pull Bridgehead's image from (CNCF
+  # Distribution, from its Go module), cached under target/registry.
+  scripts/registry-build.sh
   # konnectivity itself, for the --fallback-proxy tests, the migration test on the real
   # cluster (an image of it) and the bench's side by side.
   scripts/anp-build.sh

@@ -22,7 +22,7 @@ use serde::Serialize;
 
 pub use crate::tls::ClientCert;
 
-use crate::policy::{parse_rules, Policy, Rule};
+use bridgehead_runtime::destinations::{parse_rules, Policy, Rule, RuleFlags};
 
 /// The session is declared dead after this many keepalive intervals of silence.
 const KEEPALIVE_MISSES: u32 = 3;
@@ -416,10 +416,8 @@ impl SessionsConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DestinationsConfig {
     /// `--allowed-destinations`.
-    #[serde(serialize_with = "rules")]
     pub allowed: Vec<Rule>,
     /// `--denied-destinations`.
-    #[serde(serialize_with = "rules")]
     pub denied: Vec<Rule>,
 }
 
@@ -452,10 +450,6 @@ fn server_name<S: serde::Serializer>(name: &ServerName<'_>, to: S) -> Result<S::
     to.collect_str(&name.to_str())
 }
 
-fn rules<S: serde::Serializer>(rules: &[Rule], to: S) -> Result<S::Ok, S::Error> {
-    to.collect_seq(rules.iter().map(ToString::to_string))
-}
-
 impl Config {
     /// The certificate files in use, by role, for the expiry metric.
     pub fn certificate_files(&self) -> Vec<(&'static str, PathBuf)> {
@@ -482,6 +476,7 @@ impl Config {
             .chain(self.identifiers.ipv6.iter().map(|ip| IpAddr::V6(*ip)))
             .collect();
         Policy::new(
+            RuleFlags::AGENT,
             self.destinations.allowed.clone(),
             self.destinations.denied.clone(),
             own_ports,

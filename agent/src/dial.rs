@@ -9,7 +9,7 @@ use std::time::Duration;
 use bridgehead_mux::memory::{EarnedBuffer, SocketTuning};
 use bridgehead_proto::ErrorCode;
 
-use crate::policy::{Denied, Policy};
+use bridgehead_runtime::destinations::{Denied, Policy};
 use tokio::net::TcpStream;
 
 /// Why a dial failed.

@@ -9,20 +9,19 @@
 //! already) until it holds a session with as many distinct servers as the count says
 //! (`server_count`), waiting by [`schedule::Schedule`] between attempts. Each session
 //! (`session`) takes its server's dials, each to the target through [`dial`], one task per
-//! tunnel. [`config`] turns the command line into a validated [`Config`]. On shutdown the
+//! tunnel, checked against the destination policy (`bridgehead_runtime::destinations`, the one
+//! the server applies to what it relays to its fallback proxy). [`config`] turns the command line into a validated [`Config`]. On shutdown the
 //! agent announces DRAIN on every session and lets open tunnels finish within the grace
 //! period.
 //!
 //! Not here: the wire protocol and flow control (`bridgehead-proto`, `bridgehead-mux`), and
-//! any policy on which targets may be dialed — the server routes, the agent dials what it is
-//! asked.
+//! routing — the server routes, the agent dials what it is asked if its policy allows it.
 
 pub mod config;
 mod context;
 pub mod dial;
 mod health;
 mod metrics;
-pub mod policy;
 pub mod schedule;
 mod server_connection;
 mod server_count;

@@ -24,11 +24,11 @@ use tracing::{debug, error, info, info_span, warn, Instrument};
 
 use crate::config::Config;
 use crate::context::Context;
-use crate::policy::Policy;
 use crate::schedule::Schedule;
 use crate::server_connection::{self, ConnectError, Connected};
 use crate::server_count::ServerCount;
 use bridgehead_runtime::addresses::Addresses;
+use bridgehead_runtime::destinations::Policy;
 
 /// A session that lasted this long was healthy: losing it starts the search from the first
 /// step; a shorter one counts as a failed attempt (a server that accepts and drops at once

@@ -20,8 +20,8 @@ use crate::config::Config;
 use crate::context::Context;
 use crate::dial::{self, DialError};
 use crate::metrics::Metrics;
-use crate::policy::Policy;
 use crate::server_connection::ServerWebSocket;
+use bridgehead_runtime::destinations::Policy;
 
 /// After the session ended, how long its tunnel tasks get to notice and finish.
 const TASKS_AFTER_SESSION: Duration = Duration::from_secs(5);

@@ -5,9 +5,9 @@ use std::io;
 use std::time::Duration;
 
 use bridgehead_agent::dial::{code_of, dial, dial_with, DialError};
-use bridgehead_agent::policy::Policy;
 use bridgehead_mux::memory::SocketTuning;
 use bridgehead_proto::ErrorCode;
+use bridgehead_runtime::destinations::{Policy, RuleFlags};
 use bridgehead_test_support::bounded;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -165,8 +165,9 @@ async fn the_policy_applies_to_resolved_addresses() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let deny = Policy::new(
+            RuleFlags::AGENT,
             vec![],
-            bridgehead_agent::policy::parse_rules("127.0.0.0/8,::1/128").unwrap(),
+            bridgehead_runtime::destinations::parse_rules("127.0.0.0/8,::1/128").unwrap(),
             vec![],
             vec![],
         );
@@ -186,7 +187,7 @@ async fn the_policy_applies_to_resolved_addresses() {
             assert_eq!(error.code(), ErrorCode::NotPermitted);
         }
         // The agent's own port on this host is denied by default.
-        let own = Policy::new(vec![], vec![], vec![port], vec![]);
+        let own = Policy::new(RuleFlags::AGENT, vec![], vec![], vec![port], vec![]);
         let error = dial(
             "127.0.0.1",
             port,

@@ -287,14 +287,33 @@ pub fn agent_upgrade(
     bearer: Option<&str>,
     query: &str,
 ) -> anyhow::Result<ErrorReply> {
-    let name = ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
-    let mut tls = tls_stream_named(config, addr, name)?;
     let authorization = bearer.map_or(String::new(), |token| {
         format!("authorization: Bearer {token}\r\n")
     });
+    websocket_upgrade(
+        config,
+        addr,
+        &format!("/connect?{query}"),
+        bridgehead_proto::SUBPROTOCOL,
+        &authorization,
+    )
+}
+
+/// A WebSocket upgrade to `target` on the TLS port at `addr` (its certificate checked for
+/// `127.0.0.1`) with the client certificate in `config`, offering `subprotocol`, with
+/// `extra_headers` (each ending in CRLF); the answer's status and reason (101 on success,
+/// the connection then closed by the caller's drop).
+pub fn websocket_upgrade(
+    config: Arc<ClientConfig>,
+    addr: SocketAddr,
+    target: &str,
+    subprotocol: &str,
+    extra_headers: &str,
+) -> anyhow::Result<ErrorReply> {
+    let name = ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
+    let mut tls = tls_stream_named(config, addr, name)?;
     let request = format!(
-        "GET /connect?{query} HTTP/1.1\r\nhost: bridgehead\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-protocol: {}\r\n{authorization}\r\n",
-        bridgehead_proto::SUBPROTOCOL
+        "GET {target} HTTP/1.1\r\nhost: bridgehead\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-protocol: {subprotocol}\r\n{extra_headers}\r\n"
     );
     let reply = raw_request(&mut tls, request.as_bytes())?;
     if reply.status == 101 {

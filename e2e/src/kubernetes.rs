@@ -90,9 +90,9 @@ pub fn require(test: &str) -> Option<Binaries> {
     found
 }
 
-/// What a real node needs (see [`node_host`]): root, the binaries, and the node runtime from
-/// the system's packages (`scripts/install-test-deps.sh`); otherwise skips `test` loudly and
-/// returns `None`.
+/// What a real node needs (see [`node_host`]): root, the binaries, the node runtime from
+/// the system's packages (`scripts/install-test-deps.sh`), and the registry its image comes
+/// from ([`crate::image_registry::missing`]); otherwise skips `test` loudly and returns `None`.
 pub fn require_nodes(test: &str) -> Option<Binaries> {
     let binaries = require(test)?;
     let missing: Vec<&str> = [
@@ -110,12 +110,13 @@ pub fn require_nodes(test: &str) -> Option<Binaries> {
     ]
     .into_iter()
     .filter(|tool| !on_path(tool))
+    .chain(crate::image_registry::missing())
     .collect();
     if !missing.is_empty() {
         crate::skip::skip(
             test,
             &format!(
-                "no {} for real nodes: run scripts/install-test-deps.sh as root",
+                "real nodes need {}: scripts/install-test-deps.sh (as root) installs the system's packages",
                 missing.join(", ")
             ),
         );

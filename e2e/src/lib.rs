@@ -9,6 +9,8 @@
 //! - [`target`]: echo, "who am I" and pattern targets, and the async load target.
 //! - [`kubernetes`]: a real control plane (etcd, kube-apiserver, kubectl) and node stand-ins.
 //! - [`haproxy`]: a real load balancer in front of several servers.
+//! - [`image_registry`]: an image registry (CNCF Distribution) on the test's network, which images
+//!   are pushed to and the real cluster's nodes pull from.
 //! - [`netns`]: network-namespace test hosts (root); [`procfs`]: a process's memory, CPU and
 //!   descriptors; [`skip`]: skipping a test loudly (and failing it where skips are forbidden);
 //!   [`timing`]: a timeout fired on time.
@@ -20,6 +22,7 @@
 pub mod client;
 pub mod dns;
 pub mod haproxy;
+pub mod image_registry;
 pub mod konnectivity;
 pub mod kubernetes;
 pub mod late;

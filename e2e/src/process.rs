@@ -235,6 +235,34 @@ impl Process {
         ))
     }
 
+    /// Spawns `command` with its stdout appended to `stdout` (a program that writes a log
+    /// there, such as an access log, rather than announcements) and its stderr to the log
+    /// file. Nothing is awaited: [`Process::wait_log`] waits for the readiness line.
+    pub fn spawn_logged(mut command: Command, stdout: &Path) -> anyhow::Result<Process> {
+        let logdir = tempfile::tempdir()?;
+        let log = logdir.path().join("stderr.log");
+        let stdout_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(stdout)
+            .with_context(|| format!("opening {}", stdout.display()))?;
+        command
+            .stdin(Stdio::null())
+            .stdout(stdout_file)
+            .stderr(std::fs::File::create(&log)?);
+        let child = command
+            .spawn()
+            .with_context(|| format!("spawning {command:?}"))?;
+        // No announcements to read: the sender goes at once.
+        let (_, lines) = mpsc::sync_channel(0);
+        Ok(Process {
+            child,
+            lines,
+            log,
+            _logdir: logdir,
+        })
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

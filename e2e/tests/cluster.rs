@@ -1,6 +1,7 @@
 //! A real cluster on one machine ([`RealCluster`]): kubelet, containerd and runc on node
 //! hosts, bridgehead-server run by the control-plane node's kubelet from deploy/'s static pod
-//! manifest, the agents from deploy/'s DaemonSet, both from the image `scripts/image.sh` builds.
+//! manifest, the agents from deploy/'s DaemonSet, both from the image `scripts/image.sh` builds,
+//! which every node pulls from the cluster's registry.
 //! kube-apiserver's namespace has no route to a worker node; everything kubectl does with a
 //! pod there goes through Bridgehead, and the test checks what kubectl hands back byte for
 //! byte. Needs root, `scripts/k8s-build.sh` and `scripts/install-test-deps.sh`; skipped loudly
@@ -12,7 +13,10 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bridgehead_e2e::kubernetes::real_cluster::{RealCluster, CONTROL_PLANE_HOST, POD_READY};
+use bridgehead_e2e::kubernetes::images::Images;
+use bridgehead_e2e::kubernetes::real_cluster::{
+    RealCluster, CONTROL_PLANE_HOST, POD_READY, REPOSITORY,
+};
 use bridgehead_e2e::kubernetes::workload::{self, TestServer, API_GROUP, DENIAL, SERVICE};
 use bridgehead_e2e::kubernetes::{self};
 use bridgehead_e2e::netns;
@@ -93,6 +97,7 @@ fn kubectl_reaches_real_pods_on_two_nodes_through_bridgehead_installed_from_depl
             assert_eq!(String::from_utf8_lossy(&anonymous.stdout), "401");
         }
 
+        pulled_from_the_registry(&cluster);
         servers_counted_by_leases(&cluster);
         cluster.control_plane.apply(&pods()).unwrap();
         let ready = cluster
@@ -828,27 +833,93 @@ fn agent_replaced(cluster: &RealCluster) {
     );
 }
 
-/// The agents' DaemonSet rolled to a new image (the same image under a new tag on every node,
-/// as a registry would serve a new release): the rollout completes, every agent runs the new
-/// image, and exec reaches both workers through the new agents.
-fn agents_rolled(cluster: &RealCluster) {
-    const ROLLED: &str = "docker.io/library/bridgehead:0.1.0-rolled";
-    for host in std::iter::once(&cluster.control_plane_node).chain(&cluster.workers) {
-        let out = host
-            .ctr(&[
-                "images",
-                "tag",
-                "docker.io/library/bridgehead:0.1.0",
-                ROLLED,
-            ])
-            .unwrap();
+/// Every node's containerd pulled Bridgehead's image from the registry, as a user's node
+/// does, and imported nothing: it holds the image under the registry's name only (the server's
+/// static pod and the agents run it), and the registry served that image's manifest and every
+/// blob of it to each node's own address.
+fn pulled_from_the_registry(cluster: &RealCluster) {
+    let tag = &cluster.version;
+    let image = cluster.registry.image(&format!("{REPOSITORY}:{tag}"));
+    let pulled = cluster
+        .registry
+        .pulled_blobs(REPOSITORY, tag)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let requests = cluster.registry.requests();
+    let served = |node: &str, client: std::net::IpAddr, path: &str| {
         assert!(
-            out.status.success(),
-            "tagging on {}: {}",
-            host.name,
-            String::from_utf8_lossy(&out.stderr)
+            requests
+                .iter()
+                .any(|r| r.client == client && r.method == "GET" && r.path == path && r.status == 200),
+            "the registry served no GET {path} to {node} ({client}); its access log:\n{requests:#?}"
+        );
+    };
+    for node in std::iter::once(&cluster.control_plane_node).chain(&cluster.workers) {
+        let listed = node.ctr(&["images", "ls", "-q"]).unwrap();
+        let listed = String::from_utf8_lossy(&listed.stdout);
+        let names: Vec<&str> = listed.lines().collect();
+        assert!(
+            names.contains(&image.as_str()),
+            "{} holds no {image}: {names:?}",
+            node.name
+        );
+        assert!(
+            !names.iter().any(|name| name.contains("library/bridgehead")),
+            "{} holds an imported Bridgehead image: {names:?}",
+            node.name
+        );
+        let client = std::net::IpAddr::V4(node.link_ip);
+        assert!(
+            requests.iter().any(|r| r.client == client
+                && r.method == "GET"
+                && r.path.starts_with(&format!("/v2/{REPOSITORY}/manifests/"))
+                && r.status == 200),
+            "the registry served no manifest of {REPOSITORY} to {} ({client}); its access log:\n{requests:#?}",
+            node.name
+        );
+        for digest in &pulled {
+            served(
+                &node.name,
+                client,
+                &format!("/v2/{REPOSITORY}/blobs/{digest}"),
+            );
+        }
+    }
+    // What kubelet reports the pods run: the registry's image, by digest.
+    let ids = cluster
+        .control_plane
+        .kubectl_ok(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-o",
+            "jsonpath={.items[*].status.containerStatuses[*].imageID}",
+        ])
+        .unwrap();
+    let repository = cluster.registry.image(REPOSITORY);
+    let ids: Vec<&str> = ids.split_whitespace().collect();
+    assert_eq!(ids.len(), 4, "the server and three agents: {ids:?}");
+    for id in ids {
+        assert!(
+            id.starts_with(&format!("{repository}@sha256:")),
+            "a pod runs {id}, not {repository}"
         );
     }
+}
+
+/// The agents' DaemonSet rolled to a new image (pushed to the registry under a new tag, as a
+/// new release is): the rollout completes, every node asked the registry for the new tag,
+/// every agent runs the new image, and exec reaches both workers through the new agents.
+fn agents_rolled(cluster: &RealCluster) {
+    let rolled_tag = format!("{}-rolled", cluster.version);
+    let rolled = cluster
+        .registry
+        .image(&format!("{REPOSITORY}:{rolled_tag}"));
+    let archive = Images::get().unwrap().bridgehead.path;
+    cluster
+        .registry
+        .push(&archive, &format!("{REPOSITORY}:{rolled_tag}"))
+        .unwrap_or_else(|e| panic!("{e:#}"));
     // A log stream through the agents while they roll: shorter than their drain grace
     // period, so even the one whose own node's agent is replaced meanwhile must end cleanly,
     // every line in order.
@@ -862,13 +933,13 @@ fn agents_rolled(cluster: &RealCluster) {
             "-n",
             "kube-system",
             "daemonset/bridgehead-agent",
-            "agent=bridgehead:0.1.0-rolled",
+            &format!("agent={rolled}"),
         ])
         .unwrap();
     cluster
         .rollout("bridgehead-agent", Duration::from_secs(180))
         .unwrap_or_else(|e| panic!("{e:#}"));
-    let rolled = started.elapsed();
+    let rolled_in = started.elapsed();
     let followed = countdown.wait_with_output().unwrap();
     let lines = countdown_lines.join().unwrap();
     assert!(
@@ -897,9 +968,21 @@ fn agents_rolled(cluster: &RealCluster) {
         .unwrap();
     assert_eq!(
         images.split_whitespace().collect::<Vec<_>>(),
-        ["bridgehead:0.1.0-rolled"; 3],
+        [rolled.as_str(); 3],
         "{images}"
     );
+    let requests = cluster.registry.requests();
+    let tag_path = format!("/v2/{REPOSITORY}/manifests/{rolled_tag}");
+    for node in std::iter::once(&cluster.control_plane_node).chain(&cluster.workers) {
+        let client = std::net::IpAddr::V4(node.link_ip);
+        assert!(
+            requests
+                .iter()
+                .any(|r| r.client == client && r.path == tag_path && r.status == 200),
+            "{} ({client}) never asked the registry for {tag_path}:\n{requests:#?}",
+            node.name
+        );
+    }
     for pod in ["shell-1", "shell-2"] {
         exec_until_it_works(
             cluster,
@@ -911,7 +994,7 @@ fn agents_rolled(cluster: &RealCluster) {
     }
     let _ = writeln!(
         std::io::stderr(),
-        "agents' DaemonSet rolled to a new image in {rolled:?}"
+        "agents' DaemonSet rolled to a new image in {rolled_in:?}"
     );
 }
 

@@ -86,6 +86,8 @@ fn a_connect_to_a_server_without_the_agent_goes_through_the_peer_that_has_it() {
     servers[1].wait_agents(1).unwrap();
     wait_peer_agents(&servers[0], 1);
     assert!(servers[0].agents().unwrap().is_empty());
+    // Its line counted in the bytes s1 holds for its peers' views.
+    assert!(metric(&servers[0], "bridgehead_server_peer_view_bytes") > 0.0);
 
     let echo = target::echo("127.0.0.1:0").unwrap().to_string();
     let (mut tls, status, _) = open(&pki, &servers[0], &echo);
@@ -130,6 +132,10 @@ fn a_connect_to_a_server_without_the_agent_goes_through_the_peer_that_has_it() {
     // The agent leaves: s1 hears it and answers 503 as a server without agents does.
     drop(agent);
     wait_peer_agents(&servers[0], 0);
+    assert_eq!(
+        metric(&servers[0], "bridgehead_server_peer_view_bytes"),
+        0.0
+    );
     let (_, status, _) = open(&pki, &servers[0], &echo);
     assert_eq!(status, 503);
 }

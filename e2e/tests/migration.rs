@@ -207,7 +207,7 @@ fn from_konnectivity_to_bridgehead_without_a_failed_request() {
         // socket.
         write_atomically(
             &manifests.join("bridgehead-server.yaml"),
-            &bridgehead_beside_konnectivity(),
+            &bridgehead_beside_konnectivity(&cluster),
         );
         until(Duration::from_secs(60), "Bridgehead's /healthz", || {
             cluster
@@ -397,11 +397,15 @@ fn konnectivity_dials(metrics: &str) -> f64 {
 /// docs/migrating.md step 1: deploy/'s server manifest with "konnectivity's flags as in step
 /// 3 above but `--uds-name=/etc/kubernetes/bridgehead/bridgehead.sock`, `--agent-port=8142`,
 /// `--admin-port=8143`, `--health-port=8144`, and `--fallback-proxy=unix://` konnectivity's
-/// socket (a hostPath volume for each of the two socket directories)", under its own name.
-fn bridgehead_beside_konnectivity() -> String {
-    let mut text =
-        std::fs::read_to_string(deploy().join("server-static-pod/konnectivity-server.yaml"))
-            .unwrap();
+/// socket (a hostPath volume for each of the two socket directories)", under its own name;
+/// its image pulled from the cluster's registry.
+fn bridgehead_beside_konnectivity(cluster: &RealCluster) -> String {
+    let mut text = cluster
+        .pulled_from_registry(
+            &std::fs::read_to_string(deploy().join("server-static-pod/konnectivity-server.yaml"))
+                .unwrap(),
+        )
+        .unwrap();
     for (from, to) in [
         ("\n  name: konnectivity-server\n", "\n  name: bridgehead-server\n"),
         (

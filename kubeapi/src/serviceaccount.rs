@@ -18,17 +18,21 @@
 //! it for pod-bound tokens either); legacy Secret tokens and node-bound tokens are TokenReview's.
 //!
 //! - `jwt`: the token taken apart; `keys`: the JWKS and the signature check; `discovery`:
-//!   fetching them.
+//!   fetching them; `json`: the strict JSON both read (no member named twice).
 //! - `claims`: the claim rules; `liveness`: the watched objects and their rules; `watches`: the
 //!   kube-rs watches that feed them.
 //! - `outcome`: the verdicts; `verifier`: [`TokenVerifier`], the async side.
+//! - [`parsers`]: the token and JWKS parsers as public functions, for the fuzz targets
+//!   (`kubeapi/fuzz`).
 
 mod claims;
 mod discovery;
+mod json;
 mod jwt;
 mod keys;
 mod liveness;
 mod outcome;
+pub mod parsers;
 mod verifier;
 mod watches;
 
@@ -55,6 +59,11 @@ pub const DEFAULT_MAX_STALENESS: Duration = Duration::from_secs(60);
 /// How often the issuer's keys are fetched again (kube-apiserver publishes a new key before
 /// it signs with it).
 pub const DEFAULT_KEY_REFRESH: Duration = Duration::from_secs(300);
+/// How old the issuer's keys may be and still verify a token: two refresh periods, so that
+/// one failed refresh (retried every 30 s) costs nothing, and a key the issuer dropped is
+/// trusted at most this long after the last fetch that listed it, however long discovery
+/// fails. Past it, tokens go to TokenReview until a fetch works again.
+pub const DEFAULT_MAX_KEY_AGE: Duration = Duration::from_secs(600);
 
 /// What the server verifies tokens for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +83,8 @@ pub struct VerifierSettings {
     pub max_staleness: Duration,
     /// How often the keys are fetched again.
     pub key_refresh: Duration,
+    /// How old the keys may be and still decide; past it, [`Fallback::KeysStale`].
+    pub max_key_age: Duration,
 }
 
 impl VerifierSettings {
@@ -87,6 +98,7 @@ impl VerifierSettings {
             watch_nodes: false,
             max_staleness: DEFAULT_MAX_STALENESS,
             key_refresh: DEFAULT_KEY_REFRESH,
+            max_key_age: DEFAULT_MAX_KEY_AGE,
         }
     }
 
@@ -160,9 +172,16 @@ impl Live {
         Ok(())
     }
 
-    fn verified(&self, bound: Bound) -> Verified {
+    /// What `bound` is verified as at `now`, with its node's addresses from the nodes' watch
+    /// while that is current: a watch failing for longer than `max_staleness` says nothing,
+    /// and the caller reads the Node live, as a review's answer would be.
+    fn verified(&self, settings: &VerifierSettings, bound: Bound, now: Instant) -> Verified {
         let node_addresses = match (&self.nodes, &bound.node) {
-            (Some(nodes), Some(node)) if nodes.age(Instant::now()).is_some() => {
+            (Some(nodes), Some(node))
+                if nodes
+                    .age(now)
+                    .is_some_and(|age| age <= settings.max_staleness) =>
+            {
                 nodes.get(&node.name).cloned()
             }
             _ => None,
@@ -216,13 +235,13 @@ impl At {
     }
 }
 
-/// The verdict on `token`, whose signature `issuer`'s keys judged as `signature`, with what
-/// `live` holds, at `at`.
+/// The verdict on `token`, whose signature `issuer`'s keys judged as `signature` (or why there
+/// are no keys to judge it with), with what `live` holds, at `at`.
 fn decide(
     settings: &VerifierSettings,
     expected: &Expected,
     token: &Token,
-    issuer: Option<&Issuer>,
+    issuer: Result<&Issuer, Fallback>,
     signature: SignatureCheck,
     live: &Live,
     at: At,
@@ -230,16 +249,17 @@ fn decide(
     let (now_unix, now) = (at.unix, at.instant);
     let (signed, unverified) = match (issuer, signature) {
         (_, SignatureCheck::Invalid) => return Step::Done(Outcome::Refused(Refusal::BadSignature)),
-        // No keys at all (discovery forbidden, not served, or not fetched yet): no signature
-        // can be judged, so nothing is refused for its key; what the claims cannot settle
-        // goes to TokenReview, as it did before there was a verifier.
-        (None, _) => (Signed::Yes, Some(Fallback::KeysUnavailable)),
-        (Some(_), SignatureCheck::Valid) => (Signed::Yes, None),
-        (Some(_), SignatureCheck::UnknownKey) => (Signed::No, Some(Fallback::UnknownKey)),
-        (Some(_), SignatureCheck::Unsupported) => (Signed::No, Some(Fallback::UnsupportedKey)),
+        // No keys (discovery forbidden, not served, not fetched yet, or failing for longer
+        // than keys may be trusted): no signature can be judged, so nothing is refused for
+        // its key; what the claims cannot settle goes to TokenReview, as it did before there
+        // was a verifier.
+        (Err(missing), _) => (Signed::Yes, Some(missing)),
+        (Ok(_), SignatureCheck::Valid) => (Signed::Yes, None),
+        (Ok(_), SignatureCheck::UnknownKey) => (Signed::No, Some(Fallback::UnknownKey)),
+        (Ok(_), SignatureCheck::Unsupported) => (Signed::No, Some(Fallback::UnsupportedKey)),
     };
     let mut issuers: Vec<&str> = settings.issuers.iter().map(String::as_str).collect();
-    issuers.extend(issuer.map(|issuer| issuer.issuer.as_str()));
+    issuers.extend(issuer.ok().map(|issuer| issuer.issuer.as_str()));
     let verdict = claims::check(&token.claims, expected, &issuers, now_unix, signed)
         .and_then(|bound| live.judge(settings, &bound, now_unix, now).map(|()| bound));
     match (verdict, unverified) {
@@ -258,9 +278,11 @@ fn decide(
             }
         }
         (Err(Verdict::Fallback(reason)), None) => Step::Done(Outcome::Fallback(reason)),
-        (Ok(bound), None) => Step::Done(Outcome::Verified(live.verified(bound))),
+        (Ok(bound), None) => Step::Done(Outcome::Verified(live.verified(settings, bound, now))),
     }
 }
 
+#[cfg(test)]
+mod properties;
 #[cfg(test)]
 mod tests;

@@ -30,6 +30,13 @@ pub const KEY_DEFAULT_ROUTE: &str = "default-route";
 /// Longest `id=` value, in bytes.
 pub const MAX_ID_LEN: usize = 253;
 
+/// Most identifiers (`host`, `ipv4`, `ipv6`, `cidr` and unknown keys) one agent announces;
+/// a server refuses more, from an agent (400) or in a peer's view of its agents.
+pub const MAX_IDENTIFIERS: usize = 256;
+/// Longest identifier query an agent sends, in bytes. (Encoded again, as a peer's view does,
+/// it may grow: up to three times, each byte as `%XX`.)
+pub const MAX_QUERY_BYTES: usize = 8 * 1024;
+
 /// What one agent announced about itself, in announcement order, keys repeatable.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AgentIdentifiers {
@@ -85,6 +92,12 @@ pub enum IdentError {
 }
 
 impl AgentIdentifiers {
+    /// How many identifiers: `host`, `ipv4`, `ipv6`, `cidr` and unknown keys (what
+    /// [`MAX_IDENTIFIERS`] bounds; `id` and `default-route` are one value each).
+    pub fn count(&self) -> usize {
+        self.hosts.len() + self.ipv4.len() + self.ipv6.len() + self.cidrs.len() + self.unknown.len()
+    }
+
     /// Parses an identifier query such as `host=node1&ipv4=10.0.0.5&cidr=10.244.1.0/24`.
     ///
     /// - One leading `?` is tolerated; empty pairs (`a=1&&b=2`) and an empty query are fine.

@@ -28,3 +28,13 @@ pub use frame::{DecodeError, Frame, StreamId};
 
 /// The WebSocket subprotocol naming this version of the protocol.
 pub const SUBPROTOCOL: &str = "bridgehead.v1";
+
+/// The WebSocket subprotocol servers speak to each other on the peer port: this version's
+/// frames and streams, with stream [`VIEW_STREAM`] reserved (docs/protocol.md §1.2). Agents
+/// never speak it; a server's agent port refuses it and its peer port refuses
+/// [`SUBPROTOCOL`].
+pub const PEER_SUBPROTOCOL: &str = "bridgehead-peer.v1";
+
+/// In a [`PEER_SUBPROTOCOL`] session, the first stream the dialing server opens: the answering
+/// server's view of its agents, whatever its DIAL names. Every other stream is a tunnel.
+pub const VIEW_STREAM: StreamId = 1;

@@ -5,6 +5,8 @@
 //!   server answered at each (agents finding servers, servers finding peers).
 //! - [`certificates`]: when each certificate file in use expires, as a metric.
 //! - [`compat`]: klog's flags and ANP's ignored ones, for konnectivity's command lines.
+//! - [`destinations`]: the destination policy, where a tunnel may lead (the agent's dials, the
+//!   server's fallback proxy).
 //! - [`duration`]: durations written as ANP writes them (`10s`, `500ms`, `1m30s`).
 //! - [`logging`]: tracing setup, text or JSON.
 //! - [`tls`]: loading PEM certificates and keys, the one rustls crypto provider.
@@ -30,6 +32,7 @@ pub mod accept;
 pub mod addresses;
 pub mod certificates;
 pub mod compat;
+pub mod destinations;
 pub mod duration;
 pub mod health;
 pub mod host;

@@ -1,6 +1,6 @@
-//! The agent endpoint's pre-authentication admission: at most `limit` agents in their TLS
-//! handshake and upgrade request at once, and room made by cutting a stalled handshake, never
-//! one that is making progress.
+//! The pre-authentication admission of the agent port and of the peer port (each its own
+//! instance): at most `limit` connections in their TLS handshake and upgrade request at once,
+//! and room made by cutting a stalled handshake, never one that is making progress.
 //!
 //! After a server restart every agent of the fleet comes back within a second or two. Each
 //! handshake the server starts costs it a signature; cutting one that was about to finish

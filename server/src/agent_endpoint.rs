@@ -2,10 +2,10 @@
 //! the upgrade URL's query string, and authenticate with a client certificate, a bearer token,
 //! or both ([`crate::agent_auth`]).
 //!
-//! The endpoint reads the upgrade request itself ([`crate::http_head`] and httparse), so that
-//! authentication — a TokenReview against kube-apiserver — can run before the answer; then it
-//! answers `101` and hands the connection to the session driver. A refusal is the status and
-//! a one-line reason (in the status line and the body), which the agent logs.
+//! The endpoint reads the upgrade request itself ([`crate::upgrade`], as the peer port does),
+//! so that authentication — a TokenReview against kube-apiserver — can run before the answer;
+//! then it answers `101` and hands the connection to the session driver. A refusal is the
+//! status and a one-line reason (in the status line and the body), which the agent logs.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,26 +21,30 @@ use bridgehead_runtime::threads::{spawn_home, Home};
 use http::StatusCode;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
-use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
-use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
 
-use crate::agent_admission::{Place, Room, Watched};
+use crate::agent_admission::{Place, Room};
 use crate::agent_auth::{AgentIdentity, AuthRefusal, Presented};
 use crate::context::Context;
-use crate::http_head::{self, RawHead, MAX_HEADERS};
+use crate::http_head::{self, RawHead};
 use crate::metrics::AgentHandshake;
 use crate::registry::{RegisterError, Registration};
+use crate::upgrade::{self, Expect, PreAuthTls};
+
+pub use bridgehead_proto::ident::{MAX_IDENTIFIERS, MAX_QUERY_BYTES};
 
 /// Path of the upgrade request.
 pub const CONNECT_PATH: &str = "/connect";
-/// Most identifiers (`host`, `ipv4`, `ipv6`, `cidr` and unknown keys) one agent announces.
-pub const MAX_IDENTIFIERS: usize = 256;
-/// Longest identifier query, in bytes.
-pub const MAX_QUERY_BYTES: usize = 8 * 1024;
+
+/// What the agent port expects of an upgrade request.
+const AGENT_UPGRADE: Expect = Expect {
+    who: "agents",
+    path: CONNECT_PATH,
+    subprotocol: SUBPROTOCOL,
+};
 
 /// Accepts agents until `shutdown`; each session runs until the agent leaves or `sessions`
 /// is cancelled.
@@ -193,8 +197,11 @@ async fn session(
     // one at shutdown: it has not proved who it is.
     let backstop = ctx.config.agent_endpoint.handshake_timeout;
     let read = tokio::select! {
-        read = tokio::time::timeout(backstop, pre_auth(place.watch(tcp), acceptor)) => {
-            read.unwrap_or(Err(Refused::PreAuthTimeout(backstop)))
+        read = tokio::time::timeout(backstop, upgrade::pre_auth(place.watch(tcp), acceptor)) => {
+            match read {
+                Ok(read) => read.map_err(Refused::Tls),
+                Err(_) => Err(Refused::PreAuthTimeout(backstop)),
+            }
         }
         () = place.cut() => Err(Refused::Stalled),
         () = ends.stop.cancelled() => Err(Refused::ShuttingDown),
@@ -275,21 +282,8 @@ async fn serve_session(established: Established, ctx: &Arc<Context>, sessions: C
 
 /// The agent's TLS connection; its socket reports stalls to the handshake's place until the
 /// upgrade request is in.
-type AgentTls = TlsStream<Watched<tokio::net::TcpStream>>;
+type AgentTls = PreAuthTls;
 type Session = WebSocket<AgentTls>;
-
-/// TLS and the upgrade request's head: all an agent does before it has proved who it is.
-async fn pre_auth(
-    tcp: Watched<tokio::net::TcpStream>,
-    acceptor: TlsAcceptor,
-) -> Result<(AgentTls, RawHead), Refused> {
-    let mut tls = acceptor.accept(tcp).await.map_err(Refused::Tls)?;
-    tls.get_mut()
-        .1
-        .set_buffer_limit(Some(bridgehead_mux::SESSION_TLS_BUFFER));
-    let head = http_head::read(&mut tls).await;
-    Ok((tls, head))
-}
 
 /// The upgrade request checked, the agent authenticated and registered, the `101` written;
 /// or why not (answered to the agent where it still listens). Authentication bounds its own
@@ -420,13 +414,11 @@ async fn accept(
     early: bytes::Bytes,
     ctx: &Context,
 ) -> Result<Session, Refused> {
-    let accept = format!(
-        "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-accept: {}\r\nsec-websocket-protocol: {SUBPROTOCOL}\r\n{SERVER_ID_HEADER}: {}\r\n{SERVER_COUNT_HEADER}: {}\r\n\r\n",
-        derive_accept_key(key.as_bytes()),
-        ctx.config.routing.server_id,
-        ctx.config.routing.server_count,
+    let servers = format!(
+        "{SERVER_ID_HEADER}: {}\r\n{SERVER_COUNT_HEADER}: {}\r\n",
+        ctx.config.routing.server_id, ctx.config.routing.server_count,
     );
-    tls.write_all(accept.as_bytes())
+    tls.write_all(&upgrade::switching(key, SUBPROTOCOL, &servers))
         .await
         .map_err(|_| Refused::Closed)?;
     Ok(WebSocket::new(tls, WsRole::Server, early))
@@ -466,66 +458,14 @@ async fn answer(tls: &mut AgentTls, refused: Refused) -> Refused {
     refused
 }
 
-/// The values of the header fields named `name` (case-insensitive), as text.
-fn values<'a>(
-    headers: &'a [httparse::Header<'a>],
-    name: &'a str,
-) -> impl Iterator<Item = &'a str> + 'a {
-    headers
-        .iter()
-        .filter(move |h| h.name.eq_ignore_ascii_case(name))
-        .filter_map(|h| std::str::from_utf8(h.value).ok())
-}
-
-/// Checks the upgrade request: method, path, WebSocket headers, protocol version and
-/// identifiers; notes whether the agent already holds a session with `server_id`.
+/// Checks the upgrade request: method, path, WebSocket headers, protocol version
+/// ([`upgrade::request`]) and identifiers; notes whether the agent already holds a session
+/// with `server_id`.
 fn check_upgrade(head: &[u8], server_id: &str) -> Result<Upgrade, Refused> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut request = httparse::Request::new(&mut headers);
-    match request.parse(head) {
-        Ok(httparse::Status::Complete(_)) => {}
-        Ok(httparse::Status::Partial) => return Err(Refused::bad("incomplete request head")),
-        Err(error) => return Err(Refused::bad(format!("malformed request: {error}"))),
-    }
-    if request.method != Some("GET") {
-        return Err(Refused::Answered(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "agents connect with GET (a WebSocket upgrade)".to_owned(),
-        ));
-    }
-    let target = request.path.unwrap_or("");
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    if path != CONNECT_PATH {
-        return Err(Refused::Answered(
-            StatusCode::NOT_FOUND,
-            format!("agents connect to {CONNECT_PATH}"),
-        ));
-    }
-    let headers: &[httparse::Header<'_>] = request.headers;
-    let header = |name: &'static str| values(headers, name);
-    let has_token = |name: &'static str, token: &str| {
-        header(name)
-            .flat_map(|value| value.split(','))
-            .any(|item| item.trim().eq_ignore_ascii_case(token))
-    };
-    if !has_token("upgrade", "websocket") || !has_token("connection", "upgrade") {
-        return Err(Refused::bad("not a WebSocket upgrade"));
-    }
-    if !has_token("sec-websocket-version", "13") {
-        return Err(Refused::bad("unsupported WebSocket version (13 is served)"));
-    }
-    let key = header("sec-websocket-key")
-        .next()
-        .map(str::trim)
-        .filter(|key| !key.is_empty())
-        .ok_or_else(|| Refused::bad("no Sec-WebSocket-Key"))?
-        .to_owned();
-    if !has_token("sec-websocket-protocol", SUBPROTOCOL) {
-        return Err(Refused::bad(format!(
-            "unsupported protocol version: this server speaks {SUBPROTOCOL}"
-        )));
-    }
-    let bearer = header("authorization").find_map(|value| {
+    let upgrade = upgrade::request(head, AGENT_UPGRADE)
+        .map_err(|bad| Refused::Answered(bad.status, bad.reason))?;
+    let query = upgrade.query.as_str();
+    let bearer = upgrade.values("authorization").find_map(|value| {
         let (scheme, token) = value.trim().split_once(' ')?;
         scheme
             .eq_ignore_ascii_case("bearer")
@@ -533,11 +473,7 @@ fn check_upgrade(head: &[u8], server_id: &str) -> Result<Upgrade, Refused> {
     });
     let identifiers = AgentIdentifiers::parse(query)
         .map_err(|error| Refused::bad(format!("bad agent identifiers: {error}")))?;
-    let count = identifiers.hosts.len()
-        + identifiers.ipv4.len()
-        + identifiers.ipv6.len()
-        + identifiers.cidrs.len()
-        + identifiers.unknown.len();
+    let count = identifiers.count();
     if count > MAX_IDENTIFIERS {
         return Err(Refused::bad(format!(
             "{count} identifiers: an agent may announce at most {MAX_IDENTIFIERS}"
@@ -557,11 +493,12 @@ fn check_upgrade(head: &[u8], server_id: &str) -> Result<Upgrade, Refused> {
             .collect();
         debug!(?keys, "ignoring unknown identifier keys (newer agent?)");
     }
-    let duplicate = header(CONNECTED_SERVERS_HEADER)
+    let duplicate = upgrade
+        .values(CONNECTED_SERVERS_HEADER)
         .flat_map(parse_connected_servers)
         .any(|id| id == server_id);
     Ok(Upgrade {
-        key,
+        key: upgrade.key,
         bearer,
         identifiers,
         duplicate,

@@ -1,5 +1,6 @@
-//! What a peer's certificate names: its subject, common name and SANs, for identity checks
-//! (agent identity binding, the frontend's allowed clients) and logs.
+//! What a peer's certificate names: its subject, common name and SANs, and which TLS roles its
+//! extended key usage allows, for identity checks (agent identity binding, the frontend's
+//! allowed clients, the peer port's allowed peers) and logs.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -15,6 +16,18 @@ pub struct CertificateNames {
     pub common_name: Option<String>,
     /// DNS names and IP addresses.
     pub sans: Vec<String>,
+    /// The roles its extended key usage names (none without the extension).
+    pub usages: Usages,
+}
+
+/// The TLS roles a certificate's extended key usage names. A certificate without the
+/// extension names none here: roles are only ever required, never assumed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usages {
+    /// `serverAuth`.
+    pub server_auth: bool,
+    /// `clientAuth`.
+    pub client_auth: bool,
 }
 
 impl fmt::Debug for CertificateNames {
@@ -22,6 +35,7 @@ impl fmt::Debug for CertificateNames {
         f.debug_struct("CertificateNames")
             .field("subject", &self.subject)
             .field("sans", &self.sans)
+            .field("usages", &self.usages)
             .finish()
     }
 }
@@ -35,6 +49,7 @@ pub fn certificate_names(certificate: &CertificateDer<'_>) -> CertificateNames {
             subject: "(unparsable)".to_owned(),
             common_name: None,
             sans: Vec::new(),
+            usages: Usages::default(),
         };
     };
     let mut sans = Vec::new();
@@ -60,10 +75,18 @@ pub fn certificate_names(certificate: &CertificateDer<'_>) -> CertificateNames {
         .next()
         .and_then(|cn| cn.as_str().ok())
         .map(str::to_owned);
+    let usages = match parsed.extended_key_usage() {
+        Ok(Some(extension)) => Usages {
+            server_auth: extension.value.server_auth,
+            client_auth: extension.value.client_auth,
+        },
+        _ => Usages::default(),
+    };
     CertificateNames {
         subject: Printable::new(&parsed.subject().to_string()).to_string(),
         common_name,
         sans,
+        usages,
     }
 }
 

@@ -23,6 +23,9 @@ use crate::tls_config::TlsPolicy;
 /// `--dial-timeout`'s default, also taken for ANP's 0.
 const DEFAULT_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// `--allowed-peers`' default: the common name of `bridgehead-certs init`'s `peer.crt`.
+pub const DEFAULT_ALLOWED_PEER: &str = "bridgehead-peer";
+
 /// bridgehead-server: HTTP CONNECT tunnels into a private network, through connected agents.
 ///
 /// kube-apiserver (EgressSelectorConfiguration, proxyProtocol HTTPConnect), curl -p or any
@@ -82,6 +85,38 @@ pub struct Cli {
     /// Private key (PEM) for --fallback-proxy-client-cert.
     #[arg(long, env = "BRIDGEHEAD_FALLBACK_PROXY_CLIENT_KEY")]
     pub fallback_proxy_client_key: Option<PathBuf>,
+    /// IP targets that may be relayed to --fallback-proxy, as the agent's
+    /// --allowed-destinations: comma-separated `CIDR`, `CIDR:PORT`, `CIDR:LOW-HIGH`
+    /// (`[IPv6/len]:PORT`); empty: any not denied.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_FALLBACK_ALLOWED_DESTINATIONS",
+        default_value = "",
+        hide_default_value = true,
+        value_name = "RULES"
+    )]
+    pub fallback_allowed_destinations: String,
+    /// IP targets never relayed to --fallback-proxy (403), on top of the defaults the agent
+    /// denies too: link-local and cloud metadata addresses, 0.0.0.0/8 and ::.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_FALLBACK_DENIED_DESTINATIONS",
+        default_value = "",
+        hide_default_value = true,
+        value_name = "RULES"
+    )]
+    pub fallback_denied_destinations: String,
+    /// Widens the fallback's policy for a migration window: IP targets the defaults deny that
+    /// may still be relayed to --fallback-proxy (what the cluster reached through konnectivity
+    /// on purpose), in the same syntax; --fallback-denied-destinations still wins.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_FALLBACK_EXEMPT_DESTINATIONS",
+        default_value = "",
+        hide_default_value = true,
+        value_name = "RULES"
+    )]
+    pub fallback_exempt_destinations: String,
     /// Serve plain HTTP CONNECT on this Unix socket instead of the TCP frontend (mode 0660;
     /// a stale socket file is replaced).
     #[arg(long, env = "BRIDGEHEAD_UDS_NAME")]
@@ -330,8 +365,24 @@ pub struct Cli {
     /// forwarding.
     #[arg(long, env = "BRIDGEHEAD_PEER_PORT")]
     pub peer_port: Option<u16>,
+    /// Address the peer port binds. Peers run on other control-plane nodes, so the default
+    /// is every address, as the agent port's; give the control-plane network's address in
+    /// production (docs/security.md).
     #[arg(long, env = "BRIDGEHEAD_PEER_BIND_ADDRESS", default_value = "0.0.0.0")]
     pub peer_bind_address: IpAddr,
+    /// Peer servers let in on the peer port (and accepted when dialed), by their
+    /// certificate's common name or a DNS SAN (comma-separated). Their certificate must also
+    /// carry both `serverAuth` and `clientAuth`, and name none of --allowed-clients: a CONNECT
+    /// client's certificate is never a peer's. The default is the name of bridgehead-certs
+    /// init's peer.crt.
+    #[arg(
+        long,
+        env = "BRIDGEHEAD_ALLOWED_PEERS",
+        value_delimiter = ',',
+        value_name = "NAMES",
+        default_value = DEFAULT_ALLOWED_PEER
+    )]
+    pub allowed_peers: Vec<String>,
     /// The peers: a DNS name with a record per server (a headless Service), or a
     /// comma-separated list of names and addresses, each at --peer-port unless it says
     /// `host:port`. This server's own address may be among them.
@@ -511,6 +562,10 @@ pub struct PeeringConfig {
     pub advertise: Option<String>,
     /// No `--peer-host`: the peers are the addresses on the other servers' Leases.
     pub from_leases: bool,
+    /// `--allowed-peers`: the names a peer's certificate must carry one of.
+    pub allowed: Vec<String>,
+    /// `--allowed-clients`: names a peer's certificate must carry none of.
+    pub clients: Vec<String>,
 }
 
 /// Which agent a CONNECT goes to, and where it goes when none matches.
@@ -526,6 +581,8 @@ pub struct RoutingConfig {
     pub dial_timeout: Duration,
     /// `--fallback-proxy`: where CONNECTs with no agent go.
     pub fallback: Option<crate::fallback::FallbackConfig>,
+    /// What may be relayed there.
+    pub fallback_destinations: crate::fallback::FallbackDestinations,
 }
 
 /// The bounds on dials, tunnels and sessions.
@@ -652,7 +709,13 @@ impl Cli {
         let leases = self.leases(&routing.server_id)?;
         let mut frontend = self.frontend()?;
         let agent_endpoint = self.agent_endpoint()?;
-        let peering = self.peering(leases.is_some())?;
+        let clients = match &frontend.listener {
+            FrontendListen::Tcp {
+                allowed_clients, ..
+            } => allowed_clients.clone(),
+            FrontendListen::Unix { .. } => Vec::new(),
+        };
+        let peering = self.peering(leases.is_some(), &clients)?;
         // Files last: every flag error is reported before a file is read.
         frontend.shared_ca = match (&frontend.listener, &agent_endpoint.auth.cluster_ca) {
             (FrontendListen::Tcp { client_ca, .. }, Some(cluster_ca)) => {
@@ -781,7 +844,12 @@ impl Cli {
         })
     }
 
-    fn peering(&mut self, leases: bool) -> anyhow::Result<Option<PeeringConfig>> {
+    /// `clients`: the frontend's `--allowed-clients`, which no peer may carry.
+    fn peering(
+        &mut self,
+        leases: bool,
+        clients: &[String],
+    ) -> anyhow::Result<Option<PeeringConfig>> {
         let Some(port) = self.peer_port else {
             if !self.peer_host.is_empty() || self.peer_advertise_address.is_some() {
                 bail!("--peer-host and --peer-advertise-address need --peer-port: the port peers connect to");
@@ -814,6 +882,21 @@ impl Cli {
         if from_leases && !(leases && self.peer_advertise_address.is_some()) {
             bail!("--peer-port needs its peers: --peer-host (a DNS name or a list), or --enable-lease-controller with --peer-advertise-address on every server (peers found by their Leases)");
         }
+        let allowed: Vec<String> = self
+            .allowed_peers
+            .iter()
+            .map(|name| name.trim().to_owned())
+            .filter(|name| !name.is_empty())
+            .collect();
+        if allowed.is_empty() {
+            bail!("--allowed-peers is empty: name the peer certificate (bridgehead-certs init: {DEFAULT_ALLOWED_PEER})");
+        }
+        if let Some(name) = allowed
+            .iter()
+            .find(|name| clients.iter().any(|c| c.eq_ignore_ascii_case(name)))
+        {
+            bail!("--allowed-peers and --allowed-clients both name {name:?}: a CONNECT client's certificate is never a peer's; give peers a certificate of their own (bridgehead-certs init: peer.crt)");
+        }
         Ok(Some(PeeringConfig {
             bind: (self.peer_bind_address, port).into(),
             hosts,
@@ -825,6 +908,8 @@ impl Cli {
             sync_interval: self.peer_sync_interval,
             advertise: self.peer_advertise_address.take(),
             from_leases,
+            allowed,
+            clients: clients.to_vec(),
         }))
     }
 
@@ -837,7 +922,8 @@ impl Cli {
         } else {
             self.dial_timeout
         };
-        let fallback = self.fallback()?;
+        let fallback_destinations = self.fallback_destinations()?;
+        let fallback = self.fallback(&fallback_destinations)?;
         let strategies = parse_strategies(&self.proxy_strategies).context("--proxy-strategies")?;
         let server_id = match self.server_id.take() {
             Some(id) => id,
@@ -856,16 +942,35 @@ impl Cli {
             server_count: self.server_count,
             dial_timeout,
             fallback,
+            fallback_destinations,
         })
     }
 
-    fn fallback(&mut self) -> anyhow::Result<Option<crate::fallback::FallbackConfig>> {
+    fn fallback_destinations(&self) -> anyhow::Result<crate::fallback::FallbackDestinations> {
+        use bridgehead_runtime::destinations::parse_rules;
+        Ok(crate::fallback::FallbackDestinations {
+            allowed: parse_rules(&self.fallback_allowed_destinations)
+                .context("--fallback-allowed-destinations")?,
+            denied: parse_rules(&self.fallback_denied_destinations)
+                .context("--fallback-denied-destinations")?,
+            exempt: parse_rules(&self.fallback_exempt_destinations)
+                .context("--fallback-exempt-destinations")?,
+        })
+    }
+
+    fn fallback(
+        &mut self,
+        destinations: &crate::fallback::FallbackDestinations,
+    ) -> anyhow::Result<Option<crate::fallback::FallbackConfig>> {
         let Some(url) = self.fallback_proxy.as_deref().filter(|url| !url.is_empty()) else {
             if self.fallback_proxy_ca_cert.is_some()
                 || self.fallback_proxy_client_cert.is_some()
                 || self.fallback_proxy_client_key.is_some()
             {
                 bail!("--fallback-proxy-ca-cert/-client-cert/-client-key need --fallback-proxy");
+            }
+            if *destinations != crate::fallback::FallbackDestinations::default() {
+                bail!("--fallback-allowed/-denied/-exempt-destinations need --fallback-proxy");
             }
             return Ok(None);
         };
@@ -876,7 +981,7 @@ impl Cli {
             self.fallback_proxy_client_key.take(),
         )?;
         // Its files load now, or the server does not start.
-        crate::fallback::Fallback::new(config.clone())
+        crate::fallback::Fallback::new(config.clone(), destinations)
             .map_err(|error| anyhow::anyhow!("--fallback-proxy: {error:#}"))?;
         Ok(Some(config))
     }
@@ -1033,11 +1138,52 @@ mod tests {
                 "loading --fallback-proxy-ca-cert",
             ),
             (vec![&ca], "need --fallback-proxy"),
+            (
+                vec!["--fallback-exempt-destinations=169.254.169.254:80"],
+                "need --fallback-proxy",
+            ),
+            (
+                vec![
+                    "--fallback-proxy=unix:///s",
+                    "--fallback-denied-destinations=10.0.0.0/33",
+                ],
+                "--fallback-denied-destinations: bad destination rule",
+            ),
         ] {
             let error = format!("{:#}", with(&extra).unwrap_err());
             assert!(error.contains(says), "{extra:?}: {error}");
             assert!(!error.contains('\n'), "one line: {error}");
         }
+    }
+
+    #[test]
+    fn the_fallbacks_destination_rules_parse_and_show_in_config() {
+        let tcp = tcp();
+        let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
+        let config = validate(
+            &[
+                &tcp[..],
+                &[
+                    "--fallback-proxy=unix:///run/konnectivity.sock",
+                    "--fallback-allowed-destinations=10.0.0.0/8",
+                    "--fallback-denied-destinations=127.0.0.0/8,[::1/128]",
+                    "--fallback-exempt-destinations=169.254.169.254:80",
+                ],
+            ]
+            .concat(),
+        )
+        .unwrap();
+        let shown = serde_json::to_value(&config.routing.fallback_destinations).unwrap();
+        assert_eq!(
+            shown,
+            serde_json::json!({
+                "allowed": ["10.0.0.0/8"],
+                "denied": ["127.0.0.0/8", "::1/128"],
+                "exempt": ["169.254.169.254/32:80"],
+            })
+        );
+        let defaults = validate(&tcp).unwrap().routing.fallback_destinations;
+        assert_eq!(defaults, crate::fallback::FallbackDestinations::default());
     }
 
     /// As Go's pflag: a flag given twice takes its last value (chart and kubeadm extraArgs
@@ -1067,6 +1213,46 @@ mod tests {
         let tcp = tcp();
         let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
         assert!(!validate(&tcp).unwrap().frontend.shared_ca);
+    }
+
+    /// Peers are let in by name (`--allowed-peers`, bridgehead-certs' peer.crt by default),
+    /// and a name of `--allowed-clients` is never a peer's.
+    #[test]
+    fn allowed_peers() {
+        let tcp = tcp();
+        let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
+        let ca = format!("--peer-ca-cert={}", file("frontend-ca.crt"));
+        let peering = [
+            "--peer-port=0",
+            "--peer-host=127.0.0.1",
+            &ca,
+            "--peer-cert=p.crt",
+            "--peer-key=p.key",
+        ];
+        let with = |extra: &[&str]| validate(&[&tcp[..], &peering[..], extra].concat());
+        let config = with(&["--allowed-clients=kube-apiserver"]).unwrap();
+        let peering_config = config.peering.unwrap();
+        assert_eq!(peering_config.allowed, [DEFAULT_ALLOWED_PEER]);
+        assert_eq!(peering_config.clients, ["kube-apiserver"]);
+        assert_eq!(
+            peering_config.bind,
+            SocketAddr::from(([0, 0, 0, 0], 0)),
+            "the documented default"
+        );
+        let config = with(&["--allowed-peers=cp-1, cp-2", "--peer-bind-address=10.0.0.1"]).unwrap();
+        let peering_config = config.peering.unwrap();
+        assert_eq!(peering_config.allowed, ["cp-1", "cp-2"]);
+        assert_eq!(peering_config.bind.ip(), IpAddr::from([10, 0, 0, 1]));
+        for (extra, says) in [
+            (
+                &["--allowed-clients=a,Bridgehead-Peer"][..],
+                "a CONNECT client's certificate is never a peer's",
+            ),
+            (&["--allowed-peers= "], "--allowed-peers is empty"),
+        ] {
+            let error = format!("{:#}", with(extra).unwrap_err());
+            assert!(error.contains(says), "{extra:?}: {error}");
+        }
     }
 
     /// Unset, each process draws its own id (a restarted server is a new server to agents),

@@ -1,20 +1,26 @@
 //! `--fallback-proxy`: where a CONNECT goes when the strategies find no agent for it. Another
 //! HTTP CONNECT proxy — konnectivity's server in `http-connect` mode while its agents are
 //! replaced by Bridgehead's, node by node (docs/migrating.md) — reached on a Unix socket or
-//! over mutual TLS. The CONNECT is relayed as one: the fallback's answer (status and reason) is
-//! the client's, its `200` opens a tunnel that is spliced with the same guarantees as an
-//! agent's (half-close each way, bounded buffers, a failure on either side a reset on the
-//! other), and the whole exchange is bounded by `--dial-timeout`.
+//! over mutual TLS. The CONNECT is relayed as one: only the fallback's `200` opens a tunnel,
+//! spliced with the same guarantees as an agent's (half-close each way, bounded buffers, a
+//! failure on either side a reset on the other); any other answer is a `502` to the client with
+//! the fallback's status and reason in its text, because kube-apiserver must see exactly `200`
+//! or a failure (RFC 9110 lets a client take any 2xx to CONNECT as an open tunnel). The whole
+//! exchange is bounded by `--dial-timeout`. Before anything is sent, an IP-literal target is
+//! checked against the destination policy ([`FallbackDestinations`]): a target no agent claims
+//! (a metadata address) gets a 403 here, as an agent would answer it, not a path around it.
 //!
 //! What this leaves out: routing (the frontend asks here only once the route table said no
-//! agent), and reloading the fallback's TLS files (read at startup: the fallback is temporary).
+//! agent), names (the fallback's agents resolve them, after any check here could run), and
+//! reloading the fallback's TLS files (read at startup: the fallback is temporary).
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use bridgehead_mux::splice::TunnelSocket;
+use bridgehead_runtime::destinations::{Denied, Policy};
 use bytes::{Bytes, BytesMut};
 use http::StatusCode;
 use rustls::pki_types::ServerName;
@@ -26,84 +32,12 @@ use tokio_rustls::TlsConnector;
 use crate::http_head::{self, RawHead, MAX_HEADERS};
 use crate::router::Target;
 
+mod config;
+
+pub use config::{FallbackConfig, FallbackDestinations};
+
 /// Largest buffer of each direction of a fallback tunnel.
 const BUFFER: usize = 64 * 1024;
-
-/// How the fallback proxy is reached, as validated from the flags.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FallbackConfig {
-    /// `unix:///path`: plain HTTP CONNECT on a Unix socket.
-    Unix(PathBuf),
-    /// `https://host:port`: HTTP CONNECT over TLS, the proxy's certificate checked against
-    /// `ca`, `client` (certificate, key) presented when given.
-    Https {
-        host: String,
-        port: u16,
-        ca: PathBuf,
-        client: Option<(PathBuf, PathBuf)>,
-    },
-}
-
-impl FallbackConfig {
-    /// Parses `--fallback-proxy` with its TLS flags; an error says what is wrong in one line.
-    pub fn parse(
-        url: &str,
-        ca: Option<PathBuf>,
-        client_cert: Option<PathBuf>,
-        client_key: Option<PathBuf>,
-    ) -> anyhow::Result<FallbackConfig> {
-        if let Some(path) = url.strip_prefix("unix://") {
-            if !path.starts_with('/') {
-                bail!("--fallback-proxy {url}: a Unix socket is unix:///absolute/path");
-            }
-            if ca.is_some() || client_cert.is_some() || client_key.is_some() {
-                bail!("--fallback-proxy-ca-cert/-client-cert/-client-key apply to an https:// fallback, not to {url}");
-            }
-            return Ok(FallbackConfig::Unix(PathBuf::from(path)));
-        }
-        let Some(authority) = url.strip_prefix("https://") else {
-            bail!("--fallback-proxy {url}: expected unix:///path or https://host:port");
-        };
-        let authority = authority.trim_end_matches('/');
-        let (host, port) = authority
-            .rsplit_once(':')
-            .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
-            .filter(|(host, port)| !host.is_empty() && *port != 0)
-            .with_context(|| format!("--fallback-proxy {url}: expected https://host:port"))?;
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_owned();
-        let ca = ca.with_context(|| {
-            format!(
-                "--fallback-proxy {url} needs --fallback-proxy-ca-cert (the CA of its certificate)"
-            )
-        })?;
-        let client = match (client_cert, client_key) {
-            (Some(cert), Some(key)) => Some((cert, key)),
-            (None, None) => None,
-            _ => bail!("--fallback-proxy-client-cert and --fallback-proxy-client-key go together"),
-        };
-        Ok(FallbackConfig::Https {
-            host,
-            port,
-            ca,
-            client,
-        })
-    }
-
-    /// The URL, for logs and answers.
-    pub fn url(&self) -> String {
-        match self {
-            FallbackConfig::Unix(path) => format!("unix://{}", path.display()),
-            FallbackConfig::Https { host, port, .. } if host.contains(':') => {
-                format!("https://[{host}]:{port}")
-            }
-            FallbackConfig::Https { host, port, .. } => format!("https://{host}:{port}"),
-        }
-    }
-}
 
 /// The fallback proxy, ready to relay to.
 #[derive(Clone)]
@@ -111,12 +45,14 @@ pub struct Fallback {
     config: FallbackConfig,
     url: String,
     tls: Option<(TlsConnector, ServerName<'static>)>,
+    policy: Arc<Policy>,
 }
 
 impl std::fmt::Debug for Fallback {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fallback")
             .field("url", &self.url)
+            .field("policy", &self.policy)
             .finish_non_exhaustive()
     }
 }
@@ -124,14 +60,17 @@ impl std::fmt::Debug for Fallback {
 /// Why a relayed CONNECT got no tunnel.
 #[derive(Debug, thiserror::Error)]
 pub enum FallbackError {
+    /// The destination policy refused the target: the fallback was not asked.
+    #[error("not relayed to fallback proxy {url}: {denied}")]
+    Denied { url: String, denied: Denied },
     #[error("fallback proxy {url} unreachable: {error}")]
     Unreachable { url: String, error: std::io::Error },
     #[error("fallback proxy {url} did not answer within {timeout:?}")]
     TimedOut { url: String, timeout: Duration },
     #[error("fallback proxy {url} sent no usable answer: {what}")]
     BadAnswer { url: String, what: &'static str },
-    /// The fallback answered with this status: passed through with its reason.
-    #[error("fallback proxy {url}: {reason}")]
+    /// The fallback answered with this status, not `200`: a 502 naming it and its reason.
+    #[error("fallback proxy {url} answered {reason}")]
     Answered {
         url: String,
         status: StatusCode,
@@ -140,20 +79,23 @@ pub enum FallbackError {
 }
 
 impl FallbackError {
-    /// The status the client gets: the fallback's own, 502 or 504.
+    /// The status the client gets: 403 for a target the policy denies (as an agent's policy
+    /// answers), 502, or 504 when the fallback did not answer in time. Never the fallback's
+    /// own: a 2xx other than 200 would read as an open tunnel.
     pub fn status(&self) -> StatusCode {
         match self {
-            FallbackError::Unreachable { .. } | FallbackError::BadAnswer { .. } => {
-                StatusCode::BAD_GATEWAY
-            }
+            FallbackError::Denied { .. } => StatusCode::FORBIDDEN,
+            FallbackError::Unreachable { .. }
+            | FallbackError::BadAnswer { .. }
+            | FallbackError::Answered { .. } => StatusCode::BAD_GATEWAY,
             FallbackError::TimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
-            FallbackError::Answered { status, .. } => *status,
         }
     }
 
     /// The `fallback_dials_total` label.
     pub fn label(&self) -> &'static str {
         match self {
+            FallbackError::Denied { .. } => "denied",
             FallbackError::Unreachable { .. } => "unreachable",
             FallbackError::TimedOut { .. } => "timed_out",
             FallbackError::BadAnswer { .. } => "bad_answer",
@@ -178,8 +120,12 @@ pub enum Upstream {
 }
 
 impl Fallback {
-    /// The fallback of `config`, its TLS files loaded now (an error names the file).
-    pub fn new(config: FallbackConfig) -> anyhow::Result<Fallback> {
+    /// The fallback of `config`, its TLS files loaded now (an error names the file), relayed
+    /// only the targets `destinations` allow.
+    pub fn new(
+        config: FallbackConfig,
+        destinations: &FallbackDestinations,
+    ) -> anyhow::Result<Fallback> {
         let tls = match &config {
             FallbackConfig::Unix(_) => None,
             FallbackConfig::Https {
@@ -210,19 +156,26 @@ impl Fallback {
             }
         };
         let url = config.url();
-        Ok(Fallback { config, url, tls })
+        Ok(Fallback {
+            config,
+            url,
+            tls,
+            policy: Arc::new(destinations.policy()),
+        })
     }
 
     pub fn url(&self) -> &str {
         &self.url
     }
 
-    /// Asks the fallback for a tunnel to `target`, all of it within `timeout`.
+    /// Asks the fallback for a tunnel to `target`, all of it within `timeout`, if the
+    /// destination policy allows the target.
     pub async fn relay(
         &self,
         target: &Target,
         timeout: Duration,
     ) -> Result<Relayed, FallbackError> {
+        self.check(target)?;
         match tokio::time::timeout(timeout, self.connect_and_ask(target)).await {
             Ok(relayed) => relayed,
             Err(_) => Err(FallbackError::TimedOut {
@@ -230,6 +183,19 @@ impl Fallback {
                 timeout,
             }),
         }
+    }
+
+    /// The destination policy on an IP-literal target; a name passes (see the module doc).
+    fn check(&self, target: &Target) -> Result<(), FallbackError> {
+        let Some(ip) = target.host.ip() else {
+            return Ok(());
+        };
+        self.policy
+            .check(SocketAddr::new(ip, target.port))
+            .map_err(|denied| FallbackError::Denied {
+                url: self.url.clone(),
+                denied,
+            })
     }
 
     async fn connect_and_ask(&self, target: &Target) -> Result<Relayed, FallbackError> {
@@ -394,75 +360,6 @@ impl AsyncWrite for Upstream {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn flags_parse_into_a_fallback_or_one_clear_error() {
-        assert_eq!(
-            FallbackConfig::parse("unix:///run/konnectivity.sock", None, None, None).unwrap(),
-            FallbackConfig::Unix("/run/konnectivity.sock".into())
-        );
-        let https = FallbackConfig::parse(
-            "https://10.0.0.1:8131",
-            Some("ca.crt".into()),
-            Some("c.crt".into()),
-            Some("c.key".into()),
-        )
-        .unwrap();
-        assert_eq!(https.url(), "https://10.0.0.1:8131");
-        let v6 = FallbackConfig::parse("https://[fd00::1]:8131/", Some("ca".into()), None, None)
-            .unwrap();
-        assert_eq!(v6.url(), "https://[fd00::1]:8131");
-        let none: Option<&str> = None;
-        for (url, ca, cert, key, says) in [
-            (
-                "http://x:1",
-                none,
-                none,
-                none,
-                "expected unix:///path or https://host:port",
-            ),
-            ("unix://relative", None, None, None, "unix:///absolute/path"),
-            (
-                "unix:///s",
-                Some("ca"),
-                None,
-                None,
-                "apply to an https:// fallback",
-            ),
-            (
-                "https://x",
-                Some("ca"),
-                None,
-                None,
-                "expected https://host:port",
-            ),
-            (
-                "https://x:0",
-                Some("ca"),
-                None,
-                None,
-                "expected https://host:port",
-            ),
-            (
-                "https://x:1",
-                None,
-                None,
-                None,
-                "needs --fallback-proxy-ca-cert",
-            ),
-            ("https://x:1", Some("ca"), Some("c"), None, "go together"),
-        ] {
-            let error = FallbackConfig::parse(
-                url,
-                ca.map(Into::into),
-                cert.map(Into::into),
-                key.map(Into::into),
-            )
-            .unwrap_err()
-            .to_string();
-            assert!(error.contains(says), "{url}: {error}");
-        }
-    }
 
     #[test]
     fn an_answers_status_and_reason_are_read() {

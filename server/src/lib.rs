@@ -11,7 +11,8 @@
 //! [`agent_admission`], authenticated by [`agent_auth`], closed by [`revocation`] when the
 //! token they were let in by turns invalid), [`peering`] (forwarding to and from peer servers,
 //! `--peer-port`), [`context`] (what connection tasks share),
-//! [`config`] (flags into a validated [`Config`]), [`tls_config`], [`health`] and [`metrics`].
+//! [`config`] (flags into a validated [`Config`]), [`tls_config`], [`upgrade`] (the server's
+//! side of the WebSocket upgrade, both ports'), [`health`] and [`metrics`].
 //!
 //! [`run`] takes listeners that are already bound, so tests bind port 0 and hand them in.
 //! Several servers share one address for agents, or agents find each by DNS: each tells an
@@ -44,6 +45,7 @@ pub mod router;
 #[cfg(test)]
 mod test_util;
 pub mod tls_config;
+pub mod upgrade;
 
 use std::io::Write;
 use std::sync::Arc;
@@ -304,6 +306,7 @@ fn serve_peers(
     lifecycle.spawn(peering::accepted::serve(
         listener,
         tls,
+        peering::identity::PeerPolicy::new(&peering),
         ctx.clone(),
         lifecycle.stop().clone(),
         lifecycle.end().clone(),
@@ -354,7 +357,9 @@ async fn start(
     }
     let fallback = match &config.routing.fallback {
         Some(fallback) => {
-            let fallback = fallback::Fallback::new(fallback.clone()).context("--fallback-proxy")?;
+            let fallback =
+                fallback::Fallback::new(fallback.clone(), &config.routing.fallback_destinations)
+                    .context("--fallback-proxy")?;
             info!(fallback = %fallback.url(), "CONNECTs that no agent matches go to the fallback proxy");
             Some(fallback)
         }

@@ -261,10 +261,14 @@ pub struct Metrics {
     forwarded: Family<ServerLabel, Counter>,
     /// `peer_tunnels{server}`: tunnels peers carried to this server's agents.
     peer_tunnels: Family<ServerLabel, Counter>,
+    /// The server ids those two families were given a series for.
+    server_labels: ServerLabels,
     /// Peer servers this server holds a session with, to forward to their agents.
     pub peers_connected: Gauge,
     /// Agents of those peers, which tunnels may be forwarded to.
     pub peer_agents: Gauge,
+    /// Bytes of identifier lines the peers' views hold, all peers together.
+    pub peer_view_bytes: Gauge,
     /// `tunnel_send_waits{reason}`: uploads waiting for the agent's window or the queue.
     pub send_waits: bridgehead_runtime::memory::SendWaits,
     anp: Anp,
@@ -279,6 +283,61 @@ struct VerificationLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerLabel {
     server: String,
+}
+
+/// One holder's share of a gauge that several add to: set to what the holder holds now, taken
+/// back out when it is dropped.
+#[derive(Debug)]
+pub struct GaugeShare<'a> {
+    gauge: &'a Gauge,
+    held: i64,
+}
+
+impl<'a> GaugeShare<'a> {
+    pub fn new(gauge: &'a Gauge) -> GaugeShare<'a> {
+        GaugeShare { gauge, held: 0 }
+    }
+
+    /// This holder now holds `held`.
+    pub fn set(&mut self, held: usize) {
+        let held = i64::try_from(held).unwrap_or(i64::MAX);
+        self.gauge.inc_by(held - self.held);
+        self.held = held;
+    }
+}
+
+impl Drop for GaugeShare<'_> {
+    fn drop(&mut self) {
+        self.gauge.dec_by(self.held);
+    }
+}
+
+/// Most distinct server ids the peer families keep a series for. A peer names itself (and a
+/// server without `--server-id` draws a new id at every start), so the ids seen over a
+/// server's life have no end; past this many, the rest share [`OTHER_SERVERS`].
+pub const MAX_SERVER_LABELS: usize = 64;
+/// The `server` label of the ids past [`MAX_SERVER_LABELS`].
+pub const OTHER_SERVERS: &str = "other";
+
+/// The server ids given a series so far.
+#[derive(Debug, Default)]
+struct ServerLabels(std::sync::Mutex<std::collections::HashSet<String>>);
+
+impl ServerLabels {
+    fn label(&self, server: &str) -> ServerLabel {
+        let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let server = if known.contains(server) {
+            server
+        } else if known.len() < MAX_SERVER_LABELS {
+            known.insert(server.to_owned());
+            server
+        } else {
+            OTHER_SERVERS
+        };
+        ServerLabel {
+            server: server.to_owned(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -453,7 +512,7 @@ impl Metrics {
         );
         let dials = registered(r, "dials", "CONNECT requests by result", Family::default());
         let agent_handshakes = registered(r, "agent_handshakes", "Agent connections by how their handshake ended: ok, tls_error, unauthorized (401), forbidden (403), refused (another status), timed_out, stalled (cut for room), closed, duplicate (a server the agent holds already)", Family::default());
-        let fallback_dials = registered(r, "fallback_dials", "CONNECTs no agent matched, relayed to --fallback-proxy, by result: ok, refused (it answered another status), unreachable, timed_out, bad_answer", Family::default());
+        let fallback_dials = registered(r, "fallback_dials", "CONNECTs no agent matched, relayed to --fallback-proxy, by result: ok, refused (it answered another status than 200), unreachable, timed_out, bad_answer, denied (by the destination policy, not relayed)", Family::default());
         let fallback_tunnels_open = registered(
             r,
             "fallback_tunnels_open",
@@ -482,7 +541,7 @@ impl Metrics {
         };
         let token_reviews = registered(r, "token_reviews", "Agent token checks by result: authenticated, rejected (by kube-apiserver), error (no answer), cached", Family::default());
         let token_verifications = registered(r, "token_verifications", "Agent tokens checked locally (--token-verification=local) by result: verified, refused (reason: why, as kube-apiserver would refuse it), fallback (reason: why it went to TokenReview)", Family::default());
-        let handshakes_refused = registered(r, "handshakes_refused", "Handshakes cut because their listener had its limit in progress and a newer connection came (listener: frontend, agent)", Family::default());
+        let handshakes_refused = registered(r, "handshakes_refused", "Handshakes cut because their listener had its limit in progress and a newer connection came (listener: frontend, agent, peer)", Family::default());
         preset(
             &token_reviews,
             results(["authenticated", "rejected", "error", "cached"]),
@@ -507,9 +566,15 @@ impl Metrics {
             "Agents of peer servers that tunnels may be forwarded to",
             Gauge::default(),
         );
+        let peer_view_bytes = registered(
+            r,
+            "peer_view_bytes",
+            "Bytes of identifier lines held for the peers' agents, all peers together (each peer's view is bounded at 32 MiB)",
+            Gauge::default(),
+        );
         preset(
             &handshakes_refused,
-            ["frontend", "agent"].map(|listener| ListenerLabel { listener }),
+            ["frontend", "agent", "peer"].map(|listener| ListenerLabel { listener }),
         );
         Metrics {
             registry: Registry::default(),
@@ -532,8 +597,10 @@ impl Metrics {
             leases_removed,
             forwarded,
             peer_tunnels,
+            server_labels: ServerLabels::default(),
             peers_connected,
             peer_agents,
+            peer_view_bytes,
             send_waits,
         }
     }
@@ -565,18 +632,14 @@ impl Metrics {
     /// A tunnel was forwarded to peer server `server`'s agent.
     pub fn forwarded(&self, server: &str) {
         self.forwarded
-            .get_or_create(&ServerLabel {
-                server: server.to_owned(),
-            })
+            .get_or_create(&self.server_labels.label(server))
             .inc();
     }
 
     /// Peer server `server` forwarded a tunnel to one of this server's agents.
     pub fn peer_tunnel(&self, server: &str) {
         self.peer_tunnels
-            .get_or_create(&ServerLabel {
-                server: server.to_owned(),
-            })
+            .get_or_create(&self.server_labels.label(server))
             .inc();
     }
 
@@ -733,6 +796,50 @@ mod tests {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, metrics.registry()).unwrap();
         text
+    }
+
+    #[test]
+    fn each_share_of_a_gauge_is_taken_back_when_dropped() {
+        let gauge = Gauge::default();
+        let mut a = GaugeShare::new(&gauge);
+        let mut b = GaugeShare::new(&gauge);
+        a.set(100);
+        b.set(30);
+        a.set(60);
+        assert_eq!(gauge.get(), 90);
+        drop(a);
+        assert_eq!(gauge.get(), 30);
+        drop(b);
+        assert_eq!(gauge.get(), 0);
+    }
+
+    /// A peer names itself: the ids past the bound share one series instead of growing the
+    /// page (and the server) without end.
+    #[test]
+    fn peer_server_ids_make_a_bounded_number_of_series() {
+        let metrics = Metrics::default();
+        for i in 0..MAX_SERVER_LABELS + 100 {
+            metrics.peer_tunnel(&format!("peer-{i}"));
+            metrics.forwarded(&format!("peer-{i}"));
+        }
+        // One already known keeps its own series.
+        metrics.peer_tunnel("peer-0");
+        let text = page(&metrics);
+        let series = |name: &str| text.lines().filter(|l| l.starts_with(name)).count();
+        let peer_tunnels = "bridgehead_server_peer_tunnels_total{";
+        assert_eq!(series(peer_tunnels), MAX_SERVER_LABELS + 1);
+        assert_eq!(
+            series("bridgehead_server_tunnels_forwarded_total{"),
+            MAX_SERVER_LABELS + 1
+        );
+        assert!(
+            text.contains(&format!("{peer_tunnels}server=\"other\"}} 100\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("{peer_tunnels}server=\"peer-0\"}} 2\n")),
+            "{text}"
+        );
     }
 
     #[test]

@@ -9,12 +9,19 @@
 //! pumps the two streams into each other, each under its own flow control, so a stalled
 //! client holds back only its own tunnel at every hop.
 //!
-//! Peers authenticate each other with mutual TLS against `--peer-ca-cert`: the CA the
-//! frontend's clients chain to, since a peer opens tunnels as a CONNECT client does.
+//! Peers authenticate each other with mutual TLS against `--peer-ca-cert` (the CA the
+//! frontend's clients chain to, since a peer opens tunnels as a CONNECT client does) and a
+//! certificate only a peer holds ([`identity`]: `--allowed-peers`, both TLS usages, never a
+//! CONNECT client's).
 
 pub mod accepted;
 pub mod dialed;
+mod forwarded;
+pub mod identity;
 pub mod view;
+
+#[cfg(test)]
+mod tests;
 
 use std::time::Duration;
 

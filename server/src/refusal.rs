@@ -49,7 +49,8 @@ pub enum Refusal {
         target: Target,
         timeout: Duration,
     },
-    /// No agent matched, and the fallback proxy gave no tunnel either.
+    /// No agent matched, and the fallback proxy gave no tunnel either (or its destination
+    /// policy did not let the target go there).
     #[error(transparent)]
     Fallback(#[from] crate::fallback::FallbackError),
     #[error("agent {agent} was lost before answering the dial to {target}: {reason}")]
@@ -102,7 +103,7 @@ impl Refusal {
             Refusal::AgentLost { .. } => DialResult::AgentLost,
             // Labelled by what the client saw; fallback_dials_total says what happened there.
             Refusal::Fallback(error) => match error.status() {
-                StatusCode::SERVICE_UNAVAILABLE => DialResult::NoAgent,
+                StatusCode::FORBIDDEN => DialResult::NotPermitted,
                 StatusCode::GATEWAY_TIMEOUT => DialResult::TimedOut,
                 _ => DialResult::Other,
             },

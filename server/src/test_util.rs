@@ -24,3 +24,16 @@ pub(crate) fn test_config() -> crate::Config {
     config.routing.dial_timeout = TEST_TIMEOUT;
     config
 }
+
+/// A shared context over [`test_config`]: certificate authentication, no session threads,
+/// no fallback.
+pub(crate) fn test_context() -> std::sync::Arc<crate::context::Context> {
+    let shards = bridgehead_runtime::threads::Shards::start("test", 0).expect("no threads");
+    let auth = crate::agent_auth::AgentAuth::new(true, None, false);
+    std::sync::Arc::new(crate::context::Context::new(
+        test_config(),
+        auth,
+        shards,
+        None,
+    ))
+}

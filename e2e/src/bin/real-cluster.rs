@@ -1,6 +1,7 @@
 //! `real-cluster`: a real Kubernetes cluster on this machine with Bridgehead installed from deploy/
 //! (the cluster `e2e/tests/cluster.rs` runs: a control plane, a control-plane node running the
-//! server's static pod, workers running the agents' DaemonSet), plus a demo pod, until Ctrl-C.
+//! server's static pod, workers running the agents' DaemonSet, every node pulling Bridgehead's
+//! image from a registry on the control plane's host), plus a demo pod, until Ctrl-C.
 //! Run it with `scripts/cluster.sh` (root: it makes namespaces, mounts and cgroups, and removes
 //! them at the end).
 
@@ -56,6 +57,16 @@ fn main() -> anyhow::Result<()> {
         "kube-apiserver {}; its cluster egress through bridgehead-server (a static pod on node control-plane)",
         cluster.control_plane.url
     );
+    println!(
+        "registry https://{host} (CNCF Distribution, its CA in {ca}): every node pulled {image} from it",
+        host = cluster.registry.host,
+        ca = cluster.registry.cert_dir.join("ca.crt").display(),
+        image = cluster.registry.image(&format!(
+            "{}:{}",
+            bridgehead_e2e::kubernetes::real_cluster::REPOSITORY,
+            cluster.version
+        )),
+    );
     for worker in &cluster.workers {
         println!(
             "node {}: kubelet at {} (no route from the control plane: only through Bridgehead), pods on {}",
@@ -68,6 +79,11 @@ fn main() -> anyhow::Result<()> {
     println!("  $kubectl exec -it demo -- sh");
     println!("  $kubectl logs demo");
     println!("  $kubectl port-forward pod/demo 8080:http   # then: curl localhost:8080");
+    println!(
+        "  scripts/push-image.sh ARCHIVE {}/REPOSITORY:TAG --cert-dir {}   # another image for the nodes",
+        cluster.registry.host,
+        cluster.registry.cert_dir.display()
+    );
     println!("Ctrl-C stops everything and removes it.");
     println!(
         "export KUBECONFIG={}",

@@ -1,6 +1,7 @@
-//! The images a test node imports: Bridgehead's own (the binaries under test, as
-//! `scripts/image.sh` packs them for a registry-less node), pause, busybox and testserver. Built once per
-//! test process into `images/` beside the binaries.
+//! The images of a test cluster: Bridgehead's own (the binaries under test, as
+//! `scripts/image.sh` packs them), which the cluster pushes to its registry and its nodes pull,
+//! and the test-only ones a node imports (pause, busybox, testserver, konnectivity). Built once
+//! per test process into `images/` beside the binaries.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -8,7 +9,7 @@ use std::sync::OnceLock;
 
 use anyhow::{bail, Context};
 
-/// One OCI archive and the image name it is imported under.
+/// One OCI archive and the image name `scripts/image.sh` gives it.
 #[derive(Debug, Clone)]
 pub struct Archive {
     pub path: PathBuf,
@@ -18,7 +19,7 @@ pub struct Archive {
 /// The archives.
 #[derive(Debug, Clone)]
 pub struct Images {
-    /// `docker.io/library/bridgehead:<version>`: what `bridgehead:<version>` in deploy/ names.
+    /// `docker.io/library/bridgehead:<version>`; its tag is what the registry serves it under.
     pub bridgehead: Archive,
     /// The pod sandbox.
     pub pause: Archive,

@@ -18,9 +18,12 @@
 //!   kube-apiserver reaches the node only through Bridgehead; a TCP connection to where a host
 //!   has no route is refused at once (a reset), on every host; the `kubernetes` Service's
 //!   ClusterIP translated to kube-apiserver's address, as kube-proxy would;
-//! - containerd with its own root, state and socket in the test's folder; the pause, busybox
-//!   and Bridgehead images imported ([`super::images`]); kubelet on cgroupfs (cgroup v1 is what
-//!   these machines have) under a cgroup root of its own.
+//! - containerd with its own root, state and socket in the test's folder, pulling Bridgehead's
+//!   image from the test's registry as a user's node pulls from theirs (`config_path`, and
+//!   `/etc/containerd/certs.d/<HOST:PORT>/hosts.toml` naming its CA, in the host's `/etc`);
+//!   the test-only images (pause, busybox, testserver, konnectivity: [`super::images`])
+//!   imported, as no registry serves them; kubelet on cgroupfs (cgroup v1 is what these
+//!   machines have) under a cgroup root of its own.
 //!
 //! Dropped, it stops kubelet, deletes its Node, kills the host's first process (the kernel then
 //! kills every process of its PID namespace: containerd, shims, containers), so its mounts and
@@ -46,7 +49,11 @@ mod host;
 mod network;
 
 use cgroups::Cgroups;
-use config::{cni_config, containerd_config, kubelet_config, write, write_node_kubeconfig};
+pub use config::RegistryTrust;
+use config::{
+    cni_config, containerd_config, hosts_toml, kubelet_config, write, write_node_kubeconfig,
+    CERTS_D,
+};
 use host::{kill_inner, Host};
 use network::{kubernetes_service, link, refuse_elsewhere};
 
@@ -95,6 +102,8 @@ pub struct NodeOptions {
     /// A folder to serve as `/etc/kubernetes` inside the host (static pod manifests in
     /// `manifests/`, which kubelet then runs); a fresh empty one when `None`.
     pub etc_kubernetes: Option<PathBuf>,
+    /// The registry its containerd pulls from (Bridgehead's image), trusted in its `certs.d`.
+    pub registry: Option<RegistryTrust>,
 }
 
 /// A running node. Torn down on drop (see the module's doc).
@@ -103,6 +112,10 @@ pub struct NodeHost {
     pub name: String,
     /// Where kubelet serves (the Node's InternalIP); on a worker, reachable only from inside.
     pub node_ip: Ipv4Addr,
+    /// Where the node's own connections into the control plane's network (to kube-apiserver,
+    /// to the registry) come from: a worker's end of its link; kube-apiserver's address on the
+    /// control-plane node.
+    pub link_ip: Ipv4Addr,
     /// The node's pod network (what its CNI bridge hands out).
     pub pod_cidr: String,
     /// The namespaces; ended on drop, before the cgroups are removed.
@@ -118,7 +131,8 @@ pub struct NodeHost {
 }
 
 /// The node host's files: its folders, the sysctls it gets its own copy of, `/etc/hosts`,
-/// the CNI, containerd and kubelet configurations and kubelet's kubeconfig.
+/// the CNI, containerd and kubelet configurations, the registry's `hosts.toml` and CA, and
+/// kubelet's kubeconfig.
 fn write_files(
     dir: &Path,
     control_plane: &ControlPlane,
@@ -155,6 +169,16 @@ fn write_files(
             options.name
         ),
     )?;
+    if let Some(registry) = &options.registry {
+        // The host's /etc is an overlay whose upper layer is `etc/upper`.
+        let in_etc = CERTS_D
+            .strip_prefix("/etc/")
+            .context("containerd's certs.d is not under /etc")?;
+        let certs_d = path(&format!("etc/upper/{in_etc}/{host}", host = registry.host));
+        std::fs::create_dir_all(&certs_d)?;
+        write(&certs_d.join("hosts.toml"), &hosts_toml(registry))?;
+        write(&certs_d.join("ca.crt"), &registry.ca_pem)?;
+    }
     write(
         &path("cni/10-bridgehead-test.conflist"),
         &cni_config(pod_cidr),
@@ -181,7 +205,7 @@ fn write_files(
 }
 
 /// Starts containerd in `host` with `config`, waits until it answers on `socket`, and
-/// imports every image archive.
+/// imports the test-only images (Bridgehead's own comes from the registry).
 fn start_containerd(
     host: &Host,
     socket: &Path,
@@ -207,7 +231,6 @@ fn start_containerd(
         Some(&images.pause),
         Some(&images.busybox),
         Some(&images.testserver),
-        Some(&images.bridgehead),
         images.konnectivity.as_ref(),
     ];
     for archive in archives.into_iter().flatten() {
@@ -242,12 +265,17 @@ impl NodeHost {
         let pid = std::process::id();
         let dir = tempfile::Builder::new().prefix("bh-node-").tempdir()?;
         let path = |file: &str| dir.path().join(file);
-        let (node_ip, pod_cidr) = match &options.network {
+        let (node_ip, link_ip, pod_cidr) = match &options.network {
             Network::Worker { index, .. } => (
                 Ipv4Addr::new(10, 202, *index, 1),
+                network::link_far_end(*index),
                 format!("10.244.{index}.0/24"),
             ),
-            Network::ControlPlane { .. } => (control_plane.address, "10.244.0.0/24".to_owned()),
+            Network::ControlPlane { .. } => (
+                control_plane.address,
+                control_plane.address,
+                "10.244.0.0/24".to_owned(),
+            ),
         };
         let cgroup_root = format!("bh{pid}c{k}");
         // Declared before the host, so dropped after it: removed once its processes are gone.
@@ -300,6 +328,7 @@ impl NodeHost {
         let node = NodeHost {
             name: options.name.clone(),
             node_ip,
+            link_ip,
             pod_cidr,
             host,
             kubelet: Some(kubelet),

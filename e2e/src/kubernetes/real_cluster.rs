@@ -2,10 +2,13 @@
 //! (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) whose `cluster` egress goes
 //! to the Unix socket of deploy/server-static-pod's EgressSelectorConfiguration; a
 //! control-plane node whose kubelet runs bridgehead-server from that static pod manifest,
-//! copied unchanged into its `/etc/kubernetes/manifests`; worker nodes; and the agents as
-//! deploy/agent's DaemonSet (`kubectl apply -k` of an overlay that sets only
-//! `--proxy-server-host`, as its kustomization says to). Each node is a [`NodeHost`] running
-//! the image `scripts/image.sh` builds from the binaries under test.
+//! copied into its `/etc/kubernetes/manifests` (only its `image:` line pointed at the
+//! registry); worker nodes; and the agents as deploy/agent's DaemonSet (`kubectl apply -k` of
+//! an overlay that sets only `--proxy-server-host` and the image, as its kustomization says
+//! to). Each node is a [`NodeHost`] running the image `scripts/image.sh` builds from the
+//! binaries under test, pushed to a registry on the control plane's host ([`Registry`], CNCF
+//! Distribution over TLS) and pulled from there by each node's containerd, as a user's nodes
+//! pull from theirs.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -15,8 +18,10 @@ use anyhow::{bail, Context};
 use super::controllers::Controllers;
 use super::images::Images;
 use super::konnectivity::Mode;
+use super::node_host::RegistryTrust;
 use super::node_host::{Network, NodeHost, NodeOptions};
 use super::{Binaries, ControlPlane, Egress};
+use crate::image_registry::Registry;
 use crate::netns::TestNet;
 
 /// The control plane's test host in [`RealCluster::net`].
@@ -25,6 +30,10 @@ pub const CONTROL_PLANE_HOST: usize = 0;
 pub const CONTROL_PLANE_NODE: &str = "control-plane";
 /// Where deploy/server-static-pod's EgressSelectorConfiguration puts the server's socket.
 const SOCKET: &str = "/etc/kubernetes/konnectivity-server/konnectivity-server.socket";
+/// The repository of Bridgehead's image in the registry.
+pub const REPOSITORY: &str = "bridgehead/bridgehead";
+/// The image deploy/ names, which an operator points at their registry.
+const DEPLOY_IMAGE: &str = "bridgehead";
 /// How long the agents' DaemonSet may take to have a Ready pod on every node.
 const ROLLOUT: Duration = Duration::from_secs(120);
 
@@ -46,6 +55,11 @@ pub struct RealCluster {
     pub control_plane_node: NodeHost,
     pub controllers: Controllers,
     pub control_plane: ControlPlane,
+    /// Where the nodes pull Bridgehead's image from: on the control plane's host, which every
+    /// node reaches.
+    pub registry: Registry,
+    /// The tag of Bridgehead's image (the workspace's version, as `scripts/image.sh` tags it).
+    pub version: String,
     pub net: TestNet,
     /// The control-plane node's `/etc/kubernetes`.
     etc_kubernetes: tempfile::TempDir,
@@ -93,13 +107,32 @@ impl RealCluster {
             },
             &[],
         )?;
+        let registry = Registry::start(
+            control_plane.address.into(),
+            Some(net.host(CONTROL_PLANE_HOST).ns_name()),
+        )?;
+        let version = images
+            .bridgehead
+            .name
+            .rsplit_once(':')
+            .map(|(_, tag)| tag.to_owned())
+            .context("Bridgehead's image has no tag")?;
+        registry.push(&images.bridgehead.path, &format!("{REPOSITORY}:{version}"))?;
+        let trust = RegistryTrust {
+            host: registry.host.clone(),
+            ca_pem: registry.ca_pem.clone(),
+        };
         let controllers = Controllers::start(&control_plane, &net, CONTROL_PLANE_HOST)?;
         control_plane.kubectl_ok(&["apply", "-k", &deploy().join("rbac").to_string_lossy()])?;
         let manifest = match install {
-            Install::Bridgehead => {
-                std::fs::read_to_string(deploy().join("server-static-pod/konnectivity-server.yaml"))
-                    .context("reading deploy/'s static pod manifest")?
-            }
+            Install::Bridgehead => pulled_from(
+                &std::fs::read_to_string(
+                    deploy().join("server-static-pod/konnectivity-server.yaml"),
+                )
+                .context("reading deploy/'s static pod manifest")?,
+                &registry,
+                &version,
+            )?,
             Install::Konnectivity(mode) => super::konnectivity::server_manifest(
                 &images
                     .konnectivity
@@ -118,6 +151,7 @@ impl RealCluster {
                 name: CONTROL_PLANE_NODE.into(),
                 network: Network::ControlPlane { ns: ns.clone() },
                 etc_kubernetes: Some(etc_kubernetes.path().to_owned()),
+                registry: Some(trust.clone()),
             },
         )?;
         let mut nodes = Vec::new();
@@ -132,6 +166,7 @@ impl RealCluster {
                         index,
                     },
                     etc_kubernetes: None,
+                    registry: Some(trust.clone()),
                 },
             )?);
         }
@@ -140,6 +175,8 @@ impl RealCluster {
             control_plane_node,
             controllers,
             control_plane,
+            registry,
+            version,
             net,
             etc_kubernetes,
         };
@@ -164,8 +201,9 @@ impl RealCluster {
     }
 
     /// deploy/agent through an overlay that points `--proxy-server-host` at the control
-    /// plane's address and replaces each of `args` (`--flag=value`) that the DaemonSet
-    /// already gives with that value; waits for the rollout.
+    /// plane's address and the image at the registry (kustomize's `images:`, as
+    /// docs/kubernetes.md tells an operator), and replaces each of `args` (`--flag=value`)
+    /// that the DaemonSet already gives with that value; waits for the rollout.
     pub fn install_agents(&self, args: &[&str]) -> anyhow::Result<()> {
         let overlay = tempfile::Builder::new()
             .prefix("bh-agent-overlay-")
@@ -191,9 +229,11 @@ impl RealCluster {
         std::fs::write(
             overlay.path().join("kustomization.yaml"),
             format!(
-                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {agent}\npatches:\n- target:\n    kind: DaemonSet\n    name: bridgehead-agent\n  patch: |-\n    - op: test\n      path: /spec/template/spec/containers/0/args/1\n      value: --proxy-server-host=control-plane.example.internal\n    - op: replace\n      path: /spec/template/spec/containers/0/args/1\n      value: --proxy-server-host={address}\n{replaced}",
+                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {agent}\nimages:\n- name: {DEPLOY_IMAGE}\n  newName: {image}\n  newTag: \"{version}\"\npatches:\n- target:\n    kind: DaemonSet\n    name: bridgehead-agent\n  patch: |-\n    - op: test\n      path: /spec/template/spec/containers/0/args/1\n      value: --proxy-server-host=control-plane.example.internal\n    - op: replace\n      path: /spec/template/spec/containers/0/args/1\n      value: --proxy-server-host={address}\n{replaced}",
                 agent = agent.display(),
                 address = self.control_plane.address,
+                image = self.registry.image(REPOSITORY),
+                version = self.version,
             ),
         )?;
         self.control_plane
@@ -271,10 +311,27 @@ impl RealCluster {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// `manifest` (deploy/'s static pod, or a revision of it) with its image pulled from the
+    /// registry, as an operator edits the manifest for theirs.
+    pub fn pulled_from_registry(&self, manifest: &str) -> anyhow::Result<String> {
+        pulled_from(manifest, &self.registry, &self.version)
+    }
+
     /// The control-plane node's `/etc/kubernetes`, seen from the test.
     pub fn etc_kubernetes(&self) -> &Path {
         self.etc_kubernetes.path()
     }
+}
+
+/// `manifest` with deploy/'s `image: bridgehead:<version>` replaced by the image in
+/// `registry`; an error if the manifest names no such image.
+fn pulled_from(manifest: &str, registry: &Registry, version: &str) -> anyhow::Result<String> {
+    let deployed = format!("image: {DEPLOY_IMAGE}:{version}\n");
+    if !manifest.contains(&deployed) {
+        bail!("the manifest names no {deployed:?}");
+    }
+    let image = registry.image(&format!("{REPOSITORY}:{version}"));
+    Ok(manifest.replace(&deployed, &format!("image: {image}\n")))
 }
 
 /// `target` as a path relative to the folder `from` (both absolute, `target` canonical).

@@ -32,7 +32,8 @@ struct Configuration {
 /// Fetches the issuer and its keys (two requests, paced as every request of `api`).
 pub(crate) async fn discover(api: &KubeApi) -> Result<Issuer, DiscoveryError> {
     let configuration = get(api, CONFIGURATION_PATH).await?;
-    let configuration: Configuration = serde_json::from_str(&configuration)
+    // Strict as the keys are: two `issuer` members would name two issuers.
+    let configuration: Configuration = super::json::object(configuration.as_bytes())
         .map_err(|_| DiscoveryError::Invalid("an OpenID configuration"))?;
     let jwks = get(api, JWKS_PATH).await?;
     let keys = KeySet::parse(jwks.as_bytes()).map_err(|_| DiscoveryError::Invalid("a JWKS"))?;

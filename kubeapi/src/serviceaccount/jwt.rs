@@ -7,6 +7,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use serde::Deserialize;
 
+use super::json::{self, JsonError};
+
 /// Longest token taken apart: projected tokens are about a kilobyte, so anything near this is
 /// not one, and decoding it would only cost memory.
 pub(crate) const MAX_TOKEN_LEN: usize = 16 * 1024;
@@ -31,6 +33,10 @@ pub enum Malformed {
     /// A `crit` header: an extension this verifier (and kube-apiserver's) does not implement.
     #[error("critical header extensions")]
     Critical,
+    /// The header or the claims name a member twice: go-jose refuses such a token, and
+    /// serde_json would read the last of the two where another parser reads the first.
+    #[error("the header or the claims name a member twice")]
+    DuplicateMember,
 }
 
 /// The signature algorithms a token's header may name.
@@ -191,13 +197,13 @@ impl Token {
                 .decode(part)
                 .map_err(|_| Malformed::Encoding)
         };
-        let header: Header = object(&decode(header)?).ok_or(Malformed::Header)?;
+        let header: Header = object(&decode(header)?, Malformed::Header)?;
         if header.crit.is_some() {
             return Err(Malformed::Critical);
         }
         let algorithm = Algorithm::from_name(&header.alg).ok_or(Malformed::Algorithm)?;
         let claims_bytes = decode(claims)?;
-        let claims: Claims = object(&claims_bytes).ok_or(Malformed::Claims)?;
+        let claims: Claims = object(&claims_bytes, Malformed::Claims)?;
         let signature = decode(signature)?;
         let signed_len = text.len() - signature_len(text);
         Ok(Token {
@@ -210,10 +216,15 @@ impl Token {
     }
 }
 
-/// `json` as a `T`, if it is a JSON object (serde would also fill a struct from an array).
-fn object<T: serde::de::DeserializeOwned>(json: &[u8]) -> Option<T> {
-    let object: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(json).ok()?;
-    T::deserialize(serde_json::Value::Object(object)).ok()
+/// `json` as a `T`, or why not: `otherwise` unless a member is named twice.
+fn object<T: serde::de::DeserializeOwned>(
+    json: &[u8],
+    otherwise: Malformed,
+) -> Result<T, Malformed> {
+    json::object(json).map_err(|error| match error {
+        JsonError::DuplicateMember => Malformed::DuplicateMember,
+        JsonError::NotAnObject | JsonError::Shape => otherwise,
+    })
 }
 
 /// The length of the last part and its dot.
@@ -321,6 +332,27 @@ mod tests {
             (
                 format!("{}.e30.@", b64(br#"{"alg":"ES256"}"#)),
                 Malformed::Encoding,
+            ),
+            // A member named twice, in the header or the claims, at any depth: go-jose
+            // refuses these, where serde_json alone would take the last.
+            (
+                token(r#"{"alg":"ES256","alg":"HS256"}"#, "{}"),
+                Malformed::DuplicateMember,
+            ),
+            (
+                token(r#"{"alg":"ES256","kid":"a","kid":"b"}"#, "{}"),
+                Malformed::DuplicateMember,
+            ),
+            (
+                token(r#"{"alg":"ES256"}"#, r#"{"aud":"x","sub":"a","sub":"b"}"#),
+                Malformed::DuplicateMember,
+            ),
+            (
+                token(
+                    r#"{"alg":"ES256"}"#,
+                    r#"{"kubernetes.io":{"pod":{"name":"a","uid":"1","uid":"2"}}}"#,
+                ),
+                Malformed::DuplicateMember,
             ),
         ];
         for (text, want) in cases {

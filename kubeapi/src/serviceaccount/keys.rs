@@ -14,6 +14,7 @@ use serde::Deserialize;
 use tokio::time::Instant;
 
 use super::jwt::{Algorithm, Token};
+use super::Fallback;
 
 /// Fewest time between two fetches of the keys.
 pub const MIN_REFETCH_INTERVAL: Duration = Duration::from_secs(10);
@@ -24,7 +25,7 @@ const MIN_RSA_BITS: usize = 2048;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum JwksError {
     #[error("not a JSON Web Key Set: {0}")]
-    Json(String),
+    Json(super::json::JsonError),
 }
 
 /// One issuer key, ready to check signatures.
@@ -87,8 +88,7 @@ impl KeySet {
     /// Reads a JWKS. Keys for encryption are left out; a key with fields that do not decode
     /// is kept as one this verifier cannot check, so that its tokens are not refused for it.
     pub(crate) fn parse(json: &[u8]) -> Result<KeySet, JwksError> {
-        let jwks: Jwks =
-            serde_json::from_slice(json).map_err(|e| JwksError::Json(e.to_string()))?;
+        let jwks: Jwks = super::json::object(json).map_err(JwksError::Json)?;
         let keys = jwks
             .keys
             .into_iter()
@@ -267,6 +267,17 @@ impl KeyRing {
     pub(crate) fn age(&self, now: Instant) -> Option<Duration> {
         self.fetched.map(|at| now.saturating_duration_since(at))
     }
+
+    /// The keys, if fetched no more than `max_age` before `now`; else why not. Keys older than
+    /// that vouch for nothing: a key the issuer has since dropped would stay trusted for as
+    /// long as discovery fails.
+    pub(crate) fn usable(&self, now: Instant, max_age: Duration) -> Result<Arc<Issuer>, Fallback> {
+        match (&self.current, self.age(now)) {
+            (Some(issuer), Some(age)) if age <= max_age => Ok(issuer.clone()),
+            (Some(_), _) => Err(Fallback::KeysStale),
+            (None, _) => Err(Fallback::KeysUnavailable),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -443,6 +454,35 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_jwks_that_names_a_member_twice_is_refused() {
+        use super::super::json::JsonError;
+        let (a, b) = (TestKey::p256(), TestKey::p256());
+        let (one, other) = (a.jwk("a").to_string(), b.jwk("b").to_string());
+        // Which `keys`, which `x`? serde_json alone would take the last of each.
+        let twice_keys = format!(r#"{{"keys":[{one}],"keys":[{other}]}}"#);
+        let mut twice_x = a.jwk("a");
+        let x = twice_x["x"].to_string();
+        twice_x.as_object_mut().unwrap().remove("x");
+        let twice_x = format!(
+            r#"{{"keys":[{}]}}"#,
+            twice_x
+                .to_string()
+                .replacen('{', &format!("{{\"x\":{x},\"x\":{x},"), 1)
+        );
+        for json in [twice_keys, twice_x] {
+            assert_eq!(
+                KeySet::parse(json.as_bytes()),
+                Err(JwksError::Json(JsonError::DuplicateMember)),
+                "{json}"
+            );
+        }
+        assert_eq!(
+            KeySet::parse(&jwks(&[(&a, "a"), (&b, "b")])).unwrap().len(),
+            2
+        );
+    }
+
+    #[test]
     fn fetches_are_paced() {
         let start = Instant::now();
         let mut ring = KeyRing::default();
@@ -462,5 +502,38 @@ pub(crate) mod tests {
             Some(Duration::from_secs(3))
         );
         assert_eq!(ring.current().as_deref(), Some(&issuer));
+    }
+
+    #[test]
+    fn keys_past_their_maximum_age_are_not_used() {
+        let start = Instant::now();
+        let max_age = Duration::from_secs(600);
+        let mut ring = KeyRing::default();
+        assert_eq!(
+            ring.usable(start, max_age).unwrap_err(),
+            Fallback::KeysUnavailable
+        );
+        let issuer = Issuer {
+            issuer: "https://i".into(),
+            keys: KeySet::default(),
+        };
+        ring.replace(issuer.clone(), start);
+        assert_eq!(
+            ring.usable(start + max_age, max_age).as_deref(),
+            Ok(&issuer)
+        );
+        // Fetches that fail since do not make them younger.
+        ring.attempt(start + max_age);
+        assert_eq!(
+            ring.usable(start + max_age + Duration::from_millis(1), max_age)
+                .unwrap_err(),
+            Fallback::KeysStale
+        );
+        // A fetch that works does.
+        ring.replace(issuer.clone(), start + max_age + Duration::from_secs(1));
+        assert_eq!(
+            ring.usable(start + 2 * max_age, max_age).as_deref(),
+            Ok(&issuer)
+        );
     }
 }

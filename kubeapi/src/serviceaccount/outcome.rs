@@ -103,6 +103,10 @@ pub enum Fallback {
     /// The issuer's keys were never fetched (starting, forbidden, or not served).
     #[error("the issuer's keys are not known")]
     KeysUnavailable,
+    /// The issuer's keys were last fetched longer ago than the settings allow (discovery has
+    /// been failing since): they may list a key the issuer has dropped.
+    #[error("the issuer's keys are too old")]
+    KeysStale,
     /// The token names a key not listed even after fetching the keys again (or too soon to
     /// fetch again), and its claims are those of a token of an agent pod the watches show
     /// standing.
@@ -131,6 +135,7 @@ impl Fallback {
             Fallback::NotSynced => "not_synced",
             Fallback::Stale => "stale",
             Fallback::KeysUnavailable => "keys_unavailable",
+            Fallback::KeysStale => "keys_stale",
             Fallback::UnknownKey => "unknown_key",
             Fallback::UnsupportedKey => "unsupported_key",
             Fallback::UnlistedIssuer => "unlisted_issuer",

@@ -93,7 +93,8 @@ fn live(now: Instant) -> Live {
 
 struct Case {
     settings: VerifierSettings,
-    issuer: Option<Issuer>,
+    /// The keys, or why there are none.
+    issuer: Result<Issuer, Fallback>,
     live: Live,
     now: Instant,
 }
@@ -103,7 +104,7 @@ impl Case {
         let now = Instant::now();
         Case {
             settings: settings(),
-            issuer: Some(issuer(&[(key, "k1")])),
+            issuer: Ok(issuer(&[(key, "k1")])),
             live: live(now),
             now,
         }
@@ -124,7 +125,7 @@ impl Case {
             &self.settings,
             &self.settings.expected(),
             token,
-            self.issuer.as_ref(),
+            self.issuer.as_ref().map_err(|missing| *missing),
             signature,
             &self.live,
             At {
@@ -285,7 +286,7 @@ fn an_unknown_key_is_fetched_for_only_when_the_rest_is_a_live_agents() {
     let token = sign(&rotated, "k2", &claims(600));
     assert_eq!(case.decide(&token), Step::NeedKeys(Fallback::UnknownKey));
     // After the refetch the new key is listed: verified.
-    case.issuer = Some(issuer(&[(&key, "k1"), (&rotated, "k2")]));
+    case.issuer = Ok(issuer(&[(&key, "k1"), (&rotated, "k2")]));
     assert!(matches!(
         case.decide(&token),
         Step::Done(Outcome::Verified(_))
@@ -320,7 +321,7 @@ fn an_unknown_key_is_fetched_for_only_when_the_rest_is_a_live_agents() {
     assert_eq!(case.decide(&made_up), refused(Refusal::UnknownKey));
     case.live = listed;
     // No keys yet at all: the same rules, and then a fetch.
-    case.issuer = None;
+    case.issuer = Err(Fallback::KeysUnavailable);
     assert_eq!(
         case.decide(&token),
         Step::NeedKeys(Fallback::KeysUnavailable)
@@ -390,7 +391,7 @@ fn what_cannot_be_settled_here_goes_to_tokenreview() {
     // A key of a kind not checked here.
     let json = serde_json::json!({"keys": [
         {"kty": "EC", "crv": "P-521", "kid": "k9", "x": "AA", "y": "AA"}]});
-    case.issuer = Some(Issuer {
+    case.issuer = Ok(Issuer {
         issuer: ISSUER.into(),
         keys: KeySet::parse(json.to_string().as_bytes()).unwrap(),
     });
@@ -466,4 +467,56 @@ fn a_deleted_pod_counts_for_a_minute_past_its_deletion_time() {
         .account
         .apply(Change::Deleted(ACCOUNT.into()), case.now);
     assert_eq!(case.decide(&token), refused(Refusal::AccountGone));
+}
+
+#[test]
+fn keys_past_their_age_judge_nothing_and_go_to_a_fetch() {
+    let key = TestKey::p256();
+    let mut case = Case::new(&key);
+    let token = sign(&key, "k1", &claims(600));
+    case.issuer = Err(Fallback::KeysStale);
+    // A good token is not verified by keys that may list a dropped key: a fetch, then
+    // TokenReview.
+    assert_eq!(case.decide(&token), Step::NeedKeys(Fallback::KeysStale));
+    // Nor is a token signed by a key nobody lists refused for it: the keys cannot say.
+    let stranger = TestKey::p256();
+    assert_eq!(
+        case.decide(&sign(&stranger, "k1", &claims(600))),
+        Step::NeedKeys(Fallback::KeysStale)
+    );
+    // The claims still refuse what kube-apiserver would.
+    let mut expired = claims(600);
+    expired["exp"] = (NOW - 61).into();
+    assert_eq!(
+        case.decide(&sign(&key, "k1", &expired)),
+        refused(Refusal::Expired)
+    );
+}
+
+#[test]
+fn a_failing_nodes_watch_past_the_bound_leaves_the_addresses_to_a_live_read() {
+    let key = TestKey::p256();
+    let mut case = Case::new(&key);
+    let token = sign(&key, "k1", &claims(600));
+    let addresses = |step: Step| match step {
+        Step::Done(Outcome::Verified(verified)) => verified.node_addresses,
+        other => panic!("not verified: {other:?}"),
+    };
+    assert_eq!(
+        addresses(case.decide(&token)),
+        Some(vec!["node-1".to_owned(), "10.0.0.1".to_owned()])
+    );
+    // The nodes' watch fails: its last addresses bind identities up to the bound, then the
+    // caller reads the Node (the token itself still verifies: pods and account are current).
+    case.live
+        .nodes
+        .as_mut()
+        .unwrap()
+        .apply(Change::Failed, case.now);
+    let bound = case.settings.max_staleness;
+    assert!(addresses(case.decide_at(&token, NOW, case.now + bound)).is_some());
+    assert_eq!(
+        addresses(case.decide_at(&token, NOW, case.now + bound + Duration::from_millis(1))),
+        None
+    );
 }

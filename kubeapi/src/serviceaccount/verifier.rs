@@ -166,7 +166,8 @@ impl TokenVerifier {
         loop {
             let (generation, issuer) = {
                 let keys = self.inner.keys();
-                (keys.generation(), keys.current())
+                let usable = keys.usable(Instant::now(), self.inner.settings.max_key_age);
+                (keys.generation(), usable)
             };
             let signature = issuer
                 .as_ref()
@@ -177,7 +178,7 @@ impl TokenVerifier {
                 &self.inner.settings,
                 &self.inner.expected,
                 &token,
-                issuer.as_deref(),
+                issuer.as_deref().map_err(|missing| *missing),
                 signature,
                 &self.inner.live(),
                 At::now(),

@@ -37,6 +37,8 @@ use crate::router::Strategy;
 
 use bridgehead_test_support::{bounded, MuxPair, TEST_TIMEOUT};
 
+mod fallback;
+
 const HEAD: &[u8] = b"CONNECT 10.0.0.5:10250 HTTP/1.1\r\nHost: 10.0.0.5:10250\r\n\r\n";
 
 /// The server's end of a client connection: a pipe that tells how many bytes the server has
@@ -140,6 +142,15 @@ fn context(registry: Registry) -> Arc<Context> {
 
 /// [`context`] with `--dial-timeout` `dial_timeout`.
 fn context_with_dial_timeout(registry: Registry, dial_timeout: Duration) -> Arc<Context> {
+    context_with_fallback(registry, dial_timeout, None)
+}
+
+/// [`context`] with `--dial-timeout` `dial_timeout` and `--fallback-proxy` `fallback`.
+fn context_with_fallback(
+    registry: Registry,
+    dial_timeout: Duration,
+    fallback: Option<crate::fallback::Fallback>,
+) -> Arc<Context> {
     let memory = bridgehead_mux::memory::TunnelMemory::unbounded();
     let metrics = Metrics::new(&memory.budget, &memory.earned);
     let mut config = crate::test_util::test_config();
@@ -157,7 +168,7 @@ fn context_with_dial_timeout(registry: Registry, dial_timeout: Duration) -> Arc<
         tunnels: TaskTracker::new(),
         memory,
         shards: Shards::none(),
-        fallback: None,
+        fallback,
         revocation: Default::default(),
         peers_settled: crate::peering::Settled::already(),
     })

@@ -1,56 +1,80 @@
-//! The peer port: servers that forward to this one connect here (mutual TLS, the peer CA),
-//! upgrade to a WebSocket at [`PEER_PATH`] naming themselves, and run a session in which this
-//! server takes the agent's role. Each stream they open is a tunnel for one of this server's
-//! own agents, routed and dialed as a CONNECT is, then pumped stream to stream under both
-//! streams' flow control; or the view stream, on which this server keeps them told of its
-//! agents ([`super::view`]).
+//! The peer port: servers that forward to this one connect here, under the agent port's
+//! pre-authentication admission ([`AgentAdmission`]: a few places, a stalled handshake cut for
+//! a waiting one), with mutual TLS and a peer's certificate ([`super::identity`]); they
+//! upgrade to a WebSocket at [`PEER_PATH`] naming themselves ([`crate::upgrade`], the agent
+//! port's checks), and run a session in which this server takes the agent's role. Each stream
+//! they open is a tunnel for one of this server's own agents ([`super::forwarded`]), or the
+//! view stream (the first, `bridgehead-peer.v1`'s stream 1), on which this server keeps them
+//! told of its agents ([`super::view`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bridgehead_mux::{DialRequest, Mux, MuxStream, Serve, StreamEnd, WebSocket, WsRole};
+use bridgehead_mux::{DialRequest, Mux, Serve, WebSocket, WsRole};
 use bridgehead_proto::servers::{check_server_id, SERVER_ID_HEADER};
 use bridgehead_proto::session::{Role, SessionConfig};
-use bridgehead_proto::{ErrorCode, SUBPROTOCOL};
+use bridgehead_proto::PEER_SUBPROTOCOL;
+use http::StatusCode;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::server::TlsStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
-use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info, Instrument};
+use tracing::{info, warn, Instrument};
 
+use super::identity::{NotAPeer, PeerPolicy};
 use super::view::{self, Sent};
 use crate::admission::ClientKey;
+use crate::agent_admission::{AgentAdmission, Place, Room};
 use crate::context::Context;
-use crate::dial;
-use crate::http_head::{self, RawHead, MAX_HEADERS};
-use crate::refusal::Refusal;
-use crate::router::Target;
+use crate::http_head::{self, RawHead};
+use crate::upgrade::{self, BadUpgrade, Expect, PreAuthTls};
 
 /// Path of a peer's upgrade request.
 pub const PEER_PATH: &str = "/peer";
+
+/// What the peer port expects of an upgrade request.
+const PEER_UPGRADE: Expect = Expect {
+    who: "peers",
+    path: PEER_PATH,
+    subprotocol: PEER_SUBPROTOCOL,
+};
+
+/// Most connections in their TLS handshake and upgrade request on the peer port at once. A
+/// handful of servers dial it, each once per session (the agent port holds thousands, the
+/// frontend 512); more wait in the listen backlog, and a place whose peer stalls for
+/// `--agent-handshake-stall` is given to a waiting one, as on the agent port.
+pub const PEER_HANDSHAKES: usize = 16;
+
+/// Most peer sessions this server serves at once: each peer holds one (two while it
+/// reconnects), so this is room for a control plane of dozens of servers; past it a peer is
+/// answered 503, since every session holds a view and its tunnels.
+pub const PEER_SESSIONS: usize = 64;
 
 /// After a change of this server's agents, how long the view waits for more before it tells
 /// the peers: a fleet reconnecting at once goes out in a few batches, not a line per change
 /// and a scan of every agent per line.
 const VIEW_BATCH: Duration = Duration::from_millis(20);
 
-/// Longest a peer may take for its TLS handshake and upgrade: servers on the control plane
-/// answer at once, so this stays short (the agent endpoint's backstop waits for slow agents).
-const PEER_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// Accepts peers until `stop`; each session runs until the peer leaves or `end` fires.
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<crate::tls_config::ReloadingConfig>,
+    policy: PeerPolicy,
     ctx: Arc<Context>,
     stop: CancellationToken,
     end: CancellationToken,
     tracker: TaskTracker,
 ) {
+    let admission = AgentAdmission::new(PEER_HANDSHAKES, ctx.config.agent_endpoint.handshake_stall);
+    let sessions = Arc::new(Semaphore::new(PEER_SESSIONS));
     loop {
+        // A place first, then the connection, as on the agent port.
+        let (place, room) = tokio::select! {
+            placed = admission.place() => placed,
+            () = stop.cancelled() => return,
+        };
         let (tcp, address) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -61,154 +85,241 @@ pub async fn serve(
             },
             () = stop.cancelled() => return,
         };
+        if room == Room::Cut {
+            ctx.metrics.handshake_refused("peer");
+            if let Some(suppressed) = ctx.refusal_log.admit() {
+                warn!(
+                    suppressed,
+                    "every peer handshake place was taken: one whose peer had stalled was closed"
+                );
+            }
+        }
         let acceptor = TlsAcceptor::from(tls.current());
         let span = tracing::info_span!("peer", %address, server = tracing::field::Empty);
-        let session = session(tcp, acceptor, ctx.clone(), stop.clone(), end.clone());
+        let peer = Peer {
+            policy: policy.clone(),
+            sessions: sessions.clone(),
+            ctx: ctx.clone(),
+        };
+        let session = peer.session(tcp, place, acceptor, stop.clone(), end.clone());
         tracker.spawn(session.instrument(span));
     }
 }
 
-/// One peer's connection: TLS, the upgrade, then the session.
-async fn session(
-    tcp: TcpStream,
-    acceptor: TlsAcceptor,
-    ctx: Arc<Context>,
-    stop: CancellationToken,
-    end: CancellationToken,
-) {
-    let _ = tcp.set_nodelay(true);
-    let timeout = PEER_HANDSHAKE_TIMEOUT;
-    let opened = tokio::time::timeout(timeout, upgrade(tcp, acceptor, &ctx)).await;
-    let (ws, peer) = match opened {
-        Ok(Ok(upgraded)) => upgraded,
-        Ok(Err(error)) => return debug!(%error, "peer refused"),
-        Err(_) => return debug!(?timeout, "peer's handshake timed out"),
-    };
-    tracing::Span::current().record("server", tracing::field::display(&peer));
-    info!("peer connected: it may forward tunnels to this server's agents");
-    let mux = Mux::new(SessionConfig {
-        budget: ctx.memory.budget.clone(),
-        max_window: ctx.memory.max_window,
-        max_streams: usize::MAX,
-        ..SessionConfig::new(Role::Agent)
-    });
-    let streams = TaskTracker::new();
-    let beside = async {
-        let accepting = accept_loop(&mux, &ctx, &peer, &streams);
-        // A draining server tells its peers, which forward nothing new here.
-        let drain = async {
-            stop.cancelled().await;
-            mux.drain();
-        };
-        tokio::join!(accepting, drain);
-    };
-    let serve = Serve::new(ctx.keepalive, end).beside(beside);
-    let result = mux.serve(ws, serve).await;
-    streams.close();
-    match result {
-        Ok(()) => {
-            let reason = mux.closed().await;
-            info!(%reason, "peer disconnected");
+/// Why a peer's connection ended before its session started.
+#[derive(Debug, thiserror::Error)]
+enum Refused {
+    #[error("TLS handshake: {0}")]
+    Tls(std::io::Error),
+    #[error("connection closed during the upgrade")]
+    Closed,
+    #[error("no TLS handshake and upgrade request within {0:?}")]
+    TimedOut(Duration),
+    #[error("handshake stalled, and closed to make room for another peer")]
+    Stalled,
+    #[error(transparent)]
+    NotAPeer(#[from] NotAPeer),
+    #[error(transparent)]
+    Bad(#[from] BadUpgrade),
+    #[error("no valid {SERVER_ID_HEADER}")]
+    NoServerId,
+    /// The peer is this server (its own address among `--peer-host`).
+    #[error("this is the server itself")]
+    Itself,
+    #[error("this server serves {PEER_SESSIONS} peer sessions already")]
+    TooManySessions,
+}
+
+impl Refused {
+    /// The status the peer is answered with, if it still listens.
+    fn status(&self) -> Option<StatusCode> {
+        match self {
+            Refused::Tls(_) | Refused::Closed | Refused::TimedOut(_) | Refused::Stalled => None,
+            Refused::NotAPeer(_) => Some(StatusCode::FORBIDDEN),
+            Refused::Bad(bad) => Some(bad.status),
+            Refused::NoServerId => Some(StatusCode::BAD_REQUEST),
+            Refused::Itself => Some(StatusCode::CONFLICT),
+            Refused::TooManySessions => Some(StatusCode::SERVICE_UNAVAILABLE),
         }
-        Err(error) => info!(%error, "peer session ended"),
     }
 }
 
-/// TLS (the peer's certificate chains to the peer CA, or the handshake fails), the upgrade
-/// request checked, `101` answered with this server's id. A peer that turns out to be this
-/// server (its own address among `--peer-host`) is answered `409` with the id, and stops
-/// dialing that address.
-async fn upgrade(
-    tcp: TcpStream,
-    acceptor: TlsAcceptor,
-    ctx: &Context,
-) -> Result<(WebSocket<TlsStream<TcpStream>>, String), String> {
-    let mut tls = acceptor
-        .accept(tcp)
-        .await
-        .map_err(|error| format!("TLS handshake: {error}"))?;
-    tls.get_mut()
-        .1
-        .set_buffer_limit(Some(bridgehead_mux::SESSION_TLS_BUFFER));
-    let (buf, end) = match http_head::read(&mut tls).await {
-        RawHead::Complete { buf, end } => (buf, end),
-        RawHead::Closed => return Err("closed before its upgrade request".to_owned()),
-        RawHead::TooLarge => return Err("upgrade request head too large".to_owned()),
-    };
-    let own = &ctx.config.routing.server_id;
-    let checked = check(&buf[..end]);
-    let (status, reason, headers) = match &checked {
-        Ok((_, peer)) if peer == own => (409, "this is the server itself", own_id(own)),
-        Ok((key, _)) => {
-            let answer = format!(
-                "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-accept: {}\r\nsec-websocket-protocol: {SUBPROTOCOL}\r\n{}\r\n",
-                derive_accept_key(key.as_bytes()),
-                own_id(own),
-            );
-            tls.write_all(answer.as_bytes())
-                .await
-                .map_err(|error| format!("writing the answer: {error}"))?;
-            let peer = checked.map(|(_, peer)| peer).unwrap_or_default();
-            let early = buf.freeze().slice(end..);
-            return Ok((WebSocket::new(tls, WsRole::Server, early), peer));
+/// What each peer connection's task needs.
+#[derive(Debug)]
+struct Peer {
+    policy: PeerPolicy,
+    /// A permit per session served ([`PEER_SESSIONS`]).
+    sessions: Arc<Semaphore>,
+    ctx: Arc<Context>,
+}
+
+impl Peer {
+    /// One peer's connection: TLS and the upgrade request within
+    /// `--agent-handshake-timeout` (cut for room only when the peer stalled), the answer,
+    /// then the session.
+    async fn session(
+        self,
+        tcp: TcpStream,
+        place: Place,
+        acceptor: TlsAcceptor,
+        stop: CancellationToken,
+        end: CancellationToken,
+    ) {
+        let ctx = &self.ctx;
+        let _ = tcp.set_nodelay(true);
+        let timeout = ctx.config.agent_endpoint.handshake_timeout;
+        let read = tokio::select! {
+            read = tokio::time::timeout(timeout, upgrade::pre_auth(place.watch(tcp), acceptor)) => {
+                match read {
+                    Ok(read) => read.map_err(Refused::Tls),
+                    Err(_) => Err(Refused::TimedOut(timeout)),
+                }
+            }
+            () = place.cut() => Err(Refused::Stalled),
+        };
+        drop(place);
+        let opened = match read {
+            Ok((mut tls, head)) => {
+                tls.get_mut().0.release();
+                let answering = self.establish(tls, head);
+                tokio::time::timeout(ctx.config.agent_endpoint.answer_timeout, answering)
+                    .await
+                    .unwrap_or(Err(Refused::TimedOut(
+                        ctx.config.agent_endpoint.answer_timeout,
+                    )))
+            }
+            Err(refused) => Err(refused),
+        };
+        let (ws, peer, _session) = match opened {
+            Ok(opened) => opened,
+            Err(error) => {
+                if let Some(suppressed) = ctx.refusal_log.admit() {
+                    info!(%error, suppressed, "peer refused");
+                }
+                return;
+            }
+        };
+        tracing::Span::current().record("server", tracing::field::display(&peer));
+        info!("peer connected: it may forward tunnels to this server's agents");
+        let mux = Mux::new(SessionConfig {
+            budget: ctx.memory.budget.clone(),
+            max_window: ctx.memory.max_window,
+            max_streams: usize::MAX,
+            ..SessionConfig::new(Role::Agent)
+        });
+        let streams = TaskTracker::new();
+        let beside = async {
+            let accepting = accept_loop(&mux, ctx, &peer, &streams);
+            // A draining server tells its peers, which forward nothing new here.
+            let drain = async {
+                stop.cancelled().await;
+                mux.drain();
+            };
+            tokio::join!(accepting, drain);
+        };
+        let serve = Serve::new(ctx.keepalive, end).beside(beside);
+        let result = mux.serve(ws, serve).await;
+        streams.close();
+        match result {
+            Ok(()) => {
+                let reason = mux.closed().await;
+                info!(%reason, "peer disconnected");
+            }
+            Err(error) => info!(%error, "peer session ended"),
         }
-        Err(reason) => (400, reason.as_str(), String::new()),
+    }
+
+    /// The certificate a peer's (else `403`), the upgrade request checked, a session's permit
+    /// (else `503`), `101` answered with this server's id: the WebSocket, the peer's id and the
+    /// permit, held while the session lives. A peer that turns out to be this server is
+    /// answered `409` with the id, and stops dialing that address.
+    async fn establish(
+        &self,
+        mut tls: PreAuthTls,
+        head: RawHead,
+    ) -> Result<(WebSocket<PreAuthTls>, String, OwnedSemaphorePermit), Refused> {
+        let own = &self.ctx.config.routing.server_id;
+        let checked = self.check(&tls, head, own).and_then(|checked| {
+            let permit = self.sessions.clone().try_acquire_owned();
+            Ok((checked, permit.map_err(|_| Refused::TooManySessions)?))
+        });
+        let ((upgrade, peer, early), permit) = match checked {
+            Ok(checked) => checked,
+            Err(refused) => return Err(answer(&mut tls, refused, own).await),
+        };
+        let own_id = format!("{SERVER_ID_HEADER}: {own}\r\n");
+        tls.write_all(&upgrade::switching(&upgrade.key, PEER_SUBPROTOCOL, &own_id))
+            .await
+            .map_err(|_| Refused::Closed)?;
+        Ok((WebSocket::new(tls, WsRole::Server, early), peer, permit))
+    }
+
+    /// The certificate, the request and the server id it names, in that order: a stranger's
+    /// request is not read further than its head.
+    fn check(
+        &self,
+        tls: &PreAuthTls,
+        head: RawHead,
+        own: &str,
+    ) -> Result<(upgrade::Upgrade, String, bytes::Bytes), Refused> {
+        let (buf, end) = match head {
+            RawHead::Complete { buf, end } => (buf, end),
+            RawHead::Closed => return Err(Refused::Closed),
+            RawHead::TooLarge => {
+                return Err(Refused::Bad(BadUpgrade {
+                    status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    reason: "upgrade request head too large".to_owned(),
+                }))
+            }
+        };
+        let certificate = tls.get_ref().1.peer_certificates().and_then(|c| c.first());
+        self.policy.check(certificate)?;
+        let upgrade = upgrade::request(&buf[..end], PEER_UPGRADE)?;
+        let peer = upgrade
+            .values(SERVER_ID_HEADER)
+            .map(str::trim)
+            .find(|id| check_server_id(id).is_ok())
+            .ok_or(Refused::NoServerId)?
+            .to_owned();
+        if peer == own {
+            return Err(Refused::Itself);
+        }
+        Ok((upgrade, peer, buf.freeze().slice(end..)))
+    }
+}
+
+/// Writes `refused`'s answer (if the peer still listens) and closes; returns it for the log.
+/// A `409` names this server, `own`.
+async fn answer(tls: &mut PreAuthTls, refused: Refused, own: &str) -> Refused {
+    let Some(status) = refused.status() else {
+        return refused;
     };
+    let headers = match refused {
+        Refused::Itself => format!("{SERVER_ID_HEADER}: {own}\r\n"),
+        _ => String::new(),
+    };
+    let reason = refused.to_string();
     let _ = tls
-        .write_all(&http_head::answer(status, reason, &headers))
+        .write_all(&http_head::answer(status.as_u16(), &reason, &headers))
         .await;
     let _ = tls.shutdown().await;
-    Err(reason.to_owned())
+    refused
 }
 
-fn own_id(id: &str) -> String {
-    format!("{SERVER_ID_HEADER}: {id}\r\n")
-}
-
-/// The upgrade request's WebSocket key and the peer's server id.
-fn check(head: &[u8]) -> Result<(String, String), String> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut request = httparse::Request::new(&mut headers);
-    match request.parse(head) {
-        Ok(httparse::Status::Complete(_)) => {}
-        _ => return Err("malformed upgrade request".to_owned()),
-    }
-    if request.method != Some("GET") || request.path != Some(PEER_PATH) {
-        return Err(format!("peers upgrade with GET {PEER_PATH}"));
-    }
-    let header = |name: &str| {
-        request
-            .headers
-            .iter()
-            .find(|h| h.name.eq_ignore_ascii_case(name))
-            .and_then(|h| std::str::from_utf8(h.value).ok())
-            .map(str::trim)
-    };
-    let protocols = header("sec-websocket-protocol").unwrap_or_default();
-    if !protocols.split(',').any(|p| p.trim() == SUBPROTOCOL) {
-        return Err(format!("this server speaks {SUBPROTOCOL}"));
-    }
-    let key = header("sec-websocket-key")
-        .filter(|key| !key.is_empty())
-        .ok_or("no Sec-WebSocket-Key")?;
-    let peer = header(SERVER_ID_HEADER)
-        .filter(|id| check_server_id(id).is_ok())
-        .ok_or_else(|| format!("no valid {SERVER_ID_HEADER}"))?;
-    Ok((key.to_owned(), peer.to_owned()))
-}
-
-/// Takes the peer's streams until the session ends: the view stream, or a tunnel each.
-async fn accept_loop(mux: &Mux, ctx: &Arc<Context>, peer: &str, streams: &TaskTracker) {
+/// Takes the peer's streams until the session ends: the view stream ([`view::VIEW_STREAM`],
+/// by its id: one per session, since ids are never reused), or a tunnel each.
+pub(super) async fn accept_loop(mux: &Mux, ctx: &Arc<Context>, peer: &str, streams: &TaskTracker) {
     // A peer's dials count against the pending-dial bounds as a CONNECT client's do.
     let client: ClientKey = Arc::from(format!("peer {peer}").as_bytes());
     while let Some(request) = mux.accept().await {
-        if request.host == view::VIEW_HOST && request.port == view::VIEW_PORT {
+        if request.id() == view::VIEW_STREAM {
             streams.spawn(tell(request, ctx.clone()));
             continue;
         }
         ctx.metrics.peer_tunnel(peer);
         let span = tracing::debug_span!("tunnel", stream = request.id());
-        let tunnel = forwarded(request, ctx.clone(), client.clone(), ctx.tunnels.token());
+        let tunnel =
+            super::forwarded::forwarded(request, ctx.clone(), client.clone(), ctx.tunnels.token());
         streams.spawn(tunnel.instrument(span));
     }
 }
@@ -238,107 +349,5 @@ async fn tell(request: DialRequest, ctx: Arc<Context>) {
             _ = stream.read() => return,
         }
         tokio::time::sleep(VIEW_BATCH).await;
-    }
-}
-
-/// One forwarded tunnel: routed among this server's own agents (never forwarded again),
-/// dialed within the forwarding server's deadline, answered, then pumped.
-async fn forwarded(
-    request: DialRequest,
-    ctx: Arc<Context>,
-    client: ClientKey,
-    _tunnel: tokio_util::task::task_tracker::TaskTrackerToken,
-) {
-    let admitted = if ctx.memory.budget.admit() {
-        ctx.admission.admit(&client)
-    } else {
-        Err(Refusal::MemoryBudget {
-            buffered: ctx.memory.budget.buffered(),
-            limit: ctx.memory.budget.limit(),
-        })
-    };
-    // Held while the dial is pending, as a CONNECT's is.
-    let slot = match admitted {
-        Ok(slot) => slot,
-        Err(refusal) => {
-            let (code, message) = answer(&refusal);
-            return request.reject(code, &message);
-        }
-    };
-    let authority = bridgehead_proto::host::HostPort(&request.host, request.port).to_string();
-    let dialed = match Target::parse(&authority) {
-        Ok(target) => match ctx.registry.route_local(&target.host) {
-            Ok(candidates) => {
-                let timeout = request.timeout.min(ctx.config.routing.dial_timeout);
-                tokio::select! {
-                    dialed = dial::dial(candidates, &target, timeout) => dialed,
-                    () = request.cancelled() => return debug!("the forwarding server gave up"),
-                }
-            }
-            Err(error) => Err(Refusal::from(error)),
-        },
-        Err(bad) => Err(Refusal::BadTarget(bad)),
-    };
-    drop(slot);
-    let agent = match dialed {
-        Ok(dialed) => dialed.stream,
-        Err(refusal) => {
-            let (code, message) = answer(&refusal);
-            debug!(%refusal, "forwarded dial failed");
-            return request.reject(code, &message);
-        }
-    };
-    let Ok(peer) = request.accept() else {
-        return debug!("the forwarding server gave up before the dial finished");
-    };
-    pump(&peer, &agent).await;
-}
-
-/// The code and message a failed forwarded dial answers with, so that the forwarding server
-/// answers its client what this server would have.
-fn answer(refusal: &Refusal) -> (ErrorCode, String) {
-    let code = match refusal {
-        Refusal::Dial { code, .. } => *code,
-        Refusal::TimedOut { .. } => ErrorCode::TimedOut,
-        Refusal::AgentLost { .. } => ErrorCode::ConnectionReset,
-        Refusal::Overloaded(_) | Refusal::ClientOverloaded(_) | Refusal::MemoryBudget { .. } => {
-            ErrorCode::Overloaded
-        }
-        // No agent (or none with room) here any more: the view is a moment behind.
-        _ => ErrorCode::Draining,
-    };
-    let message = match refusal {
-        Refusal::Dial { message, .. } => message.clone(),
-        other => other.to_string(),
-    };
-    (code, message)
-}
-
-/// Both directions between two streams, each under its own streams' flow control: a chunk is
-/// read only once the previous one was written, so a slow reader on one side holds back only
-/// this tunnel. An end passes through as it came: FIN as FIN, a reset as a reset.
-async fn pump(a: &MuxStream, b: &MuxStream) {
-    let (up, down) = tokio::join!(one_way(a, b), one_way(b, a));
-    if let Err(end) = up.and(down) {
-        a.reset(end.code, &end.reason);
-        b.reset(end.code, &end.reason);
-    }
-}
-
-async fn one_way(from: &MuxStream, to: &MuxStream) -> Result<(), StreamEnd> {
-    loop {
-        match from.read().await {
-            Ok(Some(chunk)) => {
-                if let Err(end) = to.write(chunk).await {
-                    from.reset(end.code, &end.reason);
-                    return Err(end);
-                }
-            }
-            Ok(None) => return to.finish(),
-            Err(end) => {
-                to.reset(end.code, &end.reason);
-                return Err(end);
-            }
-        }
     }
 }

@@ -14,7 +14,7 @@ use bridgehead_kubeapi::leases::LeaseCount;
 use bridgehead_mux::{Mux, MuxStream, Serve, WebSocket, WsRole};
 use bridgehead_proto::servers::{check_server_id, CONNECTED_SERVERS_HEADER, SERVER_ID_HEADER};
 use bridgehead_proto::session::{Role, SessionConfig};
-use bridgehead_proto::SUBPROTOCOL;
+use bridgehead_proto::PEER_SUBPROTOCOL;
 use bridgehead_runtime::addresses::Addresses;
 use bridgehead_runtime::tls;
 use bridgehead_runtime::upgrade::{upgrade, Answer};
@@ -32,9 +32,11 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
 
 use super::accepted::PEER_PATH;
-use super::view::{self, Update, MAX_LINE, VIEW_HOST, VIEW_PORT};
+use super::identity::PeerPolicy;
+use super::view::{self, Held, Update, ViewError, ViewLimits, MAX_LINE, VIEW_DIAL, VIEW_STREAM};
 use crate::config::PeeringConfig;
 use crate::context::Context;
+use crate::metrics::GaugeShare;
 use crate::registry::PeerSession;
 
 /// Longest wait for a peer's TCP connection, TLS handshake and upgrade answer, together.
@@ -280,8 +282,8 @@ enum Refused {
 
 type PeerWebSocket = WebSocket<tokio_rustls::client::TlsStream<TcpStream>>;
 
-/// TCP, mutual TLS, and the upgrade to [`PEER_PATH`] naming this server and the peers it
-/// holds: the peer's WebSocket and id.
+/// TCP, mutual TLS, the peer's certificate checked ([`PeerPolicy`]), and the upgrade to
+/// [`PEER_PATH`] naming this server and the peers it holds: the peer's WebSocket and id.
 async fn connect(
     peering: &PeeringConfig,
     address: SocketAddr,
@@ -299,6 +301,12 @@ async fn connect(
         .connect(name, tcp)
         .await
         .map_err(|error| failed(&format!("TLS handshake: {error}")))?;
+    // The chain and the name are TLS's; that the certificate is a peer's, not the frontend's
+    // or a client's from the same CA, is ours.
+    let certificate = tls.get_ref().1.peer_certificates().and_then(|c| c.first());
+    PeerPolicy::new(peering)
+        .check(certificate)
+        .map_err(|not_a_peer| failed(&not_a_peer))?;
     tls.get_mut()
         .1
         .set_buffer_limit(Some(bridgehead_mux::SESSION_TLS_BUFFER));
@@ -308,7 +316,7 @@ async fn connect(
     let headers = request.headers_mut();
     headers.insert(
         SEC_WEBSOCKET_PROTOCOL,
-        HeaderValue::from_static(SUBPROTOCOL),
+        HeaderValue::from_static(PEER_SUBPROTOCOL),
     );
     // Ids are checked when configured and received (header-safe), so the values form.
     if let Ok(value) = HeaderValue::from_str(own) {
@@ -332,6 +340,15 @@ async fn connect(
     };
     match answer {
         Answer::Upgraded { headers, early } => {
+            let speaks = headers
+                .get(SEC_WEBSOCKET_PROTOCOL)
+                .and_then(|value| value.to_str().ok())
+                .is_some_and(|value| value.trim() == PEER_SUBPROTOCOL);
+            if !speaks {
+                return Err(failed(&format!(
+                    "the peer's 101 does not name {PEER_SUBPROTOCOL}"
+                )));
+            }
             let id = id_in(&headers).ok_or_else(|| failed(&"the peer sent no server id"))?;
             Ok((WebSocket::new(tls, WsRole::Client, early), id))
         }
@@ -382,7 +399,8 @@ async fn run(
     ctx.metrics.peers_connected.inc();
     info!(server = %id, "forwarding to peer: tunnels to its agents go through it");
     let watch_view = async {
-        if let Err(error) = follow(&mux, id, session, ctx, synced).await {
+        let limits = ViewLimits::default();
+        if let Err(error) = follow(&mux, id, session, ctx, synced, limits).await {
             warn!(server = %id, %error, "the peer's view of its agents failed; closing the session");
             mux.close("the view of the peer's agents failed");
         }
@@ -412,20 +430,33 @@ fn count(ctx: &Context) -> i64 {
     i64::try_from(ctx.registry.peer_agent_count()).unwrap_or(i64::MAX)
 }
 
-/// Opens the view stream and applies each line to the registry until the session ends.
-async fn follow(
+/// Opens the view stream and applies each line to the registry until the session ends; an
+/// error when the view is malformed or goes past `limits` (the caller closes the session).
+pub(super) async fn follow(
     mux: &Mux,
     id: &str,
     session: PeerSession,
     ctx: &Context,
     synced: oneshot::Sender<()>,
+    limits: ViewLimits,
 ) -> Result<(), String> {
     let mut synced = Some(synced);
+    let (host, port) = VIEW_DIAL;
     let stream: MuxStream = mux
-        .open(VIEW_HOST, VIEW_PORT, CONNECT_TIMEOUT)
+        .open(host, port, CONNECT_TIMEOUT)
         .await
         .map_err(|error| format!("opening the view stream: {error}"))?;
+    // Nothing is routed to a peer before its view names an agent, so this is the session's
+    // first stream; were it not, the peer would take it for a tunnel.
+    if stream.id() != VIEW_STREAM {
+        return Err(format!(
+            "the view stream is stream {}, not {VIEW_STREAM}",
+            stream.id()
+        ));
+    }
     let mut pending = BytesMut::new();
+    let mut held = Held::default();
+    let mut counted = GaugeShare::new(&ctx.metrics.peer_view_bytes);
     loop {
         let chunk = match stream.read().await {
             Ok(Some(chunk)) => chunk,
@@ -433,28 +464,45 @@ async fn follow(
             Ok(None) | Err(_) => return Ok(()),
         };
         pending.extend_from_slice(&chunk);
-        while let Some(at) = pending.iter().position(|&b| b == b'\n') {
-            let line = pending.split_to(at + 1);
-            let line = std::str::from_utf8(&line[..at]).map_err(|_| "a line is not UTF-8")?;
-            match view::parse(line)? {
-                Update::Agent {
-                    key,
-                    draining,
-                    identifiers,
-                } => ctx
-                    .registry
-                    .set_peer_agent(id, session, key, &identifiers, draining),
-                Update::Gone { key } => ctx.registry.remove_peer_agent(id, session, key),
-                Update::Synced => {
-                    if let Some(synced) = synced.take() {
-                        let _ = synced.send(());
-                    }
+        let applied = apply_lines(&mut pending, &mut held, limits, |update| match update {
+            Update::Agent {
+                key,
+                draining,
+                identifiers,
+            } => ctx
+                .registry
+                .set_peer_agent(id, session, key, &identifiers, draining),
+            Update::Gone { key } => ctx.registry.remove_peer_agent(id, session, key),
+            Update::Synced => {
+                if let Some(synced) = synced.take() {
+                    let _ = synced.send(());
                 }
             }
-        }
-        if pending.len() > MAX_LINE {
-            return Err(format!("a line longer than {MAX_LINE} bytes"));
-        }
+        });
+        // The bytes first: whoever sees the agents counted sees their bytes too.
+        counted.set(held.bytes());
         ctx.metrics.peer_agents.set(count(ctx));
+        applied.map_err(|error| error.to_string())?;
     }
+}
+
+/// Takes every whole line off `pending`, each checked against `held` and `limits` before
+/// `apply` sees it; a line still open may not grow past [`MAX_LINE`].
+fn apply_lines(
+    pending: &mut BytesMut,
+    held: &mut Held,
+    limits: ViewLimits,
+    mut apply: impl FnMut(Update),
+) -> Result<(), ViewError> {
+    while let Some(at) = pending.iter().position(|&b| b == b'\n') {
+        let line = pending.split_to(at + 1);
+        let line = std::str::from_utf8(&line[..at]).map_err(|_| ViewError::NotUtf8)?;
+        let update = view::parse(line)?;
+        held.apply(&update, line.len(), limits)?;
+        apply(update);
+    }
+    if pending.len() > MAX_LINE {
+        return Err(ViewError::LineTooLong);
+    }
+    Ok(())
 }

@@ -9,10 +9,14 @@ use anyhow::Context;
 use super::super::images::Archive;
 use super::super::ControlPlane;
 
+/// Where the node's containerd looks for each registry's `hosts.toml` (`<HOST:PORT>/`), as
+/// containerd's documentation sets it up on a node.
+pub(super) const CERTS_D: &str = "/etc/containerd/certs.d";
+
 /// containerd's configuration: everything under `dir`, the CRI on overlayfs with runc, the
-/// pause image as the sandbox, Debian's CNI plugins. `restrict_oom_score_adj`: the test
-/// machines lack CAP_SYS_RESOURCE, so runc cannot lower a container's oom_score_adj below its
-/// own.
+/// pause image as the sandbox, Debian's CNI plugins, registries as [`CERTS_D`] describes them.
+/// `restrict_oom_score_adj`: the test machines lack CAP_SYS_RESOURCE, so runc cannot lower a
+/// container's oom_score_adj below its own.
 pub(super) fn containerd_config(dir: &Path, socket: &Path, pause: &Archive) -> String {
     let dir = dir.display();
     format!(
@@ -31,9 +35,35 @@ state = "{dir}/containerd/state"
     conf_dir = "{dir}/cni"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{CERTS_D}"
 "#,
         socket = socket.display(),
         pause = pause.name,
+    )
+}
+
+/// A registry a node pulls from, and the CA its certificate is checked against.
+#[derive(Debug, Clone)]
+pub struct RegistryTrust {
+    /// `HOST:PORT`, as image names give it.
+    pub host: String,
+    /// The CA, PEM.
+    pub ca_pem: String,
+}
+
+/// `hosts.toml` for `registry`, in `<CERTS_D>/<HOST:PORT>/` beside its `ca.crt`: pulls and
+/// resolves over HTTPS, the server's certificate checked against that CA (docs/kubernetes.md
+/// shows users the same file).
+pub(super) fn hosts_toml(registry: &RegistryTrust) -> String {
+    let host = &registry.host;
+    format!(
+        r#"server = "https://{host}"
+
+[host."https://{host}"]
+  capabilities = ["pull", "resolve"]
+  ca = "{CERTS_D}/{host}/ca.crt"
+"#
     )
 }
 

@@ -39,10 +39,7 @@ pub(super) fn link(
         bail!("interface name {peer} is longer than 15 characters");
     }
     let holder = holder_pid.to_string();
-    let (near, far) = (
-        Ipv4Addr::new(10, 201, index, 1),
-        Ipv4Addr::new(10, 201, index, 2),
-    );
+    let (near, far) = (Ipv4Addr::new(10, 201, index, 1), link_far_end(index));
     ip(&[
         "link", "add", &peer, "type", "veth", "peer", "name", "eth0", "netns", &holder,
     ])?;
@@ -124,6 +121,12 @@ pub(super) fn link(
         }
     }
     Ok(())
+}
+
+/// The worker's end of its link (`10.201.<index>.2`): where what the worker's own processes
+/// send into the control plane's namespace comes from.
+pub(super) fn link_far_end(index: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 201, index, 2)
 }
 
 /// Every node's pod CIDR (`10.244.<index>.0/24`; the control-plane node's is index 0).

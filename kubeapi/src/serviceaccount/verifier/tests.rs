@@ -3,7 +3,7 @@
 //! service account whose events the test sends. Counts the key fetches, so that pacing shows.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +32,8 @@ const EVENTS: usize = 16;
 struct StandIn {
     jwks: Mutex<Vec<u8>>,
     jwks_fetches: AtomicUsize,
+    /// Answer 500 to the keys, as a kube-apiserver whose discovery fails.
+    jwks_failing: AtomicBool,
     /// Lines for the pods' watch.
     pod_events: broadcast::Sender<String>,
     pod_watch_started: tokio::sync::Notify,
@@ -70,6 +72,10 @@ impl StandIn {
             }
             "/openid/v1/jwks" => {
                 self.jwks_fetches.fetch_add(1, Ordering::SeqCst);
+                if self.jwks_failing.load(Ordering::SeqCst) {
+                    let status = serde_json::json!({"kind": "Status", "code": 500});
+                    return json(500, status.to_string());
+                }
                 let body = self.jwks.lock().unwrap().clone();
                 return json(200, String::from_utf8(body).unwrap());
             }
@@ -165,9 +171,21 @@ async fn start(
     forbid_watches: bool,
     stop: &CancellationToken,
 ) -> (Arc<StandIn>, TokenVerifier) {
+    let settings = VerifierSettings::new(NAMESPACE, ACCOUNT, AUDIENCE);
+    start_with(key, forbid_watches, settings, stop).await
+}
+
+/// [`start`] with `settings`.
+async fn start_with(
+    key: &TestKey,
+    forbid_watches: bool,
+    settings: VerifierSettings,
+    stop: &CancellationToken,
+) -> (Arc<StandIn>, TokenVerifier) {
     let stand_in = Arc::new(StandIn {
         jwks: Mutex::new(jwks(&[(key, "k1")])),
         jwks_fetches: AtomicUsize::new(0),
+        jwks_failing: AtomicBool::new(false),
         pod_events: broadcast::channel(EVENTS).0,
         pod_watch_started: tokio::sync::Notify::new(),
         forbid_watches,
@@ -176,11 +194,7 @@ async fn start(
     let url = serve(stand_in.clone(), stop.clone()).await;
     let config = kube::Config::new(url.parse().unwrap());
     let api = Arc::new(KubeApi::with_config(config, 0.0, 0).unwrap());
-    let verifier = TokenVerifier::start(
-        api,
-        VerifierSettings::new(NAMESPACE, ACCOUNT, AUDIENCE),
-        stop.clone(),
-    );
+    let verifier = TokenVerifier::start(api, settings, stop.clone());
     (stand_in, verifier)
 }
 
@@ -324,5 +338,58 @@ async fn tokens_are_verified_from_discovery_and_watches_with_paced_key_fetches()
         Outcome::Refused(Refusal::PodGone)
     );
     assert_eq!(verifier.recheck(&verified), Some(Refusal::PodGone));
+    stop.cancel();
+}
+
+/// Keys that cannot be fetched again stop vouching for tokens at their maximum age: tokens go
+/// to TokenReview (a key the issuer dropped meanwhile would still be listed), and the first
+/// token after a fetch works again is verified locally again.
+#[tokio::test]
+async fn keys_discovery_cannot_renew_stop_verifying_at_their_maximum_age() {
+    let stop = CancellationToken::new();
+    let k1 = TestKey::p256();
+    let mut settings = VerifierSettings::new(NAMESPACE, ACCOUNT, AUDIENCE);
+    // No scheduled refresh within the test: only tokens ask for fetches.
+    settings.key_refresh = LONGER_THAN_THE_TEST;
+    settings.max_key_age = Duration::from_secs(60);
+    let max_key_age = settings.max_key_age;
+    let (stand_in, verifier) = start_with(&k1, false, settings, &stop).await;
+    let good = signed_text(&k1, "k1", &claims_issued(now() - 600));
+    let first = tokio::time::timeout(
+        TEST_TIMEOUT,
+        verifier.verify_after_startup(&good, LONGER_THAN_THE_TEST),
+    );
+    assert!(matches!(
+        first.await.expect("verify_after_startup never answered"),
+        Outcome::Verified(_)
+    ));
+    let fetches = || stand_in.jwks_fetches.load(Ordering::SeqCst);
+    assert_eq!(fetches(), 1);
+
+    stand_in.jwks_failing.store(true, Ordering::SeqCst);
+    tokio::time::pause();
+    // Within the age (the time the start took counts too: half of it is ample).
+    tokio::time::advance(max_key_age / 2).await;
+    assert!(matches!(verifier.verify(&good).await, Outcome::Verified(_)));
+    assert_eq!(fetches(), 1);
+    // Past the age: one fetch is tried, fails, and the token is TokenReview's.
+    tokio::time::advance(max_key_age / 2 + Duration::from_millis(1)).await;
+    assert_eq!(
+        verifier.verify(&good).await,
+        Outcome::Fallback(Fallback::KeysStale)
+    );
+    assert_eq!(fetches(), 2);
+    // Paced: the next token does not fetch.
+    assert_eq!(
+        verifier.verify(&good).await,
+        Outcome::Fallback(Fallback::KeysStale)
+    );
+    assert_eq!(fetches(), 2);
+    // Discovery works again: the next token, once fetches may start again, brings new keys.
+    stand_in.jwks_failing.store(false, Ordering::SeqCst);
+    tokio::time::advance(MIN_REFETCH_INTERVAL).await;
+    assert!(matches!(verifier.verify(&good).await, Outcome::Verified(_)));
+    assert_eq!(fetches(), 3);
+    tokio::time::resume();
     stop.cancel();
 }
