@@ -25,7 +25,9 @@ use bridgehead_runtime::upgrade::{upgrade, Answer, UpgradeError};
 
 /// Longest wait for the TCP connection (resolution included).
 const TCP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest wait for the TLS handshake, and again for the WebSocket upgrade.
+/// Longest wait for the TLS handshake, and again for the WebSocket upgrade. The server's
+/// `--agent-handshake-timeout` (20 s) is the two together, so that it never cuts a handshake
+/// this agent still waits for: raise that with this.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest part of a refusal's body that makes it into the logs.
 const MAX_LOGGED_BODY: usize = 512;

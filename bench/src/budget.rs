@@ -70,6 +70,8 @@ impl Budget {
                 round_robin: false,
                 sessions_per_agent: None,
                 peering: false,
+                lateness: None,
+                shared_cores: false,
             },
         }
     }
@@ -105,6 +107,8 @@ impl Budget {
                 round_robin: false,
                 sessions_per_agent: None,
                 peering: false,
+                lateness: None,
+                shared_cores: false,
             },
         }
     }

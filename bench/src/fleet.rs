@@ -88,6 +88,12 @@ pub struct Plan {
     pub sessions_per_agent: Option<usize>,
     /// The servers forward to each other.
     pub peering: bool,
+    /// Slow agents: each answers every step of its handshake this late
+    /// (`--fleet-client-delay`, `bridgehead_e2e::late`).
+    pub lateness: Option<bridgehead_e2e::late::Lateness>,
+    /// The simulator runs every agent on one thread of one process, beside the server on the
+    /// same cores (`--fleet-shared-cores`).
+    pub shared_cores: bool,
 }
 
 /// How the simulated agents prove who they are; the server is started to match (its token
@@ -119,9 +125,21 @@ struct Fleet {
     _dir: tempfile::TempDir,
 }
 
+/// The fleet in a row's first column: its size, and how its agents answer when not at once.
+fn fleet_text(plan: &Plan) -> String {
+    let mut text = plan.agents.to_string();
+    if let Some(lateness) = plan.lateness {
+        text.push_str(&format!(", each step {lateness} late"));
+    }
+    if plan.shared_cores {
+        text.push_str(", simulator on one thread");
+    }
+    text
+}
+
 /// Runs every fleet measurement; a failure becomes an ERROR row.
 pub fn run(plan: &Plan, extra: &ExtraArgs, runtime: &tokio::runtime::Runtime, report: &mut Report) {
-    eprintln!("== fleet: {} simulated agents", plan.agents);
+    eprintln!("== fleet: {} simulated agents", fleet_text(plan));
     if let Err(error) = measure(plan, extra, runtime, report) {
         report.failed(
             &format!("fleet, {} agents", plan.agents),
@@ -240,8 +258,14 @@ impl Fleet {
             count: plan.agents,
             start_within: Duration::from_secs(1),
             sessions_per_agent: 1,
+            lateness: plan.lateness.map(|l| (l.min, l.max)),
+            one_thread: plan.shared_cores,
         };
-        let workers = Workers::start(plan.agents, &spec)?;
+        let workers = if plan.shared_cores {
+            Workers::start_spread(plan.agents, usize::MAX, |_| spec.clone())?
+        } else {
+            Workers::start(plan.agents, &spec)?
+        };
         let options = ServerOptions {
             agent_port: Some(server.agent_addr.port()),
             ..options

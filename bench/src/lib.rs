@@ -182,6 +182,16 @@ pub struct Options {
     /// `--only fleet --fleet-servers N`: the servers forward to each other (`--peer-port`).
     #[arg(long)]
     pub fleet_peering: bool,
+    /// `--only fleet`: slow agents: each simulated agent answers every step of its handshake
+    /// (ClientHello, its TLS answer, the upgrade request) late by a random delay in MIN..MAX
+    /// (e.g. `1s..4s`; one duration for a fixed delay) [default: at once].
+    #[arg(long, value_name = "MIN..MAX")]
+    pub fleet_client_delay: Option<bridgehead_e2e::late::Lateness>,
+    /// `--only fleet`: the simulator runs every agent on one thread of one process (as a
+    /// simulator with one event loop does), sharing the server's cores: its answers also wait
+    /// for each other's TLS work.
+    #[arg(long)]
+    pub fleet_shared_cores: bool,
     /// Internal: be a fleet simulator process (its spec and commands on stdin).
     #[arg(long, hide = true)]
     pub fleet_worker: bool,
@@ -696,6 +706,8 @@ impl<'a> Bench<'a> {
             round_robin: options.fleet_round_robin,
             sessions_per_agent: options.fleet_sessions_per_agent,
             peering: options.fleet_peering,
+            lateness: options.fleet_client_delay,
+            shared_cores: options.fleet_shared_cores,
             ..budget.fleet.clone()
         };
         fleet::run(&plan, &self.extra, &self.runtime, report);

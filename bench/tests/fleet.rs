@@ -64,6 +64,7 @@ async fn a_simulated_agent_presents_its_token_and_honours_a_retry_hint_then_back
         endpoint: Endpoint {
             addr: listener.local_addr().unwrap(),
             tls: client_config(&pki.path("cluster-ca.crt"), None).unwrap(),
+            lateness: None,
         },
         counters: Counters::default(),
         stop: CancellationToken::new(),
@@ -174,4 +175,46 @@ fn a_small_fleet_comes_back_through_stalled_handshakes_and_carries_routed_tunnel
     }
     let idle = of("fleet_idle")[0];
     assert!(idle["server_rss"].as_u64() > Some(0), "{idle}");
+}
+
+/// Slow agents on one thread beside the server (`--fleet-client-delay`,
+/// `--fleet-shared-cores`): every step of each handshake late, and every agent back after
+/// both restarts.
+#[test]
+fn a_slow_fleet_on_one_thread_comes_back_after_both_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("results.jsonl");
+    let agents = 20;
+    let out = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args(["--quick", "--only", "fleet"])
+        .args(["--agents", &agents.to_string()])
+        .args([
+            "--fleet-client-delay",
+            "200ms..400ms",
+            "--fleet-shared-cores",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .arg("--out-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed:\n{stderr}");
+    assert!(
+        stderr.contains("each step 200ms..400ms late, simulator on one thread"),
+        "{stderr}"
+    );
+    let lines = std::fs::read_to_string(&json).unwrap();
+    let restarts: Vec<serde_json::Value> = lines
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|row| row["measurement"] == "fleet_restart")
+        .collect();
+    assert_eq!(restarts.len(), 2, "{lines}");
+    for row in &restarts {
+        assert!(row["back_s"].is_number(), "not all back: {row}");
+        assert_eq!(row["client_delay"], "200ms..400ms", "{row}");
+        assert_eq!(row["shared_cores"], true, "{row}");
+    }
 }

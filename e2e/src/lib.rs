@@ -25,6 +25,7 @@ pub mod haproxy;
 pub mod image_registry;
 pub mod konnectivity;
 pub mod kubernetes;
+pub mod late;
 pub mod netns;
 pub mod pki;
 pub mod process;

@@ -312,3 +312,69 @@ fn a_flood_of_stalled_handshakes_leaves_room_for_an_honest_connect() {
     assert!(lines < 100, "{lines} refusal lines for {refused} refusals");
     drop(flood);
 }
+
+/// A peer that sends a byte more often than the stall time never counts as stalled, so the
+/// stall rule never cuts it: `--agent-handshake-timeout`, the backstop, still does.
+#[test]
+fn agent_handshake_timeout_cuts_an_agent_that_trickles_its_hello() {
+    let pki = Pki::new().unwrap();
+    let options = ServerOptions {
+        args: args(&[
+            "--agent-handshake-timeout",
+            "1s",
+            "--agent-handshake-stall",
+            "500ms",
+        ]),
+        ..Default::default()
+    };
+    let server = Server::start(&pki, options).unwrap();
+    let mut tcp = raw_tcp(server.agent_addr);
+    let mut trickle = tcp.try_clone().unwrap();
+    // A ClientHello's record header promising 512 bytes, then zeros: a byte every 200 ms, as
+    // a slowloris paces itself, until the server closes.
+    let paced = std::thread::spawn(move || {
+        let hello = [0x16u8, 0x03, 0x01, 0x02, 0x00];
+        for byte in hello.into_iter().chain(std::iter::repeat(0)) {
+            if trickle.write_all(&[byte]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    assert_about(
+        "the agent endpoint's handshake backstop",
+        time_to_close(&mut tcp),
+        TIMEOUT,
+    );
+    drop(tcp);
+    paced.join().unwrap();
+}
+
+/// A handshake is not work a shutdown waits for (the agent has proved nothing yet): with a
+/// silent connection accepted on the agent port and the handshake bound far away, SIGTERM
+/// ends the server at once, not when the handshake's bound or the close timeout comes.
+#[test]
+fn a_shutdown_does_not_wait_for_an_agent_handshake() {
+    let pki = Pki::new().unwrap();
+    let options = ServerOptions {
+        args: args(&["--agent-handshake-timeout", "10m"]),
+        ..Default::default()
+    };
+    let mut server = Server::start(&pki, options).unwrap();
+    let pid = server.process.pid();
+    let before = bridgehead_e2e::procfs::fd_count(pid);
+    let _silent = raw_tcp(server.agent_addr);
+    // Accepted once the server holds a descriptor for it.
+    wait_until(IO_TIMEOUT, || {
+        bridgehead_e2e::procfs::fd_count(pid) > before
+    })
+    .unwrap();
+    let started = Instant::now();
+    server.process.signal("TERM").unwrap();
+    server.process.wait_exit(IO_TIMEOUT).unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "the server took {took:?} to exit with one handshake open"
+    );
+}

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bridgehead_e2e::client::{agent_tls_config, kube_connect, tls_connect, Conn, IO_TIMEOUT};
+use bridgehead_e2e::late::{Late, Lateness};
 use bridgehead_e2e::process::start_pair;
 use bridgehead_e2e::{target, Pki, Server, ServerOptions};
 use bridgehead_test_support::bounded;
@@ -83,6 +84,11 @@ fn an_oversized_head_gets_431_and_the_server_keeps_serving() {
     );
 }
 
+/// A hand-driven agent's session.
+type AgentWs = tokio_tungstenite::WebSocketStream<
+    tokio_rustls::client::TlsStream<Late<tokio::net::TcpStream>>,
+>;
+
 /// Opens the agent endpoint as an agent would, with `cert` (file names in the PKI), and the
 /// given query and subprotocol; returns the WebSocket or the handshake error.
 async fn agent_upgrade(
@@ -91,20 +97,32 @@ async fn agent_upgrade(
     cert: (&str, &str),
     query: &str,
     protocol: Option<&str>,
-) -> Result<
-    tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
-    WsError,
-> {
+) -> Result<AgentWs, WsError> {
+    late_agent_upgrade(pki, server, cert, query, protocol, None).await
+}
+
+/// [`agent_upgrade`] by an agent that answers each step of its handshake (ClientHello, its
+/// TLS answer, the upgrade request) `lateness` late.
+async fn late_agent_upgrade(
+    pki: &Pki,
+    server: &Server,
+    cert: (&str, &str),
+    query: &str,
+    protocol: Option<&str>,
+    lateness: Option<Lateness>,
+) -> Result<AgentWs, WsError> {
     let mut config = (*agent_tls_config(pki, Some(cert)).unwrap()).clone();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let tcp = tokio::net::TcpStream::connect(server.agent_addr)
         .await
         .unwrap();
     let name = rustls::pki_types::ServerName::IpAddress(server.agent_addr.ip().into());
-    let tls = TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
+    let mut tls = TlsConnector::from(Arc::new(config))
+        .connect(name, Late::new(tcp, lateness))
         .await
         .map_err(WsError::Io)?;
+    // The upgrade request is a step of its own: late too.
+    tls.get_mut().0.arm();
     let url = format!("wss://{}/connect?{query}", server.agent_addr);
     let mut request = url.into_client_request().unwrap();
     if let Some(protocol) = protocol {
@@ -112,7 +130,8 @@ async fn agent_upgrade(
             .headers_mut()
             .insert("sec-websocket-protocol", protocol.parse().unwrap());
     }
-    let (ws, _) = tokio_tungstenite::client_async(request, tls).await?;
+    let (mut ws, _) = tokio_tungstenite::client_async(request, tls).await?;
+    ws.get_mut().get_mut().0.release();
     Ok(ws)
 }
 
@@ -260,11 +279,7 @@ async fn garbage_frames_end_only_that_agents_session() {
 }
 
 /// A hostile agent: the DIAL it is sent, after its upgrade.
-async fn next_dial(
-    ws: &mut tokio_tungstenite::WebSocketStream<
-        tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
-    >,
-) -> u32 {
+async fn next_dial(ws: &mut AgentWs) -> u32 {
     loop {
         match ws.next().await.expect("session open").expect("a message") {
             Message::Binary(bytes) => {
@@ -280,12 +295,7 @@ async fn next_dial(
 }
 
 /// Sends `frame` on the hostile agent's WebSocket.
-async fn send_frame(
-    ws: &mut tokio_tungstenite::WebSocketStream<
-        tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
-    >,
-    frame: bridgehead_proto::Frame,
-) {
+async fn send_frame(ws: &mut AgentWs, frame: bridgehead_proto::Frame) {
     let mut buf = bytes::BytesMut::new();
     frame.encode(&mut buf);
     ws.send(Message::Binary(buf.freeze())).await.unwrap();
@@ -686,6 +696,53 @@ async fn connections_that_never_speak_cannot_keep_an_agent_out() {
         })
         .unwrap();
         drop((ws, silent));
+    })
+    .await;
+}
+
+/// The longest an agent's handshake could take before issue 49 (`--agent-handshake-timeout`'s
+/// old default): a slow agent past it was cut although it kept answering.
+const OLD_HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// An agent on a busy node or a long, lossy link answers each step of its handshake late but
+/// answers: three steps of 2.5 s each take it past the old 5 s deadline while it never owes
+/// the server bytes for the stall time. The server's defaults let it in (only the stall time is
+/// raised above its steps: the stall rule is what cuts a slowloris, not this agent).
+#[tokio::test]
+async fn an_agent_that_answers_each_step_late_is_let_in() {
+    const STEP: Duration = Duration::from_millis(2500);
+    bounded(async {
+        let pki = Pki::new().unwrap();
+        let server = server_with(&pki, &["--agent-handshake-stall", "4s"]);
+        let started = Instant::now();
+        let agent = ("agent.crt", "agent.key");
+        let ws = late_agent_upgrade(
+            &pki,
+            &server,
+            agent,
+            "id=slow&host=node-1",
+            Some(bridgehead_proto::SUBPROTOCOL),
+            Some(Lateness::fixed(STEP)),
+        )
+        .await
+        .expect("a slow agent that kept answering was let in");
+        let took = started.elapsed();
+        assert!(
+            took > OLD_HANDSHAKE_DEADLINE,
+            "the handshake took {took:?}: not past the old deadline, so this shows nothing"
+        );
+        // Counted by the handshake's task once the `101` is out, maybe after this one read it.
+        bridgehead_e2e::process::wait_until(IO_TIMEOUT, || {
+            server
+                .metric("bridgehead_server_agent_handshakes_total{result=\"ok\"}")
+                .is_ok_and(|ok| ok == 1.0)
+        })
+        .unwrap();
+        let timed_out = server
+            .metric("bridgehead_server_agent_handshakes_total{result=\"timed_out\"}")
+            .unwrap();
+        assert_eq!(timed_out, 0.0);
+        drop(ws);
     })
     .await;
 }

@@ -14,8 +14,14 @@
 //! out for longer than `stall`. Time the server spends on its own work (a handshake accepted
 //! but not yet polled, a signature being computed) never counts against the peer.
 //!
-//! What this leaves out: the total time a handshake may take (`--agent-handshake-timeout`,
-//! applied by the endpoint) and authentication, which runs after the place is given back.
+//! A slow agent (a busy node, a long lossy link) answers every step late but answers; the
+//! stall rule is what tells it from a slowloris, and only when someone waits for its place.
+//! A peer that trickles a byte every `stall` less a little never counts as stalled: the
+//! endpoint's total bound (`--agent-handshake-timeout`) is the backstop for it, set past what
+//! an agent itself waits, so that it never cuts a handshake whose agent still answers.
+//!
+//! What this leaves out: that total bound (applied by the endpoint) and authentication, which
+//! runs after the place is given back.
 
 use std::collections::HashMap;
 use std::io;

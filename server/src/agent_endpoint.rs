@@ -85,9 +85,10 @@ pub async fn serve(
         }
         let span = tracing::info_span!("agent", peer = %peer, agent = tracing::field::Empty);
         let acceptor = TlsAcceptor::from(tls.current());
-        let (ctx, sessions) = (ctx.clone(), sessions.clone());
+        let (ctx, sessions, stop) = (ctx.clone(), sessions.clone(), shutdown.clone());
         let Some(home) = ctx.shards.home() else {
-            let here = session(tcp, peer, acceptor, ctx, sessions, place, None);
+            let ends = Ends { stop, sessions };
+            let here = session(tcp, peer, acceptor, ctx, ends, place, None);
             spawn_home(None, &tracker, here.instrument(span));
             continue;
         };
@@ -103,7 +104,10 @@ pub async fn serve(
         let handle = home.handle().clone();
         let on_home = async move {
             match tokio::net::TcpStream::from_std(tcp) {
-                Ok(tcp) => session(tcp, peer, acceptor, ctx, sessions, place, Some(home)).await,
+                Ok(tcp) => {
+                    let ends = Ends { stop, sessions };
+                    session(tcp, peer, acceptor, ctx, ends, place, Some(home)).await
+                }
                 Err(error) => debug!(%error, "registering an agent's connection"),
             }
         };
@@ -122,6 +126,8 @@ enum Refused {
     PreAuthTimeout(std::time::Duration),
     #[error("handshake stalled, and closed to make room for another agent")]
     Stalled,
+    #[error("the server shut down during the handshake")]
+    ShuttingDown,
     #[error("the upgrade answer could not be written within {0:?}")]
     AnswerTimeout(std::time::Duration),
     /// Answered with this status and reason.
@@ -139,7 +145,7 @@ impl Refused {
     fn label(&self) -> AgentHandshake {
         match self {
             Refused::Tls(_) => AgentHandshake::TlsError,
-            Refused::Closed => AgentHandshake::Closed,
+            Refused::Closed | Refused::ShuttingDown => AgentHandshake::Closed,
             Refused::PreAuthTimeout(_) | Refused::AnswerTimeout(_) => AgentHandshake::TimedOut,
             Refused::Stalled => AgentHandshake::Stalled,
             Refused::Auth(refusal) => match refusal.status() {
@@ -167,27 +173,38 @@ struct Upgrade {
     duplicate: bool,
 }
 
+/// When a connection's work ends: `stop` (the server stops accepting) ends a handshake,
+/// `sessions` (the grace period is over) a session.
+struct Ends {
+    stop: CancellationToken,
+    sessions: CancellationToken,
+}
+
 async fn session(
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
     acceptor: TlsAcceptor,
     ctx: Arc<Context>,
-    sessions: CancellationToken,
+    ends: Ends,
     place: Place,
     home: Option<Home>,
 ) {
     let _ = tcp.set_nodelay(true);
-    // Before authentication: TLS and the upgrade request, bounded in time and cut for room
-    // only when the agent has stalled.
-    let timeout = ctx.config.agent_endpoint.handshake_timeout;
+    // Before authentication: TLS and the upgrade request, cut for room only when the agent
+    // has stalled (the rule that tells a slowloris from a slow agent), and bounded in all by
+    // `--agent-handshake-timeout`, a backstop past what an agent itself waits for, so that
+    // it never throws away a handshake whose agent is still answering. Nothing waits for
+    // one at shutdown: it has not proved who it is.
+    let backstop = ctx.config.agent_endpoint.handshake_timeout;
     let read = tokio::select! {
-        read = tokio::time::timeout(timeout, upgrade::pre_auth(place.watch(tcp), acceptor)) => {
+        read = tokio::time::timeout(backstop, upgrade::pre_auth(place.watch(tcp), acceptor)) => {
             match read {
                 Ok(read) => read.map_err(Refused::Tls),
-                Err(_) => Err(Refused::PreAuthTimeout(timeout)),
+                Err(_) => Err(Refused::PreAuthTimeout(backstop)),
             }
         }
         () = place.cut() => Err(Refused::Stalled),
+        () = ends.stop.cancelled() => Err(Refused::ShuttingDown),
     };
     drop(place);
     let outcome = match read {
@@ -210,7 +227,7 @@ async fn session(
             return;
         }
     };
-    serve_session(established, &ctx, sessions).await;
+    serve_session(established, &ctx, ends.sessions).await;
 }
 
 /// A session that was answered `101`, registered under `key`.
@@ -427,6 +444,7 @@ async fn answer(tls: &mut AgentTls, refused: Refused) -> Refused {
         | Refused::Closed
         | Refused::PreAuthTimeout(_)
         | Refused::Stalled
+        | Refused::ShuttingDown
         | Refused::AnswerTimeout(_) => return refused,
     };
     let _ = tls

@@ -251,9 +251,12 @@ pub struct Cli {
     /// Time allowed for a client's TLS handshake and CONNECT header, and an agent's handshake.
     #[arg(long, env = "BRIDGEHEAD_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = duration::parse, value_name = "DURATION")]
     pub handshake_timeout: Duration,
-    /// Time an agent gets for its TLS handshake and upgrade request, before it has proved who
-    /// it is (its token review then has its own bound).
-    #[arg(long, env = "BRIDGEHEAD_AGENT_HANDSHAKE_TIMEOUT", default_value = "5s", value_parser = duration::parse, value_name = "DURATION")]
+    /// Longest an agent may take for its TLS handshake and upgrade request, before it has
+    /// proved who it is (its token review then has its own bound): a backstop, at least the
+    /// agent's own bounds on those steps (10s each), since a handshake whose agent keeps
+    /// answering, however late, is never cut before; a stalled one is cut sooner when another
+    /// agent waits (--agent-handshake-stall).
+    #[arg(long, env = "BRIDGEHEAD_AGENT_HANDSHAKE_TIMEOUT", default_value = "20s", value_parser = duration::parse, value_name = "DURATION")]
     pub agent_handshake_timeout: Duration,
     /// Most CONNECT clients in their TLS handshake at once; a newer one cuts the oldest (a flood
     /// of stalled handshakes cannot take the server's descriptors, nor lock honest clients
@@ -491,7 +494,8 @@ pub struct AgentEndpointConfig {
     pub cert: PathBuf,
     pub key: PathBuf,
     pub auth: AgentAuthConfig,
-    /// `--agent-handshake-timeout`: TLS and the upgrade, before authentication.
+    /// `--agent-handshake-timeout`: TLS and the upgrade, before authentication; a backstop
+    /// for peers that trickle (the stall rule cuts the silent ones when room is needed).
     #[serde(serialize_with = "duration::serialize")]
     pub handshake_timeout: Duration,
     /// `--handshake-timeout`: writing the upgrade answer once the agent is let in.

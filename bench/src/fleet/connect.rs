@@ -5,7 +5,8 @@
 //! already (`bridgehead-connected-servers`, §1.1). Every step has the agent's timeout. A
 //! failure says what kind it was, so a storm's failed attempts can be counted by kind, and
 //! carries the server's retry hint when it gave one; a 409 (a server held already) is not a
-//! failure.
+//! failure. With a [`Lateness`], the agent answers each step of the handshake late
+//! (`bridgehead_e2e::late`).
 
 use std::io;
 use std::net::SocketAddr;
@@ -23,11 +24,15 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
+use bridgehead_e2e::late::{Late, Lateness};
+
 /// The agent's bounds: the TCP connect, the TLS handshake, the upgrade, each.
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The agent's socket: late during the handshake when the fleet's agents are slow.
+pub type AgentTcp = Late<TcpStream>;
 /// The WebSocket of an upgraded session.
-pub type AgentWebSocket = WebSocket<TlsStream<TcpStream>>;
+pub type AgentWebSocket = WebSocket<TlsStream<AgentTcp>>;
 
 /// An upgraded session and who answered (docs/protocol.md §1.1).
 #[derive(Debug)]
@@ -47,6 +52,8 @@ const MAX_SERVER_COUNT: usize = 1024;
 pub struct Endpoint {
     pub addr: SocketAddr,
     pub tls: Arc<rustls::ClientConfig>,
+    /// How late the agents answer each step of the handshake (none: at once).
+    pub lateness: Option<Lateness>,
 }
 
 /// Why an attempt did not end in a session.
@@ -139,6 +146,7 @@ pub async fn connect(
         .map_err(|error| Failure::io(Step::Tcp, &error))?;
     // Small frames (pings, window grants) must not wait for Nagle, as in the agent.
     let _ = tcp.set_nodelay(true);
+    let tcp = Late::new(tcp, endpoint.lateness);
     let name = ServerName::IpAddress(endpoint.addr.ip().into());
     let mut tls = tokio::time::timeout(
         STEP_TIMEOUT,
@@ -152,9 +160,12 @@ pub async fn connect(
         .set_buffer_limit(Some(bridgehead_mux::SESSION_TLS_BUFFER));
     let key = base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 16]>());
     let request = request(endpoint.addr, query, token, held, &key);
+    // The upgrade request is a step of its own, late too.
+    tls.get_mut().0.arm();
     let answer = tokio::time::timeout(STEP_TIMEOUT, upgrade(&mut tls, &request, &key))
         .await
         .map_err(|_| Failure::TimedOut(Step::Upgrade))??;
+    tls.get_mut().0.release();
     Ok(Connected {
         ws: WebSocket::new(tls, WsRole::Client, answer.early),
         server_id: answer.server_id,
@@ -199,7 +210,7 @@ struct Upgraded {
 /// Sends the upgrade request and checks the answer: `101`, the accept key, the subprotocol,
 /// the server's id.
 async fn upgrade(
-    tls: &mut TlsStream<TcpStream>,
+    tls: &mut TlsStream<AgentTcp>,
     request: &[u8],
     key: &str,
 ) -> Result<Upgraded, Failure> {

@@ -285,6 +285,8 @@ impl Ha {
             count: plan.agents,
             start_within: Duration::from_secs(1),
             sessions_per_agent: m,
+            lateness: plan.lateness.map(|l| (l.min, l.max)),
+            one_thread: plan.shared_cores,
         };
         let workers = Workers::start_spread(plan.agents, per_worker, |w| worker::Spec {
             server: balancers[w].addr,

@@ -132,7 +132,7 @@ pub(super) fn restart(
         },
         error: waited.err().map(|e| format!("{e:#}")),
     };
-    report_recovery(report, fleet.agents, signal, &recovery)?;
+    report_recovery(report, plan, signal, &recovery)?;
     match &recovery.error {
         // The next restart needs the whole fleet back.
         Some(error) => bail!("after SIG{signal}: {error}"),
@@ -159,10 +159,11 @@ fn handshakes_text(server: &Server) -> String {
 
 fn report_recovery(
     report: &mut Report,
-    n: usize,
+    plan: &Plan,
     signal: &str,
     r: &Recovery,
 ) -> anyhow::Result<()> {
+    let n = plan.agents;
     // Linux refuses a connection only where nothing listens (a full backlog drops the SYN
     // instead): a refused attempt found the restart's gap, not the server's admission. So did
     // an attempt begun before the new server listened (after SIGKILL: connections queued on
@@ -189,6 +190,8 @@ fn report_recovery(
         "fleet_restart",
         json!({
             "agents": n,
+            "client_delay": plan.lateness.map(|l| l.to_string()),
+            "shared_cores": plan.shared_cores,
             "signal": signal,
             "exited_s": r.exited.as_secs_f64(),
             "listening_s": r.listening.as_secs_f64(),
@@ -230,7 +233,7 @@ fn report_recovery(
             "other load",
         ],
         vec![
-            n.to_string(),
+            super::fleet_text(plan),
             format!("SIG{signal}"),
             format!(
                 "{:.2} s / {:.2} s",

@@ -41,6 +41,15 @@ pub struct Spec {
     pub start_within: Duration,
     /// Sessions each agent holds at most (one per server behind the address).
     pub sessions_per_agent: usize,
+    /// How late each agent answers each step of its handshake (`--fleet-client-delay`).
+    /// (Its bounds: `Lateness` itself is not serialised.)
+    #[serde(default)]
+    pub lateness: Option<(Duration, Duration)>,
+    /// Every agent on one thread (`--fleet-shared-cores`), as a simulator written with one
+    /// event loop runs them: its answers then also wait for each other's TLS work, on the
+    /// cores the server uses.
+    #[serde(default)]
+    pub one_thread: bool,
 }
 
 /// Runs a worker: the spec from the first line of stdin, then commands until stdin ends.
@@ -71,13 +80,20 @@ pub fn serve() -> anyhow::Result<()> {
         endpoint: Endpoint {
             addr: spec.server,
             tls: client_config(&spec.ca, spec.certificate.as_ref())?,
+            lateness: spec
+                .lateness
+                .map(|(min, max)| bridgehead_e2e::late::Lateness { min, max }),
         },
         counters: Counters::default(),
         stop: tokio_util::sync::CancellationToken::new(),
     });
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = if spec.one_thread {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    }
+    .enable_all()
+    .build()?;
     let mut tokens = tokens.map(Vec::into_iter);
     let agents = tokio_util::task::TaskTracker::new();
     for index in spec.first..spec.first + spec.count {
@@ -89,20 +105,28 @@ pub fn serve() -> anyhow::Result<()> {
         drop(runtime.spawn(agents.track_future(run)));
     }
     agents.close();
+    // The runtime is driven on a thread of its own (its only one with `one_thread`) until the
+    // stop, then gives the agents a moment to close.
+    let stop = shared.stop.clone();
+    let driver = std::thread::spawn(move || {
+        runtime.block_on(async {
+            stop.cancelled().await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), agents.wait()).await;
+        });
+    });
     println!("fleet worker started {} agents", spec.count);
-    // The commands, read here while the runtime's threads run the agents.
-    for line in std::io::stdin().lines() {
+    // The commands, read here while the runtime runs the agents.
+    let commands = std::io::stdin().lines().try_for_each(|line| {
         match line?.trim() {
             "stats" => answer(&shared.counters.snapshot())?,
             "" => {}
             other => eprintln!("fleet worker: unknown command {other:?}"),
         }
-    }
-    shared.stop.cancel();
-    runtime.block_on(async {
-        let _ = tokio::time::timeout(Duration::from_secs(5), agents.wait()).await;
+        anyhow::Ok(())
     });
-    Ok(())
+    shared.stop.cancel();
+    let _ = driver.join();
+    commands
 }
 
 /// Writes `snapshot` as one line on stdout.
