@@ -1,6 +1,7 @@
 //! What `bridgehead-server` and `bridgehead-agent` share at run time.
 //!
 //! - [`accept`]: accept loops that back off on errors, rate-limited logs.
+//! - [`build`]: the version and commit built, logged first and exported as a metric.
 //! - [`addresses`]: the addresses a list of hosts resolves to, again every interval, and which
 //!   server answered at each (agents finding servers, servers finding peers).
 //! - [`certificates`]: when each certificate file in use expires, as a metric.
@@ -21,7 +22,6 @@
 //!   `--tunnel-max-window` into `bridgehead_mux::memory::TunnelMemory`, and its metrics; byte
 //!   sizes.
 //! - [`process_metrics`]: `process_*` metrics under Prometheus' standard names.
-//! - [`build_info`]: `<prefix>_build_info{version}`, the release a process runs.
 //! - [`upgrade`]: the client's side of the WebSocket upgrade (agents to servers, servers to
 //!   peers).
 //! - [`threads`]: the tokio runtime, sized by `--worker-threads`.
@@ -31,7 +31,7 @@
 
 pub mod accept;
 pub mod addresses;
-pub mod build_info;
+pub mod build;
 pub mod certificates;
 pub mod compat;
 pub mod destinations;
