@@ -34,14 +34,15 @@ pub(crate) fn rank<E: Ord + Copy, R: Rng + ?Sized>(
     // A random order, then a stable sort by load: agents with equal load stay in random order.
     picked.shuffle(rng);
     picked.sort_by_key(|&(load, _, _)| load);
-    let mut worst = None;
-    let chosen: Vec<AgentKey> = picked
+    let first = &picked[..n.min(MAX_CANDIDATES)];
+    if first.iter().all(|&(_, _, no_room)| no_room.is_none()) {
+        return Ok(first.iter().map(|&(_, agent, _)| agent).collect());
+    }
+    let worst = first.iter().filter_map(|&(_, _, no_room)| no_room).max();
+    let chosen: Vec<AgentKey> = first
         .iter()
-        .take(MAX_CANDIDATES)
-        .filter_map(|&(_, agent, no_room)| {
-            worst = worst.max(no_room);
-            no_room.is_none().then_some(agent)
-        })
+        .filter(|&&(_, _, no_room)| no_room.is_none())
+        .map(|&(_, agent, _)| agent)
         .collect();
     match worst {
         Some(no_room) if chosen.is_empty() => Err(no_room),
