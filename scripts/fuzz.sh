@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets of proto/fuzz (or kubeapi/fuzz) and runs each for a number of
-# executions.
+# Builds the libFuzzer targets of proto/fuzz (or server/fuzz, or kubeapi/fuzz: each crate's
+# fuzz package sits beside it) and runs each for a number of executions.
 #
-#   scripts/fuzz.sh                       # the figures of proto/fuzz/README.md (10^8 in all)
+#   scripts/fuzz.sh                       # the figures of proto/fuzz/README.md
 #   scripts/fuzz.sh decode=1000000        # one target, a million executions
+#   scripts/fuzz.sh server                # server/fuzz's CONNECT head target (server/fuzz/README.md)
 #   scripts/fuzz.sh kubeapi               # kubeapi/fuzz's targets (kubeapi/fuzz/README.md)
 #   scripts/fuzz.sh kubeapi jwt=1000000   # one of them
 #
@@ -16,7 +17,7 @@ set -euo pipefail
 
 crate=proto
 case "${1:-}" in
-proto | kubeapi)
+proto | server | kubeapi)
     crate=$1
     shift
     ;;
@@ -24,7 +25,8 @@ esac
 cd "$(dirname "$0")/../$crate/fuzz"
 
 case "$crate" in
-proto) runs=("decode=50000000" "ident=35000000" "session=15000000" "connect_head=10000000") ;;
+proto) runs=("decode=50000000" "ident=35000000" "session=15000000") ;;
+server) runs=("connect_head=10000000") ;;
 kubeapi) runs=("jwt=5000000" "jwks=5000000") ;;
 esac
 if [ "$#" -gt 0 ]; then

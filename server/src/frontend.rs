@@ -88,29 +88,15 @@ pub enum ReadHead {
     },
 }
 
-/// How the frontend reads `bytes` as the first bytes of a client connection. The CONNECT head
-/// fuzz target (`proto/fuzz`) drives this.
+/// How the frontend reads `bytes` as the first bytes of a client connection, all in memory
+/// (the same end of the head and checks as a connection's). The CONNECT head fuzz target
+/// (`server/fuzz`) drives this.
 #[doc(hidden)]
 pub fn read_head(bytes: &[u8]) -> ReadHead {
-    use std::future::Future;
-    let mut input = bytes;
-    let head = {
-        let mut read = std::pin::pin!(head::read(&mut input));
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        // Reading a byte slice never waits: the first poll finishes.
-        let std::task::Poll::Ready(head) = read.as_mut().poll(&mut cx) else {
-            unreachable!("reading a byte slice waited");
-        };
-        head
-    };
-    let consumed = bytes.len() - input.len();
-    match head {
-        head::Head::Connect(target, rest) => ReadHead::Connect {
-            target,
-            start: consumed - rest.len(),
-        },
-        head::Head::Closed => ReadHead::Incomplete,
-        head::Head::Refused(refusal) => ReadHead::Refused {
+    match head::parse(bytes) {
+        Ok(Some((target, start))) => ReadHead::Connect { target, start },
+        Ok(None) => ReadHead::Incomplete,
+        Err(refusal) => ReadHead::Refused {
             answer: head::refusal(&refusal),
             refusal: Box::new(refusal),
         },

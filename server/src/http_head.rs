@@ -4,7 +4,9 @@
 use bridgehead_proto::frame::MAX_REASON_LEN;
 use bridgehead_proto::text::Printable;
 
-pub use bridgehead_runtime::http_head::{read, RawHead, MAX_HEADERS, MAX_HEAD_BYTES};
+pub use bridgehead_runtime::http_head::{
+    find_end, read, HeadEnd, RawHead, MAX_HEADERS, MAX_HEAD_BYTES,
+};
 
 /// Longest reason phrase in a refusal's status line, in characters.
 const MAX_PHRASE: usize = 200;

@@ -1,5 +1,6 @@
 //! The connected agents: their sessions, identifiers and the route table over them; and the
-//! agents of peer servers, reached by forwarding (`crate::peering`), in a table of their own.
+//! agents of peer servers, reached by forwarding (`crate::peering`), in a table of their own
+//! (`peers`). One strategy loop (`router::route`) routes over both.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -11,7 +12,12 @@ use bridgehead_proto::ident::AgentIdentifiers;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::router::{AgentKey, NoRoute, RouteTable, Strategy, TargetHost};
+use crate::router::{self, AgentKey, NoRoute, RouteTable, Strategy, TargetHost, Unrouted};
+
+mod peers;
+
+pub use peers::PeerSession;
+use peers::Peers;
 
 /// Every connected agent, shared by the agent endpoint (which registers sessions) and the
 /// frontend (which routes tunnels). The lock is held only for table updates and lookups.
@@ -35,38 +41,39 @@ pub struct Registry {
 
 #[derive(Debug)]
 struct State {
+    local: Local,
+    peers: Peers,
+    /// The next key for an agent, own or a peer's, or a peer session: keys are never reused.
+    next_key: AgentKey,
+}
+
+/// This server's own agents.
+#[derive(Debug)]
+struct Local {
     table: RouteTable,
     agents: HashMap<AgentKey, Agent>,
     by_name: HashMap<String, AgentKey>,
     per_identity: HashMap<String, usize>,
-    next_key: AgentKey,
-    /// The peers' agents, by the keys this registry gave them.
-    remote: RouteTable,
-    remote_agents: HashMap<AgentKey, RemoteAgent>,
-    peers: HashMap<Arc<str>, Peer>,
 }
 
-/// An agent of a peer server: a tunnel to it is a stream on the session with that peer.
-#[derive(Debug)]
-struct RemoteAgent {
-    name: String,
-    peer: Arc<str>,
-    mux: Mux,
+/// Which of the registry's tables a route came from: the strategy loop tries them in this
+/// order for each strategy.
+#[derive(Debug, Clone, Copy)]
+enum Table {
+    Local,
+    Peers,
 }
 
-/// A peer server's session and its agents, by the peer's keys.
-#[derive(Debug)]
-struct Peer {
-    id: Arc<str>,
-    mux: Mux,
-    session: PeerSession,
-    agents: HashMap<u64, AgentKey>,
+/// Why a matching agent cannot take a tunnel now, mild to worst: when no agent a strategy
+/// ranked first has room, the worst reason among them is the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum NoRoom {
+    /// Its limit of dials pending (or not known: the table and the agents change together
+    /// under the lock, so never).
+    Busy,
+    /// Its limit of tunnels.
+    Full,
 }
-
-/// One session with a peer, as registered: what its updates and its end name, so that an
-/// old session's end does not remove the one that replaced it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerSession(u64);
 
 #[derive(Debug)]
 struct Agent {
@@ -177,14 +184,14 @@ impl Registry {
     ) -> Registry {
         Registry {
             inner: Arc::new(Mutex::new(State {
-                remote: RouteTable::new(strategies.clone()),
-                table: RouteTable::new(strategies),
-                agents: HashMap::new(),
-                by_name: HashMap::new(),
-                per_identity: HashMap::new(),
+                peers: Peers::new(strategies.clone()),
+                local: Local {
+                    table: RouteTable::new(strategies),
+                    agents: HashMap::new(),
+                    by_name: HashMap::new(),
+                    per_identity: HashMap::new(),
+                },
                 next_key: 1,
-                remote_agents: HashMap::new(),
-                peers: HashMap::new(),
             })),
             changes: Arc::new(watch::Sender::new(0)),
             max_tunnels_per_agent,
@@ -205,10 +212,12 @@ impl Registry {
         &self,
         registration: Registration,
     ) -> Result<(AgentKey, Option<Mux>), RegisterError> {
-        let mut state = self.lock();
-        let replaced = match state.by_name.get(&registration.name) {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let local = &mut state.local;
+        let replaced = match local.by_name.get(&registration.name) {
             Some(old) => {
-                let existing = &state.agents[old];
+                let existing = &local.agents[old];
                 if existing.identity != registration.identity {
                     return Err(RegisterError::IdTaken {
                         id: registration.name,
@@ -216,11 +225,11 @@ impl Registry {
                     });
                 }
                 let old = *old;
-                state.remove(old).map(|agent| agent.mux)
+                local.remove(old).map(|agent| agent.mux)
             }
             None => None,
         };
-        let sessions = state
+        let sessions = local
             .per_identity
             .get(&registration.identity)
             .copied()
@@ -233,13 +242,13 @@ impl Registry {
         }
         let key = state.next_key;
         state.next_key += 1;
-        state.table.insert(key, &registration.identifiers);
-        state.by_name.insert(registration.name.clone(), key);
-        *state
+        local.table.insert(key, &registration.identifiers);
+        local.by_name.insert(registration.name.clone(), key);
+        *local
             .per_identity
             .entry(registration.identity.clone())
             .or_default() += 1;
-        state.agents.insert(
+        local.agents.insert(
             key,
             Agent {
                 mux: registration.mux,
@@ -251,14 +260,14 @@ impl Registry {
                 draining: false,
             },
         );
-        drop(state);
+        drop(guard);
         self.changed();
         Ok((key, replaced))
     }
 
     /// Forgets the session `key` (a no-op when it is gone already, e.g. replaced).
     pub fn unregister(&self, key: AgentKey) {
-        let removed = self.lock().remove(key).is_some();
+        let removed = self.lock().local.remove(key).is_some();
         if removed {
             self.changed();
         }
@@ -267,8 +276,8 @@ impl Registry {
     /// The agent announced DRAIN: route nothing new to it.
     pub fn set_draining(&self, key: AgentKey) {
         let mut state = self.lock();
-        state.table.set_draining(key, true);
-        if let Some(agent) = state.agents.get_mut(&key) {
+        state.local.table.set_draining(key, true);
+        if let Some(agent) = state.local.agents.get_mut(&key) {
             agent.draining = true;
         }
         drop(state);
@@ -288,6 +297,7 @@ impl Registry {
     pub fn local_agents(&self) -> Vec<LocalAgent> {
         let state = self.lock();
         let mut agents: Vec<LocalAgent> = state
+            .local
             .agents
             .iter()
             .map(|(&key, agent)| LocalAgent {
@@ -306,26 +316,16 @@ impl Registry {
     /// closed). Its agents are added with [`Registry::set_peer_agent`].
     pub fn add_peer(&self, id: &str, mux: Mux) -> (PeerSession, Option<Mux>) {
         let mut state = self.lock();
-        let replaced = state.remove_peer(id, None);
         let session = PeerSession(state.next_key);
         state.next_key += 1;
-        let id: Arc<str> = Arc::from(id);
-        state.peers.insert(
-            id.clone(),
-            Peer {
-                id,
-                mux,
-                session,
-                agents: HashMap::new(),
-            },
-        );
+        let replaced = state.peers.add(id, mux, session);
         (session, replaced)
     }
 
     /// The session `session` with peer `id` ended: its agents are forgotten (a no-op when a
     /// newer session replaced it).
     pub fn remove_peer(&self, id: &str, session: PeerSession) {
-        self.lock().remove_peer(id, Some(session));
+        self.lock().peers.remove(id, Some(session));
     }
 
     /// Peer `id` holds agent `remote` (its key for it) with `identifiers`, draining or not.
@@ -339,68 +339,25 @@ impl Registry {
         draining: bool,
     ) {
         let mut state = self.lock();
-        let state = &mut *state;
-        let Some(peer) = state.peers.get_mut(id) else {
-            return;
-        };
-        if peer.session != session {
-            return;
-        }
-        let key = match peer.agents.get(&remote) {
-            Some(&key) => key,
-            None => {
-                let key = state.next_key;
-                state.next_key += 1;
-                peer.agents.insert(remote, key);
-                key
-            }
-        };
-        let name = identifiers
-            .id
-            .clone()
-            .unwrap_or_else(|| format!("{id}/{remote}"));
-        state.remote.insert(key, identifiers);
-        state.remote.set_draining(key, draining);
-        state.remote_agents.insert(
-            key,
-            RemoteAgent {
-                name,
-                peer: peer.id.clone(),
-                mux: peer.mux.clone(),
-            },
-        );
+        let State {
+            peers, next_key, ..
+        } = &mut *state;
+        peers.set_agent(id, session, remote, identifiers, draining, next_key);
     }
 
     /// Peer `id` no longer holds agent `remote`.
     pub fn remove_peer_agent(&self, id: &str, session: PeerSession, remote: u64) {
-        let mut state = self.lock();
-        let Some(peer) = state.peers.get_mut(id) else {
-            return;
-        };
-        if peer.session != session {
-            return;
-        }
-        if let Some(key) = peer.agents.remove(&remote) {
-            state.remote.remove(key);
-            state.remote_agents.remove(&key);
-        }
+        self.lock().peers.remove_agent(id, session, remote);
     }
 
     /// How many agents the peers hold, together.
     pub fn peer_agent_count(&self) -> usize {
-        self.lock().remote_agents.len()
+        self.lock().peers.agent_count()
     }
 
     /// The peers this server forwards to, with how many agents each holds, by id.
     pub fn peers(&self) -> Vec<(String, usize)> {
-        let state = self.lock();
-        let mut peers: Vec<(String, usize)> = state
-            .peers
-            .iter()
-            .map(|(id, peer)| (id.to_string(), peer.agents.len()))
-            .collect();
-        peers.sort();
-        peers
+        self.lock().peers.list()
     }
 
     /// The agents that may carry a tunnel to `target`, best first, skipping full ones and
@@ -418,84 +375,40 @@ impl Registry {
 
     fn route_among(&self, target: &TargetHost, peers: bool) -> Result<Candidates, RouteError> {
         let state = self.lock();
-        let mut rng = rand::rng();
-        let usable = |load: (usize, usize)| {
-            load.0 < self.max_tunnels_per_agent && load.1 < self.max_pending_dials_per_agent
+        let tables = [
+            (Table::Local, &state.local.table),
+            (Table::Peers, &state.peers.table),
+        ];
+        let tables = if peers { &tables[..] } else { &tables[..1] };
+        let load = |table, key| match table {
+            Table::Local => state.local.room(
+                key,
+                self.max_tunnels_per_agent,
+                self.max_pending_dials_per_agent,
+            ),
+            Table::Peers => state.peers.load(key).ok_or(NoRoom::Busy),
         };
-        // An agent without room ranks last, so a sample with room anywhere yields that agent
-        // first.
-        let loads = |key: AgentKey| {
-            state
-                .agents
-                .get(&key)
-                .map(|agent| agent.mux.load())
-                .filter(|&load| usable(load))
-                .map_or(usize::MAX, |(open, _)| open)
-        };
-        let remote_loads = |key: AgentKey| {
-            state
-                .remote_agents
-                .get(&key)
-                .map_or(usize::MAX, |agent| agent.mux.open_streams())
-        };
-        for &strategy in state.table.strategies() {
-            let mut full = None;
-            if let Some(keys) = state.table.route_by(strategy, target, loads, &mut rng) {
-                let mut any_full = false;
-                let agents: Vec<_> = keys
-                    .iter()
-                    .filter_map(|key| {
-                        let agent = state.agents.get(key)?;
-                        let load = agent.mux.load();
-                        any_full |= load.0 >= self.max_tunnels_per_agent;
-                        usable(load).then(|| Candidate {
-                            key: *key,
-                            agent: agent.name.clone(),
-                            mux: agent.mux.clone(),
-                            via: None,
-                        })
+        let strategies = state.local.table.strategies();
+        match router::route(strategies, tables, target, load, &mut rand::rng()) {
+            Ok((table, route)) => Ok(Candidates {
+                strategy: route.strategy,
+                agents: route
+                    .candidates
+                    .into_iter()
+                    .filter_map(|key| match table {
+                        Table::Local => state.local.candidate(key),
+                        Table::Peers => state.peers.candidate(key),
                     })
-                    .collect();
-                if !agents.is_empty() {
-                    return Ok(Candidates { strategy, agents });
-                }
-                full = Some(if any_full {
-                    RouteError::Full(self.max_tunnels_per_agent)
-                } else {
-                    RouteError::Busy(self.max_pending_dials_per_agent)
-                });
+                    .collect(),
+            }),
+            Err(Unrouted::NoRoute(no_route)) => Err(RouteError::NoRoute(no_route)),
+            Err(Unrouted::NoRoom(NoRoom::Full)) => {
+                Err(RouteError::Full(self.max_tunnels_per_agent))
             }
-            let remote = peers
-                .then(|| {
-                    state
-                        .remote
-                        .route_by(strategy, target, remote_loads, &mut rng)
-                })
-                .flatten();
-            if let Some(keys) = remote {
-                let agents: Vec<_> = keys
-                    .iter()
-                    .filter_map(|key| {
-                        let agent = state.remote_agents.get(key)?;
-                        Some(Candidate {
-                            key: *key,
-                            agent: agent.name.clone(),
-                            mux: agent.mux.clone(),
-                            via: Some(agent.peer.clone()),
-                        })
-                    })
-                    .collect();
-                if !agents.is_empty() {
-                    return Ok(Candidates { strategy, agents });
-                }
-            }
-            if let Some(full) = full {
-                return Err(full);
+            Err(Unrouted::NoRoom(NoRoom::Busy)) => {
+                Err(RouteError::Busy(self.max_pending_dials_per_agent))
             }
         }
-        Err(RouteError::NoRoute(NoRoute {
-            tried: state.table.strategies().to_vec(),
-        }))
     }
 
     /// `/readyz`: ready when the first strategy finds an agent of this server's or of a
@@ -503,16 +416,17 @@ impl Registry {
     pub fn ready(&self) -> Result<(), String> {
         let state = self.lock();
         state
+            .local
             .table
             .ready()
-            .or_else(|own| state.remote.ready().map_err(|_| own))
+            .or_else(|own| state.peers.table.ready().map_err(|_| own))
     }
 
     /// Usable agents per configured strategy, this server's and its peers'.
     pub fn ready_backends(&self) -> Vec<(crate::router::Strategy, usize)> {
         let state = self.lock();
-        let remote = state.remote.ready_backends();
-        let mut backends = state.table.ready_backends();
+        let remote = state.peers.table.ready_backends();
+        let mut backends = state.local.table.ready_backends();
         for ((_, own), (_, theirs)) in backends.iter_mut().zip(remote) {
             *own += theirs;
         }
@@ -527,7 +441,12 @@ impl Registry {
 
     /// Every live session, e.g. to drain them at shutdown.
     pub fn sessions(&self) -> Vec<Mux> {
-        self.lock().agents.values().map(|a| a.mux.clone()).collect()
+        self.lock()
+            .local
+            .agents
+            .values()
+            .map(|a| a.mux.clone())
+            .collect()
     }
 
     /// What `GET /agents` shows, ordered by key (connection order). The lock is held only to
@@ -536,6 +455,7 @@ impl Registry {
         let snapshot: Vec<_> = {
             let state = self.lock();
             state
+                .local
                 .agents
                 .iter()
                 .map(|(key, agent)| {
@@ -576,20 +496,37 @@ impl Registry {
     }
 }
 
-impl State {
-    /// Forgets peer `id` and its agents, if its session is `session` (any session: `None`);
-    /// returns the session.
-    fn remove_peer(&mut self, id: &str, session: Option<PeerSession>) -> Option<Mux> {
-        let peer = self.peers.get(id)?;
-        if session.is_some_and(|session| session != peer.session) {
-            return None;
+impl Local {
+    /// Agent `key`'s open tunnels, or why it has no room for another.
+    fn room(
+        &self,
+        key: AgentKey,
+        max_tunnels: usize,
+        max_pending_dials: usize,
+    ) -> Result<usize, NoRoom> {
+        let (open, pending) = self
+            .agents
+            .get(&key)
+            .map(|agent| agent.mux.load())
+            .ok_or(NoRoom::Busy)?;
+        if open >= max_tunnels {
+            Err(NoRoom::Full)
+        } else if pending >= max_pending_dials {
+            Err(NoRoom::Busy)
+        } else {
+            Ok(open)
         }
-        let peer = self.peers.remove(id)?;
-        for key in peer.agents.values() {
-            self.remote.remove(*key);
-            self.remote_agents.remove(key);
-        }
-        Some(peer.mux)
+    }
+
+    /// Agent `key` as a route's candidate.
+    fn candidate(&self, key: AgentKey) -> Option<Candidate> {
+        let agent = self.agents.get(&key)?;
+        Some(Candidate {
+            key,
+            agent: agent.name.clone(),
+            mux: agent.mux.clone(),
+            via: None,
+        })
     }
 
     fn remove(&mut self, key: AgentKey) -> Option<Agent> {

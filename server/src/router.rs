@@ -10,7 +10,9 @@
 //!
 //! Layout: [`strategy`](Strategy) names and parsing; [`target`](TargetHost) canonical hosts and
 //! keys; `agent_set` the per-key agent sets (O(1) insert, remove, drain, sample); `host_index`
-//! and `cidr_index` the `destHost` and `destCIDR` storages; `pick` the ranking.
+//! and `cidr_index` the `destHost` and `destCIDR` storages; `pick` the ranking; `lookup` the
+//! strategy loop ([`route`]), over one table or several (the registry's own agents', then its
+//! peers'), the one every route takes.
 //!
 //! Left out: what "load" is (the caller passes it in) and dialing (the registry tries the
 //! candidates in order). `docs/routing.md` is the user-facing description.
@@ -18,11 +20,13 @@
 mod agent_set;
 mod cidr_index;
 mod host_index;
+mod lookup;
 mod pick;
 mod strategy;
 mod target;
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 
 use bridgehead_proto::ident::AgentIdentifiers;
 use rand::Rng;
@@ -31,6 +35,7 @@ use agent_set::AgentSet;
 use cidr_index::{CidrIndex, Prefix};
 use host_index::HostIndex;
 
+pub use lookup::{route, Unrouted};
 pub use strategy::{parse_strategies, Strategy, StrategyError, VALID_STRATEGIES};
 pub use target::{BadTarget, HostKey, Target, TargetHost, TargetProblem};
 
@@ -159,7 +164,8 @@ impl RouteTable {
     }
 
     /// Finds agents for `target`: the strategies are tried in order and the first whose storage
-    /// has a usable agent matching `target` wins.
+    /// has a usable agent matching `target` wins. This is [`route`] (the loop the registry
+    /// routes every CONNECT with) over this one table, every agent with room.
     ///
     /// `load(agent)` is the agent's open tunnel count. Returns up to [`MAX_CANDIDATES`] distinct
     /// agents of the winning strategy, least loaded first, ties in random order. When more than
@@ -171,33 +177,12 @@ impl RouteTable {
         load: impl Fn(AgentKey) -> usize,
         rng: &mut R,
     ) -> Result<Route, NoRoute> {
-        for &strategy in &self.strategies {
-            if let Some(candidates) = self.route_by(strategy, target, &load, rng) {
-                return Ok(Route {
-                    strategy,
-                    candidates,
-                });
-            }
+        let load = |(), agent| Ok::<_, Infallible>(load(agent));
+        match route(&self.strategies, &[((), self)], target, load, rng) {
+            Ok(((), route)) => Ok(route),
+            Err(Unrouted::NoRoute(no_route)) => Err(no_route),
+            Err(Unrouted::NoRoom(never)) => match never {},
         }
-        Err(NoRoute {
-            tried: self.strategies.clone(),
-        })
-    }
-
-    /// [`RouteTable::route`] for one strategy: up to [`MAX_CANDIDATES`] agents it finds for
-    /// `target`, best first, or `None` when it finds no usable agent (or is not configured).
-    /// The registry asks its own agents' table and then its peers' this way, strategy by
-    /// strategy, so that an agent of its own is preferred within a strategy but a peer's agent
-    /// that a strategy finds wins over one of its own that only a later strategy would.
-    pub fn route_by<R: Rng + ?Sized>(
-        &self,
-        strategy: Strategy,
-        target: &TargetHost,
-        load: impl Fn(AgentKey) -> usize,
-        rng: &mut R,
-    ) -> Option<Vec<AgentKey>> {
-        let set = self.matching(strategy, target)?;
-        Some(pick::rank(set.usable(), load, rng))
     }
 
     /// For `/readyz`: ready when the first strategy's storage holds at least one usable agent

@@ -1,10 +1,10 @@
 //! Reading and checking the CONNECT head, and the bytes of every answer. Each connection
 //! carries one request: a tunnel, or a refusal with a one-line reason and `Connection: close`.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use tokio::io::AsyncRead;
 
-use crate::http_head::{self, RawHead, MAX_HEADERS, MAX_HEAD_BYTES};
+use crate::http_head::{self, HeadEnd, RawHead, MAX_HEADERS, MAX_HEAD_BYTES};
 use crate::refusal::Refusal;
 use crate::router::Target;
 
@@ -23,30 +23,44 @@ pub(super) enum Head {
 /// time.
 pub(super) async fn read<S: AsyncRead + Unpin>(socket: &mut S) -> Head {
     match http_head::read(socket).await {
-        RawHead::Complete { buf, end } => check(buf, end),
+        RawHead::Complete { buf, end } => match check(&buf[..end]) {
+            Ok(target) => Head::Connect(target, buf.freeze().slice(end..)),
+            Err(refusal) => Head::Refused(refusal),
+        },
         RawHead::Closed => Head::Closed,
-        RawHead::TooLarge => Head::Refused(Refusal::HeadTooLarge(MAX_HEAD_BYTES)),
+        RawHead::TooLarge => Head::Refused(too_large()),
     }
 }
 
-fn check(buf: BytesMut, end: usize) -> Head {
+/// What `bytes`, all a client sent, make of its head, without a socket: the same end
+/// ([`http_head::find_end`]) and checks as [`read`]. `Ok` holds the target and where the
+/// tunnel's bytes start; `Ok(None)`, bytes that end before the head does.
+pub(super) fn parse(bytes: &[u8]) -> Result<Option<(Target, usize)>, Refusal> {
+    match http_head::find_end(bytes, 0) {
+        HeadEnd::At(end) => check(&bytes[..end]).map(|target| Some((target, end))),
+        HeadEnd::NotYet => Ok(None),
+        HeadEnd::TooLarge => Err(too_large()),
+    }
+}
+
+fn too_large() -> Refusal {
+    Refusal::HeadTooLarge(MAX_HEAD_BYTES)
+}
+
+/// Checks a whole head: a CONNECT whose request target is a [`Target`].
+fn check(head: &[u8]) -> Result<Target, Refusal> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut headers);
-    match request.parse(&buf[..end]) {
+    match request.parse(head) {
         Ok(httparse::Status::Complete(_)) => {}
-        Ok(httparse::Status::Partial) => return Head::Refused(Refusal::Incomplete),
-        Err(httparse::Error::TooManyHeaders) => {
-            return Head::Refused(Refusal::TooManyHeaders(MAX_HEADERS))
-        }
-        Err(error) => return Head::Refused(Refusal::Malformed(error)),
+        Ok(httparse::Status::Partial) => return Err(Refusal::Incomplete),
+        Err(httparse::Error::TooManyHeaders) => return Err(Refusal::TooManyHeaders(MAX_HEADERS)),
+        Err(error) => return Err(Refusal::Malformed(error)),
     }
     if request.method != Some("CONNECT") {
-        return Head::Refused(Refusal::NotConnect);
+        return Err(Refusal::NotConnect);
     }
-    match Target::parse(request.path.unwrap_or("")) {
-        Ok(target) => Head::Connect(target, buf.freeze().slice(end..)),
-        Err(error) => Head::Refused(error.into()),
-    }
+    Target::parse(request.path.unwrap_or("")).map_err(Refusal::from)
 }
 
 /// The answer to a CONNECT whose dial succeeded: no body, no length headers; what follows is

@@ -12,40 +12,54 @@ use rand::Rng;
 use super::{AgentKey, MAX_CANDIDATES, SAMPLE};
 
 /// Up to [`MAX_CANDIDATES`] agents from `usable`, best first: least `load` first, ties in
-/// random order. `usable` must not be empty for the result to be non-empty.
-pub(crate) fn rank<R: Rng + ?Sized>(
+/// random order. An agent whose `load` is an error (no room for another tunnel) ranks after
+/// every other and is left out; when that leaves none of the first [`MAX_CANDIDATES`], the
+/// worst of their errors is returned. Empty `usable`, empty answer.
+pub(crate) fn rank<E: Ord + Copy, R: Rng + ?Sized>(
     usable: &[AgentKey],
-    load: impl Fn(AgentKey) -> usize,
+    load: impl Fn(AgentKey) -> Result<usize, E>,
     rng: &mut R,
-) -> Vec<AgentKey> {
-    let mut picked = [(0_usize, 0 as AgentKey); SAMPLE];
-    let n = sample(usable, &mut picked, rng);
+) -> Result<Vec<AgentKey>, E> {
+    let mut sampled = [0 as AgentKey; SAMPLE];
+    let n = sample(usable, &mut sampled, rng);
+    let mut picked = [(0_usize, 0 as AgentKey, None); SAMPLE];
     let picked = &mut picked[..n];
-    for entry in picked.iter_mut() {
-        entry.0 = load(entry.1);
+    for (entry, &agent) in picked.iter_mut().zip(&sampled) {
+        *entry = match load(agent) {
+            Ok(load) => (load, agent, None),
+            // Last, so that a sample with room anywhere yields that agent first.
+            Err(no_room) => (usize::MAX, agent, Some(no_room)),
+        };
     }
     // A random order, then a stable sort by load: agents with equal load stay in random order.
     picked.shuffle(rng);
-    picked.sort_by_key(|&(load, _)| load);
-    picked
+    picked.sort_by_key(|&(load, _, _)| load);
+    let first = &picked[..n.min(MAX_CANDIDATES)];
+    if first.iter().all(|&(_, _, no_room)| no_room.is_none()) {
+        return Ok(first.iter().map(|&(_, agent, _)| agent).collect());
+    }
+    let worst = first.iter().filter_map(|&(_, _, no_room)| no_room).max();
+    let chosen: Vec<AgentKey> = first
         .iter()
-        .take(MAX_CANDIDATES)
-        .map(|&(_, agent)| agent)
-        .collect()
+        .filter(|&&(_, _, no_room)| no_room.is_none())
+        .map(|&(_, agent, _)| agent)
+        .collect();
+    match worst {
+        Some(no_room) if chosen.is_empty() => Err(no_room),
+        _ => Ok(chosen),
+    }
 }
 
 /// Fills `out` with `min(usable.len(), SAMPLE)` distinct agents of `usable`, each subset
 /// equally likely; returns how many.
 fn sample<R: Rng + ?Sized>(
     usable: &[AgentKey],
-    out: &mut [(usize, AgentKey); SAMPLE],
+    out: &mut [AgentKey; SAMPLE],
     rng: &mut R,
 ) -> usize {
     let len = usable.len();
     if len <= SAMPLE {
-        for (slot, &agent) in out.iter_mut().zip(usable) {
-            slot.1 = agent;
-        }
+        out[..len].copy_from_slice(usable);
         return len;
     }
     // Floyd: for j in len-k..len, draw t in 0..=j; take t unless already taken, else take j.
@@ -55,13 +69,15 @@ fn sample<R: Rng + ?Sized>(
         indices[n] = if indices[..n].contains(&t) { j } else { t };
     }
     for (slot, &i) in out.iter_mut().zip(&indices) {
-        slot.1 = usable[i];
+        *slot = usable[i];
     }
     SAMPLE
 }
 
 #[cfg(test)]
 mod tests {
+    use std::convert::Infallible;
+
     use rand::rngs::StdRng;
     use rand::SeedableRng;
 
@@ -72,10 +88,10 @@ mod tests {
         let usable: Vec<AgentKey> = (0..20).collect();
         let mut rng = StdRng::seed_from_u64(1);
         let mut counts = [0_u32; 20];
-        let mut out = [(0, 0); SAMPLE];
+        let mut out = [0; SAMPLE];
         for _ in 0..20_000 {
             assert_eq!(sample(&usable, &mut out, &mut rng), SAMPLE);
-            let mut seen: Vec<AgentKey> = out.iter().map(|e| e.1).collect();
+            let mut seen: Vec<AgentKey> = out.to_vec();
             seen.sort_unstable();
             seen.dedup();
             assert_eq!(seen.len(), SAMPLE);
@@ -89,12 +105,46 @@ mod tests {
         }
     }
 
+    /// [`rank`] with every agent's load a count.
+    fn rank_loads(
+        usable: &[AgentKey],
+        load: impl Fn(AgentKey) -> usize,
+        rng: &mut StdRng,
+    ) -> Vec<AgentKey> {
+        rank(usable, |agent| Ok::<_, Infallible>(load(agent)), rng).unwrap_or_else(|n| match n {})
+    }
+
     #[test]
     fn least_loaded_first() {
         let mut rng = StdRng::seed_from_u64(2);
         let usable = [10, 11, 12, 13];
-        let got = rank(&usable, |a| [5, 1, 3, 0][(a - 10) as usize], &mut rng);
+        let got = rank_loads(&usable, |a| [5, 1, 3, 0][(a - 10) as usize], &mut rng);
         assert_eq!(got, vec![13, 11, 12]);
-        assert!(rank(&[], |_| 0, &mut rng).is_empty());
+        assert!(rank_loads(&[], |_| 0, &mut rng).is_empty());
+    }
+
+    /// Agents without room are passed over for any with room, however the ties fall; when the
+    /// first three have none, the worst reason among them is the answer.
+    #[test]
+    fn agents_without_room_rank_last_and_the_worst_reason_is_the_answer() {
+        let mut rng = StdRng::seed_from_u64(3);
+        // Ordered mild to worst, as the registry's reasons are.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+        enum NoRoom {
+            Busy,
+            Full,
+        }
+        let room = |agent: AgentKey| match agent {
+            1 => Err(NoRoom::Full),
+            2 => Err(NoRoom::Busy),
+            3 => Err(NoRoom::Busy),
+            _ => Ok(9),
+        };
+        for _ in 0..50 {
+            assert_eq!(rank(&[1, 2, 3, 4], room, &mut rng), Ok(vec![4]));
+        }
+        assert_eq!(rank(&[1, 2, 3], room, &mut rng), Err(NoRoom::Full));
+        assert_eq!(rank(&[2, 3], room, &mut rng), Err(NoRoom::Busy));
+        assert_eq!(rank(&[], room, &mut rng), Ok(vec![]));
     }
 }

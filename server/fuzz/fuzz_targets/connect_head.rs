@@ -1,5 +1,5 @@
 //! Raw bytes as the first bytes of a CONNECT client, through the server frontend's head
-//! reading (`bridgehead_server::frontend::read_head`: the head's end, httparse, the method,
+//! reading (`bridgehead_server::frontend::read_head`: the end of the head, httparse, the method,
 //! the target).
 //!
 //! Checks: nothing panics; an accepted head ends with CRLF CRLF where the tunnel's bytes start,
