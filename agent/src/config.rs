@@ -33,7 +33,11 @@ const KEEPALIVE_MISSES: u32 = 3;
 /// Every flag can also be set from the environment variable `BRIDGEHEAD_<FLAG>` (upper snake
 /// case, e.g. `BRIDGEHEAD_AGENT_IDENTIFIERS`). Durations are written as `10s`, `500ms`, `1m30s`.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "bridgehead-agent", version, args_override_self = true)]
+#[command(
+    name = "bridgehead-agent",
+    version = bridgehead_runtime::build::VERSION_AND_COMMIT,
+    args_override_self = true
+)]
 pub struct Cli {
     /// Host name or IP address of bridgehead-server's agent endpoint: one address (a load
     /// balancer), a DNS name with an A/AAAA record per server (a headless Service), or several

@@ -70,6 +70,7 @@ impl Context {
         root.register_collector(Box::new(
             bridgehead_runtime::process_metrics::ProcessCollector,
         ));
+        root.register_collector(Box::new(bridgehead_runtime::build::BuildInfoCollector));
         let registry = root.sub_registry_with_prefix("bridgehead_agent");
         registry.register_collector(Box::new(bridgehead_runtime::logging::DroppedCollector));
         registry.register_collector(Box::new(

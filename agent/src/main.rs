@@ -34,6 +34,7 @@ fn main() -> ExitCode {
         Err(error) => usage_error(format!("{error:#}")),
     };
     let runtime = match start_process(
+        "bridgehead-agent",
         config.logging.format,
         &config.logging.settings,
         &config.notes,

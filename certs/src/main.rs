@@ -15,7 +15,7 @@ const EXIT_USAGE: u8 = 64;
 /// frontend and its clients (kube-apiserver, curl), and a cluster CA with those of the agent
 /// endpoint and the agents. Every key is ECDSA P-256.
 #[derive(Debug, Parser)]
-#[command(name = "bridgehead-certs", version)]
+#[command(name = "bridgehead-certs", version = bridgehead_build_info::VERSION_AND_COMMIT)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -1,6 +1,7 @@
 //! What `bridgehead-server` and `bridgehead-agent` share at run time.
 //!
 //! - [`accept`]: accept loops that back off on errors, rate-limited logs.
+//! - [`build`]: the version and commit built, logged first and exported as a metric.
 //! - [`addresses`]: the addresses a list of hosts resolves to, again every interval, and which
 //!   server answered at each (agents finding servers, servers finding peers).
 //! - [`certificates`]: when each certificate file in use expires, as a metric.
@@ -28,6 +29,7 @@
 
 pub mod accept;
 pub mod addresses;
+pub mod build;
 pub mod certificates;
 pub mod compat;
 pub mod duration;

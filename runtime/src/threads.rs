@@ -36,15 +36,18 @@ pub fn build_runtime(worker_threads: usize) -> io::Result<tokio::runtime::Runtim
         .build()
 }
 
-/// What both binaries do between parsing their configuration and binding: logging, the
-/// crypto provider, the open-files limit, then the runtime.
+/// What both binaries do between parsing their configuration and binding: logging (its first
+/// line `program`'s version and commit), the crypto provider, the open-files limit, then the
+/// runtime.
 pub fn start_process(
+    program: &'static str,
     log_format: crate::logging::LogFormat,
     log: &crate::compat::LogSettings,
     notes: &crate::compat::Notes,
     worker_threads: usize,
 ) -> io::Result<tokio::runtime::Runtime> {
     crate::logging::init(log_format, log);
+    crate::build::log_start(program);
     notes.log();
     crate::tls::install_crypto_provider();
     let open_files = crate::limits::raise_nofile();

@@ -30,7 +30,11 @@ const DEFAULT_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// bridgehead-agents connect to the agent port with a WebSocket over TLS. Every flag can also
 /// be set through the environment variable named in its help.
 #[derive(Debug, Parser)]
-#[command(name = "bridgehead-server", version, args_override_self = true)]
+#[command(
+    name = "bridgehead-server",
+    version = bridgehead_runtime::build::VERSION_AND_COMMIT,
+    args_override_self = true
+)]
 pub struct Cli {
     /// Frontend (CONNECT) TCP port; 0 binds an ephemeral port. Ignored (must be 0 or default)
     /// with --uds-name.

@@ -31,6 +31,7 @@ fn main() {
         }
     };
     let runtime = match start_process(
+        "bridgehead-server",
         config.logging.format,
         &config.logging.settings,
         &config.notes,

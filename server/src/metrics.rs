@@ -397,6 +397,7 @@ impl Metrics {
         root.register_collector(Box::new(
             bridgehead_runtime::process_metrics::ProcessCollector,
         ));
+        root.register_collector(Box::new(bridgehead_runtime::build::BuildInfoCollector));
         let registry = root.sub_registry_with_prefix("bridgehead_server");
         registry.register_collector(Box::new(bridgehead_runtime::logging::DroppedCollector));
         let budget = budget.clone();
