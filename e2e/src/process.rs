@@ -61,6 +61,15 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// `name` in `bin_dir` when given (built elsewhere, for another platform), else this build's
+/// [`binary`].
+fn program(bin_dir: Option<&Path>, name: &str) -> anyhow::Result<PathBuf> {
+    match bin_dir {
+        Some(dir) => Ok(dir.join(name)),
+        None => binary(name),
+    }
+}
+
 /// `cargo build --workspace --bins` (but the bench, which the tests never run) once per
 /// process, when running under cargo.
 fn build_binaries() -> anyhow::Result<()> {
@@ -367,6 +376,9 @@ pub struct ServerOptions {
     pub netns: Option<String>,
     /// Run the server under this command (e.g. valgrind).
     pub wrapper: Option<Wrapper>,
+    /// Run `bridgehead-server` from this directory instead of this build's (another
+    /// platform's binary, under a `wrapper` such as qemu-user).
+    pub bin_dir: Option<PathBuf>,
     /// Leave `--cluster-ca-cert` out (agents authenticate by token alone).
     pub without_cluster_ca: bool,
     /// Environment variables for the server (`RUST_LOG`, say).
@@ -410,7 +422,7 @@ impl Server {
             .unwrap_or_else(|| "127.0.0.1".to_owned());
         let mut command = prefixed(
             &prefix(options.netns.as_deref(), options.wrapper.as_ref()),
-            binary("bridgehead-server")?,
+            program(options.bin_dir.as_deref(), "bridgehead-server")?,
         );
         let agent_port = options.agent_port.unwrap_or(0).to_string();
         command.args([
@@ -589,6 +601,9 @@ pub struct AgentOptions {
     pub server: Option<SocketAddr>,
     /// Run the agent under this command (e.g. valgrind), inside the namespace if any.
     pub wrapper: Option<Wrapper>,
+    /// Run `bridgehead-agent` from this directory instead of this build's (another
+    /// platform's binary, under a `wrapper` such as qemu-user).
+    pub bin_dir: Option<PathBuf>,
     /// `--service-account-token-path`.
     pub token: Option<PathBuf>,
     /// The client certificate and key instead of the PKI's `agent.crt`; `Some(None)`: none.
@@ -619,7 +634,7 @@ impl Agent {
     pub fn start_at(pki: &Pki, addr: SocketAddr, options: AgentOptions) -> anyhow::Result<Agent> {
         let mut command = prefixed(
             &prefix(options.netns.as_deref(), options.wrapper.as_ref()),
-            binary("bridgehead-agent")?,
+            program(options.bin_dir.as_deref(), "bridgehead-agent")?,
         );
         command.args(["--proxy-server-host", &addr.ip().to_string()]);
         command.args(["--proxy-server-port", &addr.port().to_string()]);

@@ -1,6 +1,7 @@
 //! A real cluster on one machine ([`RealCluster`]): kubelet, containerd and runc on node
 //! hosts, bridgehead-server run by the control-plane node's kubelet from deploy/'s static pod
-//! manifest, the agents from deploy/'s DaemonSet, both from the image `scripts/image.sh` builds.
+//! manifest, the agents from deploy/'s DaemonSet, both from the release's image
+//! (`scripts/image.sh`).
 //! kube-apiserver's namespace has no route to a worker node; everything kubectl does with a
 //! pod there goes through Bridgehead, and the test checks what kubectl hands back byte for
 //! byte. Needs root, `scripts/k8s-build.sh` and `scripts/install-test-deps.sh`; skipped loudly

@@ -1,6 +1,6 @@
-//! The images a test node imports: Bridgehead's own (the binaries under test, as
-//! `scripts/image.sh` packs them for a registry-less node), pause, busybox and testserver. Built once per
-//! test process into `images/` beside the binaries.
+//! The images a test node imports: Bridgehead's own (the release's image, `scripts/release.sh`
+//! from this tree's sources, linux/amd64 only), pause, busybox and testserver, as
+//! `scripts/image.sh` writes them. Built once per test process into `images/` beside the binaries.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -51,13 +51,9 @@ impl Images {
     }
 
     fn build(konnectivity: bool) -> anyhow::Result<Images> {
-        // The binaries first: the image holds them.
-        crate::process::binary("bridgehead-server")?;
-        let bin = crate::process::bin_dir();
-        let out = bin.join("images");
+        let out = crate::process::bin_dir().join("images");
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/image.sh");
         let mut command = Command::new(&script);
-        command.arg("--bin-dir").arg(&bin);
         if konnectivity {
             command.arg("--konnectivity");
         }

@@ -5,7 +5,7 @@
 //! copied unchanged into its `/etc/kubernetes/manifests`; worker nodes; and the agents as
 //! deploy/agent's DaemonSet (`kubectl apply -k` of an overlay that sets only
 //! `--proxy-server-host`, as its kustomization says to). Each node is a [`NodeHost`] running
-//! the image `scripts/image.sh` builds from the binaries under test.
+//! the release's image (`scripts/release.sh` through `scripts/image.sh`) of the tree under test.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
