@@ -9,10 +9,12 @@
 # has built in). Debug information stripped, symbols kept for backtraces. Reproducible: no path
 # of this machine inside (the checkout and cargo's registry are remapped, for the Rust and for
 # the C parts: ring, jemalloc). The arm64 test (e2e/tests/arm64.rs) runs the same build, so the
-# two share cargo's cache. Set BRIDGEHEAD_COMMIT to override the commit --version names.
+# two share cargo's cache. --version names the commit as `git rev-parse HEAD` (12 digits), with
+# `-dirty` when tracked files differ from it; BRIDGEHEAD_COMMIT set by the caller wins.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
 case "${1:-}" in
   linux/amd64) triple=x86_64-unknown-linux-gnu ;;
   linux/arm64) triple=aarch64-unknown-linux-gnu ;;
@@ -26,9 +28,15 @@ if [[ "$triple" == aarch64-* ]] && ! command -v aarch64-linux-gnu-gcc >/dev/null
   echo "build-static: needs aarch64-linux-gnu-gcc (Debian's gcc-aarch64-linux-gnu, libc6-dev-arm64-cross)" >&2
   exit 1
 fi
+# Always set, by the release and the tests alike: build-info's build script reruns (and the
+# crates above it rebuild) when the variable changes, so every caller passes the same one.
+if [[ -z "${BRIDGEHEAD_COMMIT:-}" ]]; then
+  BRIDGEHEAD_COMMIT="$(git rev-parse HEAD | cut -c1-12)"
+  [[ -z "$(git status --porcelain --untracked-files=no)" ]] || BRIDGEHEAD_COMMIT+="-dirty"
+fi
+export BRIDGEHEAD_COMMIT
 cargo_home="${CARGO_HOME:-$HOME/.cargo}"
 var="$(echo "$triple" | tr 'a-z-' 'A-Z_')"
-cd "$root"
 # The target named even for this machine's own: RUSTFLAGS then reach only the binaries, not
 # build scripts and proc-macros (which cannot be static).
 env "CARGO_TARGET_${var}_RUSTFLAGS=-C target-feature=+crt-static --remap-path-prefix=$root=/bridgehead --remap-path-prefix=$cargo_home=/cargo" \

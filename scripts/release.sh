@@ -56,7 +56,7 @@ if [[ -n "$(git status --porcelain --untracked-files=no)" ]]; then
   echo "release: tracked files differ from the commit; building $commit" >&2
 fi
 export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}"
-# The binaries' --version reads it (build-info/build.rs), the same for every platform.
+# scripts/build-static.sh computes the same; passed on so the labels and the binaries agree.
 export BRIDGEHEAD_COMMIT="$commit"
 
 # DIR holds one release: a previous one is replaced, anything else is left alone.

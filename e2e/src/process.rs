@@ -70,6 +70,30 @@ fn program(bin_dir: Option<&Path>, name: &str) -> anyhow::Result<PathBuf> {
     }
 }
 
+/// Removes from `command`'s environment what cargo set for this test process: it describes
+/// this package, not a build. Passed on to a cargo that `command` runs, it reaches build
+/// scripts (ring's reads CARGO_MANIFEST_DIR) and makes cargo rebuild their crates every time.
+pub fn without_package_env(command: &mut Command) {
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        let per_package = key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_BIN_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_MANIFEST_LINKS",
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "OUT_DIR",
+            ]
+            .contains(&&*key);
+        if per_package {
+            command.env_remove(&*key);
+        }
+    }
+}
+
 /// `cargo build --workspace --bins` (but the bench, which the tests never run) once per
 /// process, when running under cargo.
 fn build_binaries() -> anyhow::Result<()> {
@@ -85,27 +109,7 @@ fn build_binaries() -> anyhow::Result<()> {
             command.arg("--release");
         }
         command.current_dir(env!("CARGO_MANIFEST_DIR"));
-        // What cargo sets for this test process describes this package, not the build: passed
-        // on, it reaches build scripts (ring's reads CARGO_MANIFEST_DIR) and makes cargo
-        // rebuild their crates every time.
-        for (key, _) in std::env::vars_os() {
-            let key = key.to_string_lossy();
-            let per_package = key.starts_with("CARGO_PKG_")
-                || key.starts_with("CARGO_BIN_")
-                || [
-                    "CARGO_MANIFEST_DIR",
-                    "CARGO_MANIFEST_PATH",
-                    "CARGO_MANIFEST_LINKS",
-                    "CARGO_CRATE_NAME",
-                    "CARGO_PRIMARY_PACKAGE",
-                    "CARGO_TARGET_TMPDIR",
-                    "OUT_DIR",
-                ]
-                .contains(&&*key);
-            if per_package {
-                command.env_remove(&*key);
-            }
-        }
+        without_package_env(&mut command);
         match command.status() {
             Ok(status) if status.success() => Ok(()),
             Ok(status) => Err(format!("{command:?} failed: {status}")),

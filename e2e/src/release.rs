@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 
-use crate::process::output_within;
+use crate::process::{output_within, without_package_env};
 
 /// A cold release build of the whole stack for one platform takes minutes on a small machine.
 const BUILD: Duration = Duration::from_secs(3600);
@@ -19,9 +19,11 @@ pub fn script(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Runs `command` (a release script) to its end; its standard output.
+/// Runs `command` (a release script, or a tool) in the repository to its end; its standard
+/// output. The scripts run cargo: this test's package environment is left out.
 pub fn run_script(mut command: Command) -> anyhow::Result<String> {
     command.current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
+    without_package_env(&mut command);
     let output = output_within(command, BUILD)?;
     ensure!(
         output.status.success(),

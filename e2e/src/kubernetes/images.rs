@@ -54,6 +54,8 @@ impl Images {
         let out = crate::process::bin_dir().join("images");
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/image.sh");
         let mut command = Command::new(&script);
+        // It runs cargo (scripts/release.sh): this test's package environment stays here.
+        crate::process::without_package_env(&mut command);
         if konnectivity {
             command.arg("--konnectivity");
         }
