@@ -35,6 +35,9 @@ if [[ -z "${BRIDGEHEAD_COMMIT:-}" ]]; then
   [[ -z "$(git status --porcelain --untracked-files=no)" ]] || BRIDGEHEAD_COMMIT+="-dirty"
 fi
 export BRIDGEHEAD_COMMIT
+# Set as scripts/release.sh sets it (the commit's time) for the same reason: a crate that reads
+# it would otherwise rebuild, and all above it, each time the release and a test take turns.
+export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}"
 cargo_home="${CARGO_HOME:-$HOME/.cargo}"
 var="$(echo "$triple" | tr 'a-z-' 'A-Z_')"
 # The target named even for this machine's own: RUSTFLAGS then reach only the binaries, not

@@ -67,6 +67,7 @@ fi
 rm -rf "$out"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
+mkdir -p "$root/target"
 work="$(mktemp -d "$root/target/release-work.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
