@@ -257,7 +257,7 @@ fn konnectivity_and_process_metrics_by_name_type_and_labels() {
         ),
         ("bridgehead_server_dials", "counter", &["result"]),
         ("bridgehead_server_bytes", "counter", &["direction"]),
-        ("bridgehead_build_info", "gauge", &["version", "commit"]),
+        ("bridgehead_build_info", "gauge", &["commit", "version"]),
     ];
     let agent_expected: &[(&str, &str, &[&str])] = &[
         (
@@ -286,7 +286,7 @@ fn konnectivity_and_process_metrics_by_name_type_and_labels() {
             &[],
         ),
         ("bridgehead_agent_dials", "counter", &["result"]),
-        ("bridgehead_build_info", "gauge", &["version", "commit"]),
+        ("bridgehead_build_info", "gauge", &["commit", "version"]),
     ];
     let process: &[(&str, &str, &[&str])] = &[
         ("process_cpu_seconds", "counter", &[]),
