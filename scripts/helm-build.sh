@@ -7,36 +7,9 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-module="$root/e2e/go/helm"
-out="$root/target/helm"
-bin="$out/bin"
-stamp="$out/stamp"
-
-# As scripts/k8s-build.sh: the installed Go when new enough for the module's `go` line.
-export GOWORK=off GOFLAGS="${GOFLAGS:-} -mod=readonly"
-need_go=go1.26.0
-fallback_toolchain=go1.27.3
-have_go="$(GOTOOLCHAIN=local go env GOVERSION)"
-if [[ "$(printf '%s\n%s\n' "$need_go" "$have_go" | sort -V | head -n 1)" == "$need_go" ]]; then
-  export GOTOOLCHAIN=local
-else
-  echo "helm-build: $have_go is older than $need_go; using GOTOOLCHAIN=$fallback_toolchain" >&2
-  export GOTOOLCHAIN="$fallback_toolchain"
-fi
-
-mkdir -p "$bin"
-# One build at a time (tests may call this concurrently).
-if command -v flock >/dev/null; then
-  exec 9>"$out/lock"
-  flock 9
-fi
-
-hash="$(
-  {
-    go env GOVERSION GOOS GOARCH
-    sha256sum "$module/go.mod" "$module/go.sum" "$root/scripts/helm-build.sh"
-  } | sha256sum | cut -d' ' -f1
-)"
+# shellcheck source=scripts/go-module.sh
+source "$root/scripts/go-module.sh"
+go_module_prepare helm-build e2e/go/helm target/helm scripts/helm-build.sh
 
 if [[ ! -x "$bin/helm" || ! -f "$stamp" || "$(cat "$stamp")" != "$hash" ]]; then
   rm -f "$stamp"

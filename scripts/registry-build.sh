@@ -11,38 +11,9 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-module="$root/e2e/go/registry"
-out="$root/target/registry"
-bin="$out/bin"
-stamp="$out/stamp"
-
-# The module says `go 1.26.0`: as k8s-build.sh, the installed Go when it is new enough,
-# otherwise the approved newer toolchain through the module proxy.
-export GOWORK=off GOFLAGS="${GOFLAGS:-} -mod=readonly"
-need_go=go1.26.0
-fallback_toolchain=go1.27.3
-have_go="$(GOTOOLCHAIN=local go env GOVERSION)"
-if [[ "$(printf '%s\n%s\n' "$need_go" "$have_go" | sort -V | head -n 1)" == "$need_go" ]]; then
-  export GOTOOLCHAIN=local
-else
-  echo "registry-build: $have_go is older than $need_go; using GOTOOLCHAIN=$fallback_toolchain" >&2
-  export GOTOOLCHAIN="$fallback_toolchain"
-fi
-
-mkdir -p "$bin"
-# One build at a time (tests may call this concurrently).
-if command -v flock >/dev/null; then
-  exec 9>"$out/lock"
-  flock 9
-fi
-
-hash="$(
-  {
-    go env GOVERSION GOOS GOARCH
-    cd "$root"
-    sha256sum e2e/go/registry/go.mod e2e/go/registry/go.sum scripts/registry-build.sh
-  } | sha256sum | cut -d' ' -f1
-)"
+# shellcheck source=scripts/go-module.sh
+source "$root/scripts/go-module.sh"
+go_module_prepare registry-build e2e/go/registry target/registry scripts/registry-build.sh
 
 if [[ ! -x "$bin/registry" || ! -f "$stamp" || "$(cat "$stamp")" != "$hash" ]]; then
   rm -f "$stamp"
