@@ -26,6 +26,11 @@ use super::{Binaries, ControlPlane, Egress};
 use crate::image_registry::Registry;
 use crate::netns::TestNet;
 
+mod ha;
+pub use ha::{
+    control_plane_name, ControlPlaneNode, Endpoint, AGENT_ENDPOINT_PORT, ENDPOINT_PORT, PEER_PORT,
+};
+
 /// The control plane's test host in [`RealCluster::net`].
 pub const CONTROL_PLANE_HOST: usize = 0;
 /// The control-plane node's name.
@@ -58,8 +63,13 @@ pub enum Install {
 pub struct RealCluster {
     /// `worker-1`, `worker-2`, ...
     pub workers: Vec<NodeHost>,
+    /// An HA cluster's control-plane nodes past the first ([`RealCluster::start_ha`]).
+    pub others: Vec<ControlPlaneNode>,
     pub control_plane_node: NodeHost,
     pub controllers: Controllers,
+    /// An HA cluster's load balancer, which every kubeconfig names; dropped after the nodes,
+    /// which delete their Node through it.
+    pub endpoint: Option<Endpoint>,
     pub control_plane: ControlPlane,
     /// Where the nodes pull Bridgehead's image from: on the control plane's host, which every
     /// node reaches.
@@ -163,7 +173,11 @@ impl RealCluster {
             &images,
             NodeOptions {
                 name: CONTROL_PLANE_NODE.into(),
-                network: Network::ControlPlane { ns: ns.clone() },
+                network: Network::ControlPlane {
+                    ns: ns.clone(),
+                    address: control_plane.address,
+                    index: 0,
+                },
                 etc_kubernetes: Some(etc_kubernetes.path().to_owned()),
                 registry: Some(trust.clone()),
             },
@@ -186,8 +200,10 @@ impl RealCluster {
         }
         let cluster = RealCluster {
             workers: nodes,
+            others: Vec::new(),
             control_plane_node,
             controllers,
+            endpoint: None,
             control_plane,
             registry,
             version,
@@ -314,6 +330,9 @@ impl RealCluster {
             .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
             .unwrap_or_default();
         let mut logs = self.control_plane_node.container_logs();
+        for other in &self.others {
+            logs.push_str(&other.node.container_logs());
+        }
         for worker in &self.workers {
             logs.push_str(&worker.container_logs());
         }
