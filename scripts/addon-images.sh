@@ -31,15 +31,18 @@ cp "$multi" "$image/usr/sbin/xtables-nft-multi"
 for tool in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
   ln -s xtables-nft-multi "$image/usr/sbin/$tool"
 done
-# The shared libraries ldd names (the loader included) and the extensions iptables loads by
-# name at run time, at the same paths as here.
-ldd "$multi" | grep -o '/[^ ]*' | sort -u | while read -r lib; do
-  mkdir -p "$image$(dirname "$lib")"
-  cp -L "$lib" "$image$lib"
-done
+# The extensions iptables loads by name at run time (kube-proxy's rules use `statistic`,
+# `comment`, `mark`, ...), and the shared libraries ldd names for it and for each of them (the
+# loader included; `statistic` needs libm, which iptables itself does not), at the same paths
+# as here.
 extensions="$(dirname "$(readlink -f "$(ldd "$multi" | grep -o '/[^ ]*libxtables[^ ]*')")")/xtables"
 mkdir -p "$image$extensions"
 cp -L "$extensions"/*.so "$image$extensions/"
+for program in "$multi" "$extensions"/*.so; do ldd "$program"; done | grep -o '/[^ ]*' | sort -u |
+  while read -r lib; do
+    mkdir -p "$image$(dirname "$lib")"
+    cp -L "$lib" "$image$lib"
+  done
 version="$("$kube_proxy" --version | awk '{print $2}')"
 python3 "$root/scripts/oci-archive.py" "$image" "bridgehead.invalid/kube-proxy:$version" \
   "$out/kube-proxy.oci.tar" --entrypoint /usr/local/bin/kube-proxy \

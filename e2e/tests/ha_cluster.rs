@@ -107,6 +107,7 @@ fn three_control_planes_behind_one_endpoint_reach_every_worker_only_through_brid
             );
         }
         no_route_from_any_control_plane_host(&cluster, &pod_ips);
+        services_and_dns_from_pods(&cluster, &pods);
 
         // Through each kube-apiserver on its own (its own server carries the tunnel, to the
         // agent or to the peer that holds it), then through the balancer.
@@ -129,6 +130,73 @@ fn three_control_planes_behind_one_endpoint_reach_every_worker_only_through_brid
         }
         eprintln!("HA cluster test done after {:?}", started.elapsed());
     });
+}
+
+/// kube-proxy and CoreDNS at work, as in a kubeadm cluster: from a pod on each worker, a
+/// Service over the test pods answers at its ClusterIP and at its DNS name, and the
+/// `kubernetes` Service's name resolves to its ClusterIP; no control-plane host reaches the
+/// Service's ClusterIP (kube-proxy's rules there translate it to pods it has no route to).
+fn services_and_dns_from_pods(cluster: &RealCluster, pods: &[(String, String)]) {
+    let cp = &cluster.control_plane;
+    cp.apply(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: default\nspec:\n  selector:\n    test: web\n  ports:\n  - port: 80\n    targetPort: 8080\n",
+    )
+    .unwrap();
+    for (pod, _) in pods {
+        cp.kubectl_ok(&["label", "pod", pod, "test=web"]).unwrap();
+    }
+    let cluster_ip = cp
+        .kubectl_ok(&["get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"])
+        .unwrap();
+    // Bounded polls: kube-proxy and CoreDNS see the new Service's endpoints within a second
+    // or so, and nothing tells the test when.
+    let eventually = |pod: &str, command: &[&str], holds: &dyn Fn(&str) -> bool| {
+        let mut args = vec!["exec", pod, "--"];
+        args.extend_from_slice(command);
+        let started = Instant::now();
+        loop {
+            let out = cp.kubectl(&args).unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            if out.status.success() && holds(&stdout) {
+                return;
+            }
+            assert!(
+                started.elapsed() < SETTLE,
+                "{command:?} in {pod}: {stdout}{}\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                cluster.describe_pods("kube-system")
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+    // busybox's nc: its wget crashes in an image with nothing but busybox (static glibc).
+    let get = format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {cluster_ip} 80");
+    for (pod, _) in pods {
+        // kube-proxy: the ClusterIP answers, from a pod on either worker.
+        eventually(pod, &["sh", "-c", &get], &|out| {
+            out.starts_with("HTTP/1.") && out.contains(" 200 ") && out.ends_with("\r\n\r\nok\n")
+        });
+        // CoreDNS (busybox's nslookup asks the resolv.conf kubelet wrote: kube-dns).
+        eventually(
+            pod,
+            &["nslookup", "-type=a", "web.default.svc.cluster.local"],
+            &|out| out.contains(&format!("Address: {cluster_ip}\n")),
+        );
+        eventually(
+            pod,
+            &[
+                "nslookup",
+                "-type=a",
+                "kubernetes.default.svc.cluster.local",
+            ],
+            &|out| out.contains("Address: 10.96.0.1\n"),
+        );
+        let resolv = cp
+            .kubectl_ok(&["exec", pod, "--", "cat", "/etc/resolv.conf"])
+            .unwrap();
+        assert!(resolv.contains("nameserver 10.96.0.10"), "{resolv}");
+    }
+    no_route_from_any_control_plane_host(cluster, &[format!("http://{cluster_ip}/")]);
 }
 
 /// Every worker's kubelet, as a URL.

@@ -110,6 +110,9 @@ pub struct NodeOptions {
     pub etc_kubernetes: Option<PathBuf>,
     /// The registry its containerd pulls from (Bridgehead's image), trusted in its `certs.d`.
     pub registry: Option<RegistryTrust>,
+    /// The cluster DNS kubelet gives pods (`clusterDNS`, with `clusterDomain: cluster.local`),
+    /// where the cluster runs one ([`super::addons`]); none otherwise, as before a DNS add-on.
+    pub cluster_dns: Option<Ipv4Addr>,
 }
 
 /// A running node. Torn down on drop (see the module's doc).
@@ -204,6 +207,7 @@ fn write_files(
             node_ip,
             cgroup_root,
             static_pods,
+            options.cluster_dns,
         ),
     )?;
     write_node_kubeconfig(control_plane, &options.name, &path("kubelet"))?;

@@ -180,6 +180,7 @@ impl RealCluster {
                 },
                 etc_kubernetes: Some(etc_kubernetes.path().to_owned()),
                 registry: Some(trust.clone()),
+                cluster_dns: None,
             },
         )?;
         let mut nodes = Vec::new();
@@ -195,6 +196,7 @@ impl RealCluster {
                     },
                     etc_kubernetes: None,
                     registry: Some(trust.clone()),
+                    cluster_dns: None,
                 },
             )?);
         }
@@ -293,6 +295,12 @@ impl RealCluster {
     /// kubectl here runs with: one long call failed with nothing on stderr after about that
     /// long, while an old agent took its 40 s grace period to terminate.
     pub fn rollout(&self, name: &str, within: Duration) -> anyhow::Result<()> {
+        self.rollout_of(&format!("daemonset/{name}"), within)
+    }
+
+    /// [`RealCluster::rollout`] of `resource` (`daemonset/NAME`, `deployment/NAME`) in
+    /// kube-system.
+    pub fn rollout_of(&self, resource: &str, within: Duration) -> anyhow::Result<()> {
         let started = std::time::Instant::now();
         loop {
             let rollout = self.control_plane.kubectl(&[
@@ -300,7 +308,7 @@ impl RealCluster {
                 "status",
                 "-n",
                 "kube-system",
-                &format!("daemonset/{name}"),
+                resource,
                 "--timeout=20s",
             ])?;
             if rollout.status.success() {
@@ -308,7 +316,7 @@ impl RealCluster {
             }
             if started.elapsed() > within {
                 bail!(
-                    "DaemonSet {name} did not roll out within {within:?}: {}{}\n{}",
+                    "{resource} did not roll out within {within:?}: {}{}\n{}",
                     String::from_utf8_lossy(&rollout.stdout),
                     String::from_utf8_lossy(&rollout.stderr),
                     self.describe_pods("kube-system")

@@ -35,6 +35,7 @@ use super::{
 };
 use crate::haproxy::{Balance, Frontend, Haproxy};
 use crate::image_registry::Registry;
+use crate::kubernetes::addons::{self, AddonImages, CLUSTER_DNS};
 use crate::kubernetes::control_plane::{Apiserver, APISERVER_PORT};
 use crate::kubernetes::controllers::Controllers;
 use crate::kubernetes::images::Images;
@@ -106,6 +107,7 @@ impl RealCluster {
             bail!("an HA cluster has 2 to {MAX_CONTROL_PLANES} control-plane nodes, not {control_planes}");
         }
         let images = Images::get()?;
+        let addon_images = AddonImages::get()?;
         let mut net = TestNet::new(control_planes)?;
         // The control-plane nodes reach each other (etcd, peers, the balancer's backends).
         net.route_between_hosts()?;
@@ -125,7 +127,8 @@ impl RealCluster {
             &mut net,
             0,
             egress(&etcs[0]),
-            &[],
+            // As kubeadm runs kube-apiserver: kube-proxy's DaemonSet is privileged.
+            &["--allow-privileged=true"],
             &addresses[1..],
         )?;
         let mut apiservers = Vec::new();
@@ -216,8 +219,10 @@ impl RealCluster {
                     },
                     etc_kubernetes: Some(etc.path().to_owned()),
                     registry: Some(trust.clone()),
+                    cluster_dns: Some(CLUSTER_DNS),
                 },
             )?);
+            addon_images.import(nodes.last().context("no node")?)?;
             // As `kubeadm init`/`join --control-plane` mark the node.
             control_plane.kubectl_ok(&[
                 "label",
@@ -233,9 +238,11 @@ impl RealCluster {
             ])?;
         }
         let ns = net.host(0).ns_name().to_owned();
+        reach_every_control_plane_node_from_workers(&net)?;
+        let test_net = test_net(first);
         let mut worker_hosts = Vec::new();
         for index in 1..=workers {
-            worker_hosts.push(NodeHost::start(
+            let worker = NodeHost::start(
                 &control_plane,
                 &images,
                 NodeOptions {
@@ -246,8 +253,28 @@ impl RealCluster {
                     },
                     etc_kubernetes: None,
                     registry: Some(trust.clone()),
+                    cluster_dns: Some(CLUSTER_DNS),
                 },
-            )?);
+            )?;
+            addon_images.import(&worker)?;
+            // The other control-plane nodes, through the first (see
+            // reach_every_control_plane_node_from_workers).
+            let out = worker.run(&[
+                "ip",
+                "route",
+                "add",
+                &test_net,
+                "via",
+                &format!("10.201.{index}.1"),
+            ])?;
+            if !out.status.success() {
+                bail!(
+                    "a route to the control-plane nodes on {}: {}",
+                    worker.name,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            worker_hosts.push(worker);
         }
         let mut nodes = nodes.into_iter();
         let control_plane_node = nodes.next().context("no control-plane node")?;
@@ -282,6 +309,16 @@ impl RealCluster {
             net,
             etc_kubernetes,
         };
+        // As kubeadm: kube-proxy and CoreDNS are there before the network add-ons (here, the
+        // agents) an operator installs.
+        cluster
+            .control_plane
+            .apply(&addon_images.kube_proxy_manifests(&cluster.control_plane.url, POD_NETWORK))?;
+        cluster.rollout_of("daemonset/kube-proxy", addons::ROLLOUT)?;
+        cluster
+            .control_plane
+            .apply(&addon_images.coredns_manifests())?;
+        cluster.rollout_of("deployment/coredns", addons::ROLLOUT)?;
         cluster.install_agents(&[&format!("--proxy-server-port={AGENT_ENDPOINT_PORT}")])?;
         Ok(cluster)
     }
@@ -325,6 +362,45 @@ impl RealCluster {
         )?;
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
+}
+
+/// Every node's pod network (kube-proxy's `clusterCIDR`).
+const POD_NETWORK: &str = "10.244.0.0/16";
+
+/// The test net's `/24`, where every control-plane node has its address.
+fn test_net(first: Ipv4Addr) -> String {
+    let [a, b, c, _] = first.octets();
+    format!("{a}.{b}.{c}.0/24")
+}
+
+/// Lets the workers reach every control-plane node, as nodes reach the control plane in a
+/// kubeadm cluster: kube-proxy sends the `kubernetes` Service's connections to any
+/// kube-apiserver (its endpoints are their addresses). Their link leads to the first
+/// control-plane node, which masquerades what they send on into the test net (its own
+/// address answered to; the other nodes have no route back to a worker's link, and are given
+/// none: they must not reach a worker). Each worker routes the test net over its link (added
+/// once it is up).
+fn reach_every_control_plane_node_from_workers(net: &TestNet) -> anyhow::Result<()> {
+    let out = net.run_in(
+        0,
+        &[
+            "iptables",
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-s",
+            "10.201.0.0/16",
+            "-o",
+            "eth0",
+            "-j",
+            "MASQUERADE",
+        ],
+    )?;
+    if !out.status.success() {
+        bail!("masquerading the workers: {out:?}");
+    }
+    Ok(())
 }
 
 /// deploy/'s static pod manifest (rendered, its image in the registry) for control-plane node
