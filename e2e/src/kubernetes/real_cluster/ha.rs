@@ -43,18 +43,18 @@ use crate::kubernetes::node_host::{Network, NodeHost, NodeOptions, RegistryTrust
 use crate::kubernetes::{Binaries, ControlPlane, Egress};
 use crate::netns::TestNet;
 
+mod peering;
+pub use peering::PEER_PORT;
+use peering::{install_peer_files, with_peering};
+
 /// Where the load balancer serves kube-apiserver, on the first control-plane node's address.
 pub const ENDPOINT_PORT: u16 = 8443;
 /// Where the load balancer serves the servers' agent ports, on the same address.
 pub const AGENT_ENDPOINT_PORT: u16 = 18132;
 /// The servers' agent port (deploy/server-static-pod's `--agent-port`).
 const AGENT_PORT: u16 = 8132;
-/// The servers' peer port (8132 to 8134 are the static pod's agent, admin and health ports).
-pub const PEER_PORT: u16 = 8135;
 /// The most control-plane nodes (the node hosts' pod networks have room for six).
 const MAX_CONTROL_PLANES: usize = 6;
-/// The static pod's last argument before the ones added for peering.
-const PEERING_AFTER: &str = "    - --proxy-strategies=destHost,default\n";
 
 /// A control-plane node past the first: its kube-apiserver and its node host.
 #[derive(Debug)]
@@ -400,48 +400,5 @@ fn reach_every_control_plane_node_from_workers(net: &TestNet) -> anyhow::Result<
     if !out.status.success() {
         bail!("masquerading the workers: {out:?}");
     }
-    Ok(())
-}
-
-/// deploy/'s static pod manifest (rendered, its image in the registry) for control-plane node
-/// `index` at `address`: a server id naming the node, and forwarding to the other servers,
-/// found by their Leases (the manifest already runs the Lease controller), with the peer
-/// certificate [`install_peer_files`] puts beside kube-apiserver's.
-fn with_peering(manifest: &str, index: usize, address: Ipv4Addr) -> anyhow::Result<String> {
-    if !manifest.contains(PEERING_AFTER) || !manifest.contains("- --enable-lease-controller\n") {
-        bail!("deploy/server-static-pod no longer gives {PEERING_AFTER:?} and --enable-lease-controller");
-    }
-    let flags = [
-        format!("--server-id={}", control_plane_name(index)),
-        format!("--peer-port={PEER_PORT}"),
-        format!("--peer-advertise-address={address}"),
-        "--peer-cert=/etc/kubernetes/pki/bridgehead-peer.crt".into(),
-        "--peer-key=/etc/kubernetes/pki/bridgehead-peer.key".into(),
-        "--peer-ca-cert=/etc/kubernetes/pki/bridgehead-peer-ca.crt".into(),
-    ];
-    let mut added = String::from(PEERING_AFTER);
-    for flag in flags {
-        added.push_str(&format!("    - {flag}\n"));
-    }
-    Ok(manifest.replacen(PEERING_AFTER, &added, 1))
-}
-
-/// The servers' peer certificate (`bridgehead-peer`, naming every control-plane node's
-/// address) and the CA that signed it, in the node's `pki/` (the static pod mounts it), the
-/// key 0600. Its CA is not kube-apiserver's: the server refuses a peer CA that also signs
-/// agents, and kube-apiserver's CA signs every kubelet's.
-fn install_peer_files(etc: &Path, pki: &bridgehead_certs::Pki) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = etc.join("pki");
-    std::fs::write(dir.join("bridgehead-peer.crt"), &pki.peer.cert_pem)?;
-    std::fs::write(dir.join("bridgehead-peer.key"), &pki.peer.key_pem)?;
-    std::fs::set_permissions(
-        dir.join("bridgehead-peer.key"),
-        std::fs::Permissions::from_mode(0o600),
-    )?;
-    std::fs::write(
-        dir.join("bridgehead-peer-ca.crt"),
-        &pki.frontend_ca.cert_pem,
-    )?;
     Ok(())
 }
