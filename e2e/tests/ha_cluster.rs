@@ -128,6 +128,7 @@ fn three_control_planes_behind_one_endpoint_reach_every_worker_only_through_brid
         for (pod, _) in &pods {
             logs_and_exec(&cluster, &cp.kubeconfig, pod);
         }
+        forwarded_when_a_server_holds_no_agent(&cluster, &pods);
         eprintln!("HA cluster test done after {:?}", started.elapsed());
     });
 }
@@ -197,6 +198,75 @@ fn services_and_dns_from_pods(cluster: &RealCluster, pods: &[(String, String)]) 
         assert!(resolv.contains("nameserver 10.96.0.10"), "{resolv}");
     }
     no_route_from_any_control_plane_host(cluster, &[format!("http://{cluster_ip}/")]);
+}
+
+/// A kube-apiserver whose own server holds no agent at all reaches every worker through that
+/// server's peers: the last control-plane node's agent port is cut (connections to it reset, so
+/// the agents' sessions there end and haproxy's check takes it out), and once that server
+/// counts no agent, `kubectl logs` and `exec` through its kube-apiserver still work, each
+/// tunnel forwarded (its `tunnels_forwarded_total`). Then the port is back and every agent
+/// returns to it.
+fn forwarded_when_a_server_holds_no_agent(cluster: &RealCluster, pods: &[(String, String)]) {
+    let (host, kubeconfig) = cluster.apiservers().pop().unwrap();
+    let cut = |action: &str| {
+        cluster
+            .net
+            .run_in(
+                host,
+                &[
+                    "iptables",
+                    action,
+                    "INPUT",
+                    "-p",
+                    "tcp",
+                    "--dport",
+                    "8132",
+                    "-j",
+                    "REJECT",
+                    "--reject-with",
+                    "tcp-reset",
+                ],
+            )
+            .unwrap();
+    };
+    let agents_on = |want: f64| {
+        let started = Instant::now();
+        loop {
+            let metrics = cluster.host_get(host, HEALTH_PORT, "/metrics").unwrap();
+            let agents = metric_sum(&metrics, "bridgehead_server_agents_connected", &[]);
+            if agents == want {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < SETTLE,
+                "{}'s server holds {agents} agents, not {want}",
+                control_plane_name(host)
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+    cut("-A");
+    let emptied = agents_on(0.0);
+    let forwarded =
+        |metrics: &str| metric_sum(metrics, "bridgehead_server_tunnels_forwarded_total", &[]);
+    let before = forwarded(&cluster.host_get(host, HEALTH_PORT, "/metrics").unwrap());
+    for (pod, _) in pods {
+        logs_and_exec(cluster, &kubeconfig, pod);
+    }
+    let after = forwarded(&cluster.host_get(host, HEALTH_PORT, "/metrics").unwrap());
+    assert!(
+        after >= before + 2.0 * pods.len() as f64,
+        "{}'s server forwarded {} tunnels for {} logs and execs",
+        control_plane_name(host),
+        after - before,
+        2 * pods.len()
+    );
+    cut("-D");
+    let back = agents_on((CONTROL_PLANES + usize::from(WORKERS)) as f64);
+    eprintln!(
+        "{}: agents gone {emptied:?} after its agent port was cut, all back {back:?} after it returned",
+        control_plane_name(host)
+    );
 }
 
 /// Every worker's kubelet, as a URL.
