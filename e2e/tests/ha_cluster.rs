@@ -53,6 +53,7 @@ fn three_control_planes_behind_one_endpoint_reach_every_worker_only_through_brid
         control_plane_nodes_marked_as_kubeadm_marks_them(&cluster);
         every_apiserver_in_the_kubernetes_service(&cluster);
         no_route_from_any_control_plane_host(&cluster, &kubelets(&cluster));
+        control_plane_kubelets_only_through_bridgehead(&cluster);
         servers_peer_and_hold_every_agent(&cluster);
 
         let pods: Vec<(String, String)> = cluster
@@ -276,6 +277,43 @@ fn kubelets(cluster: &RealCluster) -> Vec<String> {
         .iter()
         .map(|worker| format!("https://{}:10250/healthz", worker.node_ip))
         .collect()
+}
+
+/// No control-plane host reaches another control-plane node's kubelet by itself, while each
+/// reaches its own (the kubelet serves); kube-apiserver reaches every one through Bridgehead
+/// (the logs of each node's static pod, through the balancer).
+fn control_plane_kubelets_only_through_bridgehead(cluster: &RealCluster) {
+    let nodes = cluster.control_plane_nodes();
+    for (host, _) in cluster.apiservers() {
+        for (other, node) in nodes.iter().enumerate() {
+            let url = format!("https://{}:10250/healthz", node.node_ip);
+            let direct = cluster
+                .net
+                .run_in(host, &["curl", "-sk", "--max-time", "5", &url]);
+            if other == host {
+                assert!(direct.is_ok(), "{} its own kubelet: {direct:?}", node.name);
+            } else {
+                assert!(
+                    direct.is_err(),
+                    "{} reached {}'s kubelet directly: {direct:?}",
+                    control_plane_name(host),
+                    node.name
+                );
+            }
+        }
+    }
+    for node in nodes {
+        let pod = format!("konnectivity-server-{}", node.name);
+        let logs = cluster
+            .control_plane
+            .kubectl(&["logs", "-n", "kube-system", &pod, "--tail=1"])
+            .unwrap();
+        assert!(
+            logs.status.success() && !logs.stdout.is_empty(),
+            "kubectl logs {pod}: {}",
+            String::from_utf8_lossy(&logs.stderr)
+        );
+    }
 }
 
 /// The admin kubeconfig the cluster hands out names the load balancer, not a kube-apiserver.

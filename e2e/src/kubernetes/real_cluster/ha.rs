@@ -23,7 +23,11 @@
 //!   --control-plane` mark them; the workers linked to the first control-plane node's
 //!   namespace (the one router between node hosts), the other control-plane nodes reaching
 //!   the first through the test net and nothing else: no control-plane host has a route to a
-//!   worker's kubelet or pods.
+//!   worker's kubelet or pods; and each control-plane node's kubelet refuses what comes over
+//!   the test net (the other control-plane nodes), so every kube-apiserver reaches every
+//!   kubelet through Bridgehead only. The first node's own pods (its agent, as on the single
+//!   control-plane node) sit on a bridge in kube-apiserver's namespace: the taint keeps every
+//!   other pod off it.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -198,6 +202,34 @@ impl RealCluster {
                 &with_peering(&manifest, i, addresses[i])?,
             )?;
             install_peer_files(etc.path(), &peers)?;
+            // Its kubelet answers its own pods (its agent) and itself, not the other
+            // control-plane nodes, where the other kube-apiservers run: they reach it through
+            // Bridgehead only, as they reach the workers' kubelets.
+            let out = net.run_in(
+                i,
+                &[
+                    "iptables",
+                    "-A",
+                    "INPUT",
+                    "-i",
+                    "eth0",
+                    "-p",
+                    "tcp",
+                    "--dport",
+                    "10250",
+                    "-j",
+                    "REJECT",
+                    "--reject-with",
+                    "tcp-reset",
+                ],
+            )?;
+            if !out.status.success() {
+                bail!(
+                    "closing {}'s kubelet port: {:?}",
+                    control_plane_name(i),
+                    out
+                );
+            }
             if i > 0 {
                 // Its pods (an agent) reach the balancer through the node, as the first
                 // node's do (whose worker links turn forwarding on there).
