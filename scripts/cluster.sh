@@ -11,7 +11,13 @@
 # process, mount, cgroup, namespace and file it made. Needs root; the first run installs the
 # system packages (scripts/install-test-deps.sh) and builds the Kubernetes binaries from their
 # Go modules (scripts/k8s-build.sh, several minutes once, cached after).
-#   scripts/cluster.sh [--workers N]      (default 2)
+# With --control-planes N (2 to 6): N control-plane nodes, each in a namespace of its own with
+# its kube-apiserver and a kubelet running the server's static pod on that node's Unix socket,
+# the servers forwarding to each other (peers found by their Leases), one etcd shared from the
+# first node, haproxy on the first node in front of every kube-apiserver (the printed
+# KUBECONFIG names it) and every server's agent port (where the agents' DaemonSet points);
+# the control-plane nodes labelled and tainted as kubeadm does (docs/ha.md, "A real HA cluster").
+#   scripts/cluster.sh [--workers N] [--control-planes N]      (defaults 2 and 1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "cluster.sh needs root (namespaces, mounts, cgroups)" >&2; exit 1; }

@@ -3,7 +3,8 @@
 # versions pinned in e2e/go/*/go.mod, into target/k8s/bin/:
 #   kube-apiserver, kubectl,       k8s.io/kubernetes/cmd/...   (e2e/go/k8s)
 #   kubelet, kube-scheduler,
-#   kube-controller-manager
+#   kube-controller-manager,
+#   kube-proxy
 #   kubeclient                     e2e/go/k8s/kubeclient: kube-apiserver's own egress dialer
 #   etcd                           go.etcd.io/etcd/server/v3    (e2e/go/etcd)
 # Needs only Go and the Go module proxy. Skips the build when the binaries exist and the stamp
@@ -16,7 +17,7 @@ modules="$root/e2e/go"
 out="$root/target/k8s"
 bin="$out/bin"
 stamp="$out/stamp"
-binaries=(kube-apiserver kubectl kubelet kube-scheduler kube-controller-manager kubeclient etcd)
+binaries=(kube-apiserver kubectl kubelet kube-scheduler kube-controller-manager kube-proxy kubeclient etcd)
 
 # The modules say `go 1.26.0`. Use the installed Go when it is new enough; otherwise let the go
 # command fetch the approved newer toolchain through the module proxy.
@@ -68,7 +69,8 @@ if ((!fresh)); then
     done
     nice -n 10 go build -trimpath -ldflags "$ldflags" -o "$bin/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet \
-      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager ./kubeclient
+      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager \
+      k8s.io/kubernetes/cmd/kube-proxy ./kubeclient
   )
   (
     cd "$modules/etcd"
@@ -79,6 +81,6 @@ fi
 
 echo "$bin/kube-apiserver $("$bin/kube-apiserver" --version)"
 echo "$bin/kubectl $("$bin/kubectl" version --client | sed -n 1p)"
-for b in kubelet kube-scheduler kube-controller-manager; do echo "$bin/$b $("$bin/$b" --version)"; done
+for b in kubelet kube-scheduler kube-controller-manager kube-proxy; do echo "$bin/$b $("$bin/$b" --version)"; done
 echo "$bin/kubeclient $("$bin/kubeclient" -version)"
 echo "$bin/etcd $("$bin/etcd" --version | sed -n 1p)"

@@ -23,6 +23,9 @@ if command -v go >/dev/null; then
   scripts/anp-build.sh
   # helm, for the chart's tests (lint, template, install on the real cluster).
   scripts/helm-build.sh
+  # CoreDNS, the HA cluster's DNS add-on (e2e/tests/ha_cluster.rs), cached under
+  # target/coredns: built here rather than inside that test's time limit.
+  scripts/coredns-build.sh
 fi
 # Prometheus and promtool from Debian's package, unpacked under target/prometheus (not
 # installed: no service starts), for the monitoring tests.

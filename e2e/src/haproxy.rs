@@ -3,6 +3,10 @@
 //!
 //! The test binds the listening socket itself (port 0) and hands it to haproxy as its standard
 //! input (`bind fd@0`), so no port is fixed and the address is known before haproxy runs.
+//! [`Haproxy::start_in`] runs one inside a test host's network namespace instead, with a
+//! frontend per service at fixed ports of that host's own address (the namespace is the
+//! test's: nothing else binds there), as kubeadm's HA guide runs haproxy on the control-plane
+//! nodes in front of every kube-apiserver.
 //! Backends are health-checked (a TCP connect every [`CHECK_INTERVAL`]); a connection to a
 //! backend that refuses is retried and redispatched to another, as `option redispatch` does in
 //! production configurations.
@@ -90,6 +94,65 @@ impl Haproxy {
     }
 }
 
+/// One frontend of [`Haproxy::start_in`]: what it listens on and balances over.
+#[derive(Debug, Clone)]
+pub struct Frontend {
+    /// Names its sections in the configuration (a word).
+    pub name: &'static str,
+    pub bind: SocketAddr,
+    pub backends: Vec<SocketAddr>,
+    pub balance: Balance,
+}
+
+impl Haproxy {
+    /// haproxy in network namespace `ns` with `frontends`, each bound to its own address
+    /// there. Returns once the configuration parsed; [`Haproxy::addr`] is the first
+    /// frontend's. Whether a frontend answers is the caller's to wait for (a kube-apiserver
+    /// ready through it, an agent connected).
+    pub fn start_in(ns: &str, frontends: &[Frontend]) -> anyhow::Result<Haproxy> {
+        let first = frontends.first().context("haproxy needs a frontend")?;
+        let dir = tempfile::tempdir()?;
+        let config = dir.path().join("haproxy.cfg");
+        let max_connections = frontends
+            .iter()
+            .map(|frontend| frontend.balance.max_connections)
+            .max()
+            .unwrap_or_default();
+        let mut text = header(max_connections);
+        for frontend in frontends {
+            text.push_str(&section(
+                frontend.name,
+                &frontend.bind.to_string(),
+                &frontend.backends,
+                frontend.balance,
+            ));
+        }
+        std::fs::write(&config, text)?;
+        let out = Command::new("ip")
+            .args(["netns", "exec", ns, "haproxy", "-c", "-f"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .output()
+            .context("running haproxy -c")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "haproxy -c: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", ns, "haproxy", "-db", "-f"])
+            .arg(&config);
+        let (process, _) = Process::spawn_with_stdin(command, Stdio::null(), &[], Duration::ZERO)
+            .context("starting haproxy")?;
+        Ok(Haproxy {
+            process,
+            addr: first.bind,
+            _dir: dir,
+        })
+    }
+}
+
 /// `haproxy -c` with the listener as its standard input, as the real run has it: the
 /// configuration parses and the socket is usable (its errors name the line).
 fn check(config: &Path, listener: &TcpListener) -> anyhow::Result<()> {
@@ -112,10 +175,22 @@ fn check(config: &Path, listener: &TcpListener) -> anyhow::Result<()> {
 /// TCP mode, round robin (or least connections), health checks, retries with redispatch; long
 /// idle timeouts (agent sessions are long-lived, kept alive by WebSocket pings).
 fn config_text(backends: &[SocketAddr], balance: Balance) -> String {
+    let mut text = header(balance.max_connections);
+    text.push_str(&section("agents", "fd@0", backends, balance));
+    text
+}
+
+/// The `global` and `defaults` sections.
+fn header(max_connections: u32) -> String {
+    format!(
+        "global\n  maxconn {max_connections}\n\ndefaults\n  mode tcp\n  maxconn {max_connections}\n  timeout connect 1s\n  timeout client 1h\n  timeout server 1h\n  retries 3\n  option redispatch\n\n"
+    )
+}
+
+/// A frontend `name` on `bind` and its backend over `backends`.
+fn section(name: &str, bind: &str, backends: &[SocketAddr], balance: Balance) -> String {
     let mut text = format!(
-        "global\n  maxconn {}\n\ndefaults\n  mode tcp\n  maxconn {}\n  timeout connect 1s\n  timeout client 1h\n  timeout server 1h\n  retries 3\n  option redispatch\n\nfrontend agents\n  bind fd@0\n  default_backend servers\n\nbackend servers\n  balance {}\n  default-server check inter {}ms fall 2 rise 1\n",
-        balance.max_connections,
-        balance.max_connections,
+        "frontend {name}\n  bind {bind}\n  default_backend {name}-servers\n\nbackend {name}-servers\n  balance {}\n  default-server check inter {}ms fall 2 rise 1\n",
         if balance.least_connections {
             "leastconn"
         } else {
@@ -126,5 +201,6 @@ fn config_text(backends: &[SocketAddr], balance: Balance) -> String {
     for (i, backend) in backends.iter().enumerate() {
         text.push_str(&format!("  server s{i} {backend}\n"));
     }
+    text.push('\n');
     text
 }

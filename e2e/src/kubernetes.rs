@@ -18,6 +18,7 @@
 //! Everything runs in namespaces the test created, on their own addresses; kube-apiserver's
 //! resolver is the namespace's loopback, where nothing answers, so no query leaves the test.
 
+pub mod addons;
 pub mod carried;
 pub mod cluster;
 pub mod control_plane;

@@ -74,23 +74,25 @@ pub struct ControlPlane {
 
 /// The cluster's CA and kube-apiserver's certificates (serving, admin, front proxy, kubelet
 /// client) and service-account keys, written into `dir`.
-fn write_pki(dir: &Path, address: Ipv4Addr) -> anyhow::Result<Authority> {
+/// `others`: the addresses of the control plane's other kube-apiservers, named in the serving
+/// certificate too (they share it, as kubeadm's control-plane nodes share the CA: each has its
+/// own pair for the same names).
+fn write_pki(dir: &Path, address: Ipv4Addr, others: &[Ipv4Addr]) -> anyhow::Result<Authority> {
     let path = |file: &str| dir.join(file);
     let authority = Authority::new("kubernetes-ca")?;
     write(&path("ca.crt"), &authority.ca.cert_pem)?;
-    let serving = authority.server(
-        "kube-apiserver",
-        &[
-            "kubernetes".into(),
-            "kubernetes.default".into(),
-            "kubernetes.default.svc".into(),
-            // The `kubernetes` Service's ClusterIP (the first of the service range), which
-            // pods' in-cluster configuration dials, as kubeadm's certificate names it.
-            KUBERNETES_SERVICE_IP.into(),
-            "127.0.0.1".into(),
-            address.to_string(),
-        ],
-    )?;
+    let mut names: Vec<String> = vec![
+        "kubernetes".into(),
+        "kubernetes.default".into(),
+        "kubernetes.default.svc".into(),
+        // The `kubernetes` Service's ClusterIP (the first of the service range), which
+        // pods' in-cluster configuration dials, as kubeadm's certificate names it.
+        KUBERNETES_SERVICE_IP.into(),
+        "127.0.0.1".into(),
+        address.to_string(),
+    ];
+    names.extend(others.iter().map(ToString::to_string));
+    let serving = authority.server("kube-apiserver", &names)?;
     write_pair(dir, "apiserver", &serving)?;
     let admin = authority.client("kubernetes-admin", &["system:masters"], &[])?;
     write_pair(dir, "admin", &admin)?;
@@ -108,13 +110,23 @@ fn write_pki(dir: &Path, address: Ipv4Addr) -> anyhow::Result<Authority> {
     Ok(authority)
 }
 
-/// etcd in namespace `ns`, its data in `data`, clients on 127.0.0.1:2379.
-fn spawn_etcd(ns: &str, binaries: &Binaries, data: &Path) -> anyhow::Result<Process> {
+/// etcd in namespace `ns`, its data in `data`, clients on 127.0.0.1:2379, and on `shared`'s
+/// 2379 too when given (the address the other control-plane nodes' kube-apiservers dial).
+fn spawn_etcd(
+    ns: &str,
+    binaries: &Binaries,
+    data: &Path,
+    shared: Option<Ipv4Addr>,
+) -> anyhow::Result<Process> {
     let mut etcd = in_namespace(ns, &binaries.etcd);
+    let clients = match shared {
+        Some(address) => format!("http://127.0.0.1:2379,http://{address}:2379"),
+        None => "http://127.0.0.1:2379".to_owned(),
+    };
     etcd.arg("--name=test")
         .arg(format!("--data-dir={}", data.display()))
+        .arg(format!("--listen-client-urls={clients}"))
         .args([
-            "--listen-client-urls=http://127.0.0.1:2379",
             "--advertise-client-urls=http://127.0.0.1:2379",
             "--listen-peer-urls=http://127.0.0.1:2380",
             "--initial-advertise-peer-urls=http://127.0.0.1:2380",
@@ -188,6 +200,22 @@ impl ControlPlane {
         egress: Egress,
         extra: &[&str],
     ) -> anyhow::Result<ControlPlane> {
+        ControlPlane::start_first_of(binaries, net, host, egress, extra, &[])
+    }
+
+    /// [`ControlPlane::start`] as the first control-plane node of several, whose other
+    /// kube-apiservers ([`ControlPlane::add_apiserver_on`]) serve at `others`: the serving
+    /// certificate names them too, etcd (the one member, shared) also serves on this host's
+    /// address, and every kube-apiserver keeps its own address in the `kubernetes` Service's
+    /// endpoints (`--endpoint-reconciler-type=lease`, as kubeadm's HA control planes run).
+    pub fn start_first_of(
+        binaries: &Binaries,
+        net: &mut TestNet,
+        host: usize,
+        egress: Egress,
+        extra: &[&str],
+        others: &[Ipv4Addr],
+    ) -> anyhow::Result<ControlPlane> {
         let dir = tempfile::tempdir()?;
         let path = |file: &str| dir.path().join(file);
         let address = net.host(host).v4();
@@ -195,9 +223,14 @@ impl ControlPlane {
         net.set_hosts(host, &[])?;
         let ns = net.host(host).ns_name().to_owned();
 
-        let authority = write_pki(dir.path(), address)?;
-        let etcd = spawn_etcd(&ns, binaries, &path("etcd"))?;
+        let authority = write_pki(dir.path(), address, others)?;
+        let shared = (!others.is_empty()).then_some(address);
+        let etcd = spawn_etcd(&ns, binaries, &path("etcd"), shared)?;
         let mut apiserver = apiserver_command(&ns, binaries, dir.path(), address, &egress)?;
+        if shared.is_some() {
+            // A later flag wins: this replaces `none`.
+            apiserver.arg("--endpoint-reconciler-type=lease");
+        }
         apiserver.args(extra);
         // After `ip netns exec NS PROGRAM`: the arguments.
         let apiserver_command = (
@@ -233,16 +266,46 @@ impl ControlPlane {
     /// control plane's second or third kube-apiserver, each with a Bridgehead server of its
     /// own. Ready when returned.
     pub fn add_apiserver(&self, egress: &Egress, port: u16) -> anyhow::Result<Apiserver> {
+        let (ns, _) = &self.apiserver_command;
+        self.spawn_apiserver(ns, self.address, port, egress)
+    }
+
+    /// Another kube-apiserver of this control plane in namespace `ns` (another control-plane
+    /// node's), serving on `address:6443` and advertising it, its storage this control plane's
+    /// etcd (at [`ControlPlane::address`]), its `cluster` traffic going where `egress` says.
+    /// The control plane must have been started with `address` among its `others`
+    /// ([`ControlPlane::start_first_of`]). Ready when returned.
+    pub fn add_apiserver_on(
+        &self,
+        ns: &str,
+        address: Ipv4Addr,
+        egress: &Egress,
+    ) -> anyhow::Result<Apiserver> {
+        self.spawn_apiserver(ns, address, APISERVER_PORT, egress)
+    }
+
+    /// A kube-apiserver with this one's flags but for its namespace, address, port and egress.
+    fn spawn_apiserver(
+        &self,
+        ns: &str,
+        address: Ipv4Addr,
+        port: u16,
+        egress: &Egress,
+    ) -> anyhow::Result<Apiserver> {
         let config = egress_config(egress).context("another kube-apiserver has an egress")?;
-        let egress_file = self.dir.path().join(format!("egress-{port}.yaml"));
+        let stem = format!("{address}-{port}");
+        let egress_file = self.dir.path().join(format!("egress-{stem}.yaml"));
         write(&egress_file, &config)?;
-        let (ns, args) = &self.apiserver_command;
-        let args = args.iter().map(|arg| {
+        let args = self.apiserver_command.1.iter().map(|arg| {
             let text = arg.to_string_lossy();
             if text.starts_with("--secure-port=") {
                 format!("--secure-port={port}").into()
             } else if text.starts_with("--egress-selector-config-file=") {
                 format!("--egress-selector-config-file={}", egress_file.display()).into()
+            } else if text.starts_with("--advertise-address=") {
+                format!("--advertise-address={address}").into()
+            } else if text.starts_with("--etcd-servers=") && address != self.address {
+                format!("--etcd-servers=http://{}:2379", self.address).into()
             } else {
                 arg.clone()
             }
@@ -250,15 +313,28 @@ impl ControlPlane {
         let mut command = in_namespace(ns, &self.binaries.kube_apiserver);
         command.args(args);
         let (process, _) = Process::spawn(command, &[])?;
-        let url = format!("https://{}:{port}", self.address);
+        let url = format!("https://{address}:{port}");
         let kubeconfig =
-            admin_kubeconfig(self.dir.path(), &url, &format!("admin-{port}.kubeconfig"))?;
+            admin_kubeconfig(self.dir.path(), &url, &format!("admin-{stem}.kubeconfig"))?;
         let apiserver = Apiserver {
             process,
             kubeconfig,
         };
         self.wait_ready_at(&apiserver.kubeconfig, &apiserver.process)?;
         Ok(apiserver)
+    }
+
+    /// Points [`ControlPlane::url`] and [`ControlPlane::kubeconfig`] at `url` (a load balancer
+    /// in front of the kube-apiservers, as a kubeadm HA cluster's `controlPlaneEndpoint`), and
+    /// waits until kube-apiserver answers ready there; returns the kubeconfig of this
+    /// control plane's own kube-apiserver, which it stops using. What is given the kubeconfig
+    /// from here on (controllers, kubelets, the tests' kubectl) goes through `url`.
+    pub fn use_endpoint(&mut self, url: &str) -> anyhow::Result<PathBuf> {
+        let direct = self.kubeconfig.clone();
+        self.kubeconfig = admin_kubeconfig(self.dir.path(), url, "admin-endpoint.kubeconfig")?;
+        self.url = url.to_owned();
+        self.wait_ready()?;
+        Ok(direct)
     }
 
     /// kubectl with `kubeconfig`, its output piped, running.

@@ -88,9 +88,15 @@ pub enum Network {
     /// Its own network namespace, linked by a veth to the control plane's namespace (named
     /// `ns`); `index` (1 to 250, one per node of a cluster) picks its addresses.
     Worker { ns: String, index: u8 },
-    /// The control plane's own network namespace (named `ns`), as on a control-plane node:
-    /// its pods on `hostNetwork` (the static pods) sit beside kube-apiserver.
-    ControlPlane { ns: String },
+    /// A control plane's own network namespace (named `ns`), as on a control-plane node:
+    /// its pods on `hostNetwork` (the static pods) sit beside kube-apiserver, which serves on
+    /// `address` (the Node's address too). `index` (0 for the first control-plane node, 1 to 5
+    /// for the others of an HA control plane) picks its pod network.
+    ControlPlane {
+        ns: String,
+        address: Ipv4Addr,
+        index: u8,
+    },
 }
 
 /// What a node host runs.
@@ -104,6 +110,9 @@ pub struct NodeOptions {
     pub etc_kubernetes: Option<PathBuf>,
     /// The registry its containerd pulls from (Bridgehead's image), trusted in its `certs.d`.
     pub registry: Option<RegistryTrust>,
+    /// The cluster DNS kubelet gives pods (`clusterDNS`, with `clusterDomain: cluster.local`),
+    /// where the cluster runs one ([`super::addons`]); none otherwise, as before a DNS add-on.
+    pub cluster_dns: Option<Ipv4Addr>,
 }
 
 /// A running node. Torn down on drop (see the module's doc).
@@ -198,6 +207,7 @@ fn write_files(
             node_ip,
             cgroup_root,
             static_pods,
+            options.cluster_dns,
         ),
     )?;
     write_node_kubeconfig(control_plane, &options.name, &path("kubelet"))?;
@@ -271,11 +281,9 @@ impl NodeHost {
                 network::link_far_end(*index),
                 format!("10.244.{index}.0/24"),
             ),
-            Network::ControlPlane { .. } => (
-                control_plane.address,
-                control_plane.address,
-                "10.244.0.0/24".to_owned(),
-            ),
+            Network::ControlPlane { address, index, .. } => {
+                (*address, *address, control_plane_pod_cidr(*index)?)
+            }
         };
         let cgroup_root = format!("bh{pid}c{k}");
         // Declared before the host, so dropped after it: removed once its processes are gone.
@@ -456,6 +464,18 @@ impl Drop for NodeHost {
             .stderr(Stdio::null())
             .status();
         self.host.end();
+    }
+}
+
+/// A control-plane node's pod network: `10.244.0.0/24` for the first (the one the workers'
+/// routes lead to, [`network`]), `10.244.<250 + index>.0/24` for the others, past every
+/// worker's (`index` 1 to 250): their pods (the agents' DaemonSet tolerates the control plane's
+/// taint) reach out masqueraded as their node, and nothing routes to them.
+fn control_plane_pod_cidr(index: u8) -> anyhow::Result<String> {
+    match index {
+        0 => Ok("10.244.0.0/24".to_owned()),
+        1..=5 => Ok(format!("10.244.{}.0/24", 250 + u16::from(index))),
+        _ => bail!("a control-plane node's index is 0 to 5, not {index}"),
     }
 }
 

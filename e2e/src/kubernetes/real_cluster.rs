@@ -26,6 +26,11 @@ use super::{Binaries, ControlPlane, Egress};
 use crate::image_registry::Registry;
 use crate::netns::TestNet;
 
+mod ha;
+pub use ha::{
+    control_plane_name, ControlPlaneNode, Endpoint, AGENT_ENDPOINT_PORT, ENDPOINT_PORT, PEER_PORT,
+};
+
 /// The control plane's test host in [`RealCluster::net`].
 pub const CONTROL_PLANE_HOST: usize = 0;
 /// The control-plane node's name.
@@ -58,8 +63,13 @@ pub enum Install {
 pub struct RealCluster {
     /// `worker-1`, `worker-2`, ...
     pub workers: Vec<NodeHost>,
+    /// An HA cluster's control-plane nodes past the first ([`RealCluster::start_ha`]).
+    pub others: Vec<ControlPlaneNode>,
     pub control_plane_node: NodeHost,
     pub controllers: Controllers,
+    /// An HA cluster's load balancer, which every kubeconfig names; dropped after the nodes,
+    /// which delete their Node through it.
+    pub endpoint: Option<Endpoint>,
     pub control_plane: ControlPlane,
     /// Where the nodes pull Bridgehead's image from: on the control plane's host, which every
     /// node reaches.
@@ -163,9 +173,14 @@ impl RealCluster {
             &images,
             NodeOptions {
                 name: CONTROL_PLANE_NODE.into(),
-                network: Network::ControlPlane { ns: ns.clone() },
+                network: Network::ControlPlane {
+                    ns: ns.clone(),
+                    address: control_plane.address,
+                    index: 0,
+                },
                 etc_kubernetes: Some(etc_kubernetes.path().to_owned()),
                 registry: Some(trust.clone()),
+                cluster_dns: None,
             },
         )?;
         let mut nodes = Vec::new();
@@ -181,13 +196,16 @@ impl RealCluster {
                     },
                     etc_kubernetes: None,
                     registry: Some(trust.clone()),
+                    cluster_dns: None,
                 },
             )?);
         }
         let cluster = RealCluster {
             workers: nodes,
+            others: Vec::new(),
             control_plane_node,
             controllers,
+            endpoint: None,
             control_plane,
             registry,
             version,
@@ -277,6 +295,12 @@ impl RealCluster {
     /// kubectl here runs with: one long call failed with nothing on stderr after about that
     /// long, while an old agent took its 40 s grace period to terminate.
     pub fn rollout(&self, name: &str, within: Duration) -> anyhow::Result<()> {
+        self.rollout_of(&format!("daemonset/{name}"), within)
+    }
+
+    /// [`RealCluster::rollout`] of `resource` (`daemonset/NAME`, `deployment/NAME`) in
+    /// kube-system.
+    pub fn rollout_of(&self, resource: &str, within: Duration) -> anyhow::Result<()> {
         let started = std::time::Instant::now();
         loop {
             let rollout = self.control_plane.kubectl(&[
@@ -284,7 +308,7 @@ impl RealCluster {
                 "status",
                 "-n",
                 "kube-system",
-                &format!("daemonset/{name}"),
+                resource,
                 "--timeout=20s",
             ])?;
             if rollout.status.success() {
@@ -292,7 +316,7 @@ impl RealCluster {
             }
             if started.elapsed() > within {
                 bail!(
-                    "DaemonSet {name} did not roll out within {within:?}: {}{}\n{}",
+                    "{resource} did not roll out within {within:?}: {}{}\n{}",
                     String::from_utf8_lossy(&rollout.stdout),
                     String::from_utf8_lossy(&rollout.stderr),
                     self.describe_pods("kube-system")
@@ -314,6 +338,9 @@ impl RealCluster {
             .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
             .unwrap_or_default();
         let mut logs = self.control_plane_node.container_logs();
+        for other in &self.others {
+            logs.push_str(&other.node.container_logs());
+        }
         for worker in &self.workers {
             logs.push_str(&worker.container_logs());
         }

@@ -94,12 +94,17 @@ pub(super) fn kubelet_config(
     node_ip: Ipv4Addr,
     cgroup_root: &str,
     static_pods: bool,
+    cluster_dns: Option<Ipv4Addr>,
 ) -> String {
     let dir = dir.display();
     let static_pods = if static_pods {
         "staticPodPath: /etc/kubernetes/manifests\nfileCheckFrequency: 1s\n"
     } else {
         ""
+    };
+    let cluster_dns = match cluster_dns {
+        Some(address) => format!("clusterDNS:\n- {address}\nclusterDomain: cluster.local\n"),
+        None => String::new(),
     };
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
@@ -136,7 +141,7 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
-{static_pods}"#,
+{static_pods}{cluster_dns}"#,
         socket = socket.display(),
         ca = ca.display(),
     )

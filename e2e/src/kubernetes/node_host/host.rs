@@ -60,7 +60,7 @@ impl Host {
                 command.arg("--net");
                 command
             }
-            Network::ControlPlane { ns } => {
+            Network::ControlPlane { ns, .. } => {
                 let mut command = Command::new("nsenter");
                 command
                     .arg(format!("--net=/run/netns/{ns}"))

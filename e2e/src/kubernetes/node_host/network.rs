@@ -169,9 +169,10 @@ pub(super) fn refuse_elsewhere(holder_pid: u32) -> anyhow::Result<()> {
 /// What kube-proxy would program on the node for the one Service the node's own pods need,
 /// `kubernetes` (in-cluster configuration: the agents' Lease counting, the server's DaemonSet
 /// on the host's network): connections to its ClusterIP, port 443, from the node's pods
-/// (PREROUTING) and its own processes (OUTPUT) go to kube-apiserver. No kube-proxy runs on the
-/// test nodes; other Services' ClusterIPs stay unrouted (kube-apiserver reaches Services' pods
-/// by their endpoints). The OUTPUT filter matches the interface routed to before the DNAT
+/// (PREROUTING) and its own processes (OUTPUT) go to kube-apiserver. Unless the cluster runs
+/// kube-proxy (the HA cluster: its rules come first, and this one is never reached), other
+/// Services' ClusterIPs stay unrouted (kube-apiserver reaches Services' pods by their
+/// endpoints). The OUTPUT filter matches the interface routed to before the DNAT
 /// (on the control-plane node, which has no route to the ClusterIP, the one
 /// [`refuse_elsewhere`] rejects): what was translated is let through first.
 pub(super) fn kubernetes_service(
@@ -181,6 +182,9 @@ pub(super) fn kubernetes_service(
 ) -> anyhow::Result<()> {
     let to = format!("{apiserver}:{port}");
     let service = format!("{}/32", super::super::control_plane::KUBERNETES_SERVICE_IP);
+    // Only the `kubernetes` Service's: where kube-proxy runs, its rules translate every
+    // ClusterIP, and a broader rule would let kube-apiserver's namespace (the first
+    // control-plane node's) reach a worker's pods through any Service.
     let accept = [
         "iptables",
         "-I",
@@ -190,6 +194,8 @@ pub(super) fn kubernetes_service(
         "conntrack",
         "--ctstate",
         "DNAT",
+        "--ctorigdst",
+        &service,
         "-j",
         "ACCEPT",
     ];
