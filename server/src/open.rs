@@ -100,20 +100,28 @@ enum Wait {
     Fallback,
 }
 
-/// Opens a tunnel to `target` for `client` (the key its pending dials count under), or says
-/// why not. `gone` resolves when the requester leaves (the client closes its connection, the
-/// forwarding server resets its stream); every wait is raced with it, and it is dropped
-/// before this returns, so it may borrow the caller's socket.
+/// A tunnel asked for.
+#[derive(Debug)]
+pub struct Request<'a> {
+    pub origin: Origin,
+    pub target: &'a Target,
+    /// The key its pending dials count under.
+    pub client: ClientKey,
+}
+
+/// Opens the tunnel `request` asks for, or says why not. `gone` resolves when the requester
+/// leaves (the client closes its connection, the forwarding server resets its stream); every
+/// wait is raced with it, and it is dropped before this returns, so it may borrow the
+/// caller's socket.
 pub async fn open(
     ctx: &Context,
-    origin: Origin,
-    target: &Target,
-    client: ClientKey,
+    request: Request<'_>,
     gone: impl Future<Output = ()>,
 ) -> Result<Opened, Unopened> {
+    let origin = request.origin;
     let span = tracing::Span::current();
-    span.record("target", tracing::field::display(target));
-    let opened = admit_and_dial(ctx, origin, target, client, gone).await;
+    span.record("target", tracing::field::display(request.target));
+    let opened = admit_and_dial(ctx, request, gone).await;
     match &opened {
         Ok(opened) => {
             span.record("agent", tracing::field::display(&opened.agent));
@@ -148,11 +156,14 @@ pub fn report(ctx: &Context, origin: Origin, refusal: &Refusal) {
 /// dial or fallback. The admission slot is held until the dial is answered.
 async fn admit_and_dial(
     ctx: &Context,
-    origin: Origin,
-    target: &Target,
-    client: ClientKey,
+    request: Request<'_>,
     gone: impl Future<Output = ()>,
 ) -> Result<Opened, Unopened> {
+    let Request {
+        origin,
+        target,
+        client,
+    } = request;
     let deadline = Deadline::after(match origin {
         Origin::Client => ctx.config.routing.dial_timeout,
         Origin::Peer { timeout } => timeout.min(ctx.config.routing.dial_timeout),

@@ -19,7 +19,7 @@ use crate::admission::ClientKey;
 use crate::context::Context;
 use crate::fallback;
 use crate::metrics::{Direction, GaugeGuard, Metrics};
-use crate::open::{self, Opened, Origin, Unopened, Via};
+use crate::open::{self, Opened, Origin, Request, Unopened, Via};
 use crate::refusal::Refusal;
 
 /// Most bytes a client may send behind its head before it has a tunnel (kept for it while
@@ -140,7 +140,12 @@ async fn open<S: ClientSocket>(
         };
     let mut early = BytesMut::from(early);
     let gone = client_gone(socket, &mut early);
-    let opened = open::open(ctx, Origin::Client, &target, client, gone).await?;
+    let request = Request {
+        origin: Origin::Client,
+        target: &target,
+        client,
+    };
+    let opened = open::open(ctx, request, gone).await?;
     Ok(Unanswered {
         opened,
         early: early.freeze(),

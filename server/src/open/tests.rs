@@ -72,7 +72,13 @@ fn dials(ctx: &Context, result: &str) -> f64 {
 
 /// Opens for `origin`, with a requester that never leaves.
 async fn open_for(ctx: &Context, origin: Origin) -> Result<Opened, Unopened> {
-    open(ctx, origin, &target(), client(), std::future::pending()).await
+    let target = target();
+    let request = Request {
+        origin,
+        target: &target,
+        client: client(),
+    };
+    open(ctx, request, std::future::pending()).await
 }
 
 fn refusal(opened: Result<Opened, Unopened>) -> Refusal {
@@ -224,7 +230,12 @@ async fn a_requester_that_leaves_cancels_its_dial() {
                 let _ = left.await;
             };
             let target = target();
-            let opening = open(&ctx, origin, &target, client(), gone);
+            let request = Request {
+                origin,
+                target: &target,
+                client: client(),
+            };
+            let opening = open(&ctx, request, gone);
             let cancelled = async {
                 let dial = next_dial(&agent).await;
                 assert_eq!(metric(&ctx, "bridgehead_server_dials_pending"), 1.0);

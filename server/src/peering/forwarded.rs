@@ -12,7 +12,7 @@ use tracing::debug;
 
 use crate::admission::ClientKey;
 use crate::context::Context;
-use crate::open::{self, Opened, Origin, Unopened, Via};
+use crate::open::{self, Opened, Origin, Request, Unopened, Via};
 use crate::refusal::Refusal;
 use crate::router::Target;
 
@@ -35,7 +35,12 @@ pub(super) async fn forwarded(
             return reject(request, &refusal);
         }
     };
-    let opened = open::open(&ctx, origin, &target, client, request.cancelled()).await;
+    let asked = Request {
+        origin,
+        target: &target,
+        client,
+    };
+    let opened = open::open(&ctx, asked, request.cancelled()).await;
     let agent = match opened {
         Ok(Opened {
             via: Via::Agent(stream),
