@@ -28,6 +28,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bridgehead_mux::MuxStream;
 use bridgehead_proto::ErrorCode;
@@ -52,7 +53,32 @@ pub enum Origin {
     /// A CONNECT client of this server's frontend.
     Client,
     /// A peer server forwarding a tunnel, which it waits for `timeout` from its request.
-    Peer { timeout: std::time::Duration },
+    Peer { timeout: Duration },
+}
+
+impl Origin {
+    /// Whether the tunnel may go to a peer's agent, and so waits for the first round of peers.
+    fn may_forward(self) -> bool {
+        self == Origin::Client
+    }
+
+    /// Whether the tunnel may go to `--fallback-proxy` when no agent takes it.
+    fn may_fall_back(self) -> bool {
+        self == Origin::Client
+    }
+
+    /// Whether this server counts the tunnel as a CONNECT.
+    fn counted_here(self) -> bool {
+        self == Origin::Client
+    }
+
+    /// How long the tunnel may take to open, with `--dial-timeout` `dial_timeout`.
+    fn timeout(self, dial_timeout: Duration) -> Duration {
+        match self {
+            Origin::Client => dial_timeout,
+            Origin::Peer { timeout } => timeout.min(dial_timeout),
+        }
+    }
 }
 
 /// A dialed tunnel, not answered yet.
@@ -125,7 +151,7 @@ pub async fn open(
     match &opened {
         Ok(opened) => {
             span.record("agent", tracing::field::display(&opened.agent));
-            if origin == Origin::Client {
+            if origin.counted_here() {
                 ctx.metrics.dial(DialResult::Ok);
             }
         }
@@ -138,17 +164,15 @@ pub async fn open(
 /// Counts and logs a refusal of a tunnel `origin` asked for, wherever it arose (the opener's
 /// steps, or the caller's parsing of the request).
 pub fn report(ctx: &Context, origin: Origin, refusal: &Refusal) {
-    match origin {
-        Origin::Client => {
-            ctx.metrics.dial(refusal.result());
-            let status = refusal.status();
-            if status.is_server_error() {
-                info!(%status, error = %refusal, "CONNECT failed");
-            } else {
-                debug!(%status, error = %refusal, "CONNECT refused");
-            }
-        }
-        Origin::Peer { .. } => debug!(error = %refusal, "forwarded tunnel refused"),
+    if !origin.counted_here() {
+        return debug!(error = %refusal, "forwarded tunnel refused");
+    }
+    ctx.metrics.dial(refusal.result());
+    let status = refusal.status();
+    if status.is_server_error() {
+        info!(%status, error = %refusal, "CONNECT failed");
+    } else {
+        debug!(%status, error = %refusal, "CONNECT refused");
     }
 }
 
@@ -164,10 +188,7 @@ async fn admit_and_dial(
         target,
         client,
     } = request;
-    let deadline = Deadline::after(match origin {
-        Origin::Client => ctx.config.routing.dial_timeout,
-        Origin::Peer { timeout } => timeout.min(ctx.config.routing.dial_timeout),
-    });
+    let deadline = Deadline::after(origin.timeout(ctx.config.routing.dial_timeout));
     if !ctx.memory.budget.admit() {
         return Err(Unopened::Refused(Refusal::MemoryBudget {
             buffered: ctx.memory.budget.buffered(),
@@ -178,16 +199,15 @@ async fn admit_and_dial(
     drop(client);
     let started = Instant::now();
     let mut gone = std::pin::pin!(gone);
-    let may_forward = origin == Origin::Client;
     let route = |target: &Target| {
-        if may_forward {
+        if origin.may_forward() {
             ctx.registry.route(&target.host)
         } else {
             ctx.registry.route_local(&target.host)
         }
     };
     let mut routed = route(target);
-    if may_forward
+    if origin.may_forward()
         && matches!(routed, Err(RouteError::NoRoute(_)))
         && !ctx.peers_settled.is_settled()
     {
@@ -204,7 +224,7 @@ async fn admit_and_dial(
                 () = gone.as_mut() => return Err(left(ctx, origin, Wait::Dial)),
             };
             let dialed = dialed.map_err(Unopened::Refused)?;
-            if let (Origin::Client, Some(peer)) = (origin, &dialed.via) {
+            if let Some(peer) = dialed.via.as_deref().filter(|_| origin.counted_here()) {
                 ctx.metrics.forwarded(peer);
             }
             Opened {
@@ -214,9 +234,8 @@ async fn admit_and_dial(
             }
         }
         Err(no_agent) => {
-            let fallback = match (origin, &ctx.fallback) {
-                (Origin::Client, Some(fallback)) => fallback,
-                _ => return Err(Unopened::Refused(Refusal::from(no_agent))),
+            let Some(fallback) = ctx.fallback.as_ref().filter(|_| origin.may_fall_back()) else {
+                return Err(Unopened::Refused(Refusal::from(no_agent)));
             };
             let relayed = tokio::select! {
                 relayed = fallback.relay(target, deadline) => relayed,
@@ -233,7 +252,7 @@ async fn admit_and_dial(
             }
         }
     };
-    if origin == Origin::Client {
+    if origin.counted_here() {
         ctx.metrics.dialed(started.elapsed().as_secs_f64());
     }
     Ok(opened)
@@ -248,14 +267,13 @@ fn left(ctx: &Context, origin: Origin, wait: Wait) -> Unopened {
         Wait::Dial => "while its dial was pending",
         Wait::Fallback => "while the fallback proxy dialed",
     };
-    match origin {
-        Origin::Client => {
-            if let Wait::Dial = wait {
-                ctx.metrics.anp_dial_failure("frontend_close");
-            }
-            debug!("client left {during}");
-        }
-        Origin::Peer { .. } => debug!("the forwarding server gave up {during}"),
+    if !origin.counted_here() {
+        debug!("the forwarding server gave up {during}");
+        return Unopened::Gone;
     }
+    if let Wait::Dial = wait {
+        ctx.metrics.anp_dial_failure("frontend_close");
+    }
+    debug!("client left {during}");
     Unopened::Gone
 }
