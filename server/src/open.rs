@@ -27,6 +27,7 @@
 //!   debug, since the forwarding server reports them to its client and its operator.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -126,7 +127,8 @@ enum Wait {
     Fallback,
 }
 
-/// A tunnel asked for.
+/// A tunnel asked for. The opener borrows it: an async fn holds each argument it takes by
+/// value for its whole life.
 #[derive(Debug)]
 pub struct Request<'a> {
     pub origin: Origin,
@@ -137,12 +139,12 @@ pub struct Request<'a> {
 
 /// Opens the tunnel `request` asks for, or says why not. `gone` resolves when the requester
 /// leaves (the client closes its connection, the forwarding server resets its stream); every
-/// wait is raced with it, and it is dropped before this returns, so it may borrow the
-/// caller's socket.
-pub async fn open(
+/// wait is raced with it. The caller pins it, and it may borrow the caller's socket: taken by
+/// value, it would be held twice in this future's state (as argument and as pinned local).
+pub async fn open<G: Future<Output = ()>>(
     ctx: &Context,
-    request: Request<'_>,
-    gone: impl Future<Output = ()>,
+    request: &Request<'_>,
+    gone: Pin<&mut G>,
 ) -> Result<Opened, Unopened> {
     let origin = request.origin;
     let span = tracing::Span::current();
@@ -178,16 +180,16 @@ pub fn report(ctx: &Context, origin: Origin, refusal: &Refusal) {
 
 /// The steps: budget, admission, route (after the first round of peers when that may help),
 /// dial or fallback. The admission slot is held until the dial is answered.
-async fn admit_and_dial(
+async fn admit_and_dial<G: Future<Output = ()>>(
     ctx: &Context,
-    request: Request<'_>,
-    gone: impl Future<Output = ()>,
+    request: &Request<'_>,
+    mut gone: Pin<&mut G>,
 ) -> Result<Opened, Unopened> {
     let Request {
         origin,
         target,
-        client,
-    } = request;
+        ref client,
+    } = *request;
     let deadline = Deadline::after(origin.timeout(ctx.config.routing.dial_timeout));
     if !ctx.memory.budget.admit() {
         return Err(Unopened::Refused(Refusal::MemoryBudget {
@@ -195,10 +197,8 @@ async fn admit_and_dial(
             limit: ctx.memory.budget.limit(),
         }));
     }
-    let _slot = ctx.admission.admit(&client).map_err(Unopened::Refused)?;
-    drop(client);
+    let _slot = ctx.admission.admit(client).map_err(Unopened::Refused)?;
     let started = Instant::now();
-    let mut gone = std::pin::pin!(gone);
     let route = |target: &Target| {
         if origin.may_forward() {
             ctx.registry.route(&target.host)

@@ -139,13 +139,17 @@ async fn open<S: ClientSocket>(
             }
         };
     let mut early = BytesMut::from(early);
-    let gone = client_gone(socket, &mut early);
     let request = Request {
         origin: Origin::Client,
         target: &target,
         client,
     };
-    let opened = open::open(ctx, request, gone).await?;
+    let opened = open::open(
+        ctx,
+        &request,
+        std::pin::pin!(client_gone(socket, &mut early)),
+    )
+    .await?;
     Ok(Unanswered {
         opened,
         early: early.freeze(),

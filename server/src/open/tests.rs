@@ -78,7 +78,7 @@ async fn open_for(ctx: &Context, origin: Origin) -> Result<Opened, Unopened> {
         target: &target,
         client: client(),
     };
-    open(ctx, request, std::future::pending()).await
+    open(ctx, &request, std::pin::pin!(std::future::pending())).await
 }
 
 fn refusal(opened: Result<Opened, Unopened>) -> Refusal {
@@ -226,16 +226,16 @@ async fn a_requester_that_leaves_cancels_its_dial() {
         register_own(&ctx, server);
         for origin in [Origin::Client, PEER] {
             let (leave, left) = tokio::sync::oneshot::channel::<()>();
-            let gone = async {
+            let gone = std::pin::pin!(async {
                 let _ = left.await;
-            };
+            });
             let target = target();
             let request = Request {
                 origin,
                 target: &target,
                 client: client(),
             };
-            let opening = open(&ctx, request, gone);
+            let opening = open(&ctx, &request, gone);
             let cancelled = async {
                 let dial = next_dial(&agent).await;
                 assert_eq!(metric(&ctx, "bridgehead_server_dials_pending"), 1.0);

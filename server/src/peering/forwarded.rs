@@ -40,7 +40,7 @@ pub(super) async fn forwarded(
         target: &target,
         client,
     };
-    let opened = open::open(&ctx, asked, request.cancelled()).await;
+    let opened = open::open(&ctx, &asked, std::pin::pin!(request.cancelled())).await;
     let agent = match opened {
         Ok(Opened {
             via: Via::Agent(stream),
