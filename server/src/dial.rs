@@ -1,5 +1,6 @@
 //! The dial: the routed candidates are asked in turn to connect to the target, within one
-//! deadline for all of them.
+//! deadline for all of them ([`Deadline`], which the tunnel opener also bounds its other waits
+//! by).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,22 +24,57 @@ pub struct Dialed {
     pub via: Option<Arc<str>>,
 }
 
+/// When a tunnel must be open by: one instant for every wait on the way (the first round of
+/// peers, each candidate's dial, the fallback proxy), and the timeout it was set from, which
+/// a refusal names.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline {
+    at: Instant,
+    timeout: Duration,
+}
+
+impl Deadline {
+    /// `timeout` from now.
+    pub fn after(timeout: Duration) -> Deadline {
+        Deadline {
+            at: Instant::now() + timeout,
+            timeout,
+        }
+    }
+
+    /// The instant it passes.
+    pub fn at(&self) -> Instant {
+        self.at
+    }
+
+    /// The timeout it was set from.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// What is left of it (zero once it passed).
+    pub fn remaining(&self) -> Duration {
+        self.at.saturating_duration_since(Instant::now())
+    }
+}
+
 /// Has the best candidate dial `target`, moving to the next one when an agent's session ends
-/// or refuses new streams before it answers.
+/// or refuses new streams before it answers; all of them before `deadline`.
 pub async fn dial(
     candidates: Candidates,
     target: &Target,
-    timeout: Duration,
+    deadline: Deadline,
 ) -> Result<Dialed, Refusal> {
     debug!(strategy = %candidates.strategy, candidates = candidates.agents.len(), "routed");
-    let deadline = Instant::now() + timeout;
     let mut lost = None;
     for Candidate {
         agent, mux, via, ..
     } in candidates.agents
     {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        match mux.open(target.dial_host(), target.port, remaining).await {
+        match mux
+            .open(target.dial_host(), target.port, deadline.remaining())
+            .await
+        {
             Ok(stream) => return Ok(Dialed { stream, agent, via }),
             Err(OpenFailure::Dial { code, message }) => {
                 return Err(Refusal::Dial {
@@ -52,7 +88,7 @@ pub async fn dial(
                 return Err(Refusal::TimedOut {
                     agent,
                     target: target.clone(),
-                    timeout,
+                    timeout: deadline.timeout(),
                 })
             }
             Err(OpenFailure::SessionClosed(reason)) => {

@@ -29,6 +29,7 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
+use crate::dial::Deadline;
 use crate::http_head::{self, RawHead, MAX_HEADERS};
 use crate::router::Target;
 
@@ -168,19 +169,19 @@ impl Fallback {
         &self.url
     }
 
-    /// Asks the fallback for a tunnel to `target`, all of it within `timeout`, if the
+    /// Asks the fallback for a tunnel to `target`, all of it before `deadline`, if the
     /// destination policy allows the target.
     pub async fn relay(
         &self,
         target: &Target,
-        timeout: Duration,
+        deadline: Deadline,
     ) -> Result<Relayed, FallbackError> {
         self.check(target)?;
-        match tokio::time::timeout(timeout, self.connect_and_ask(target)).await {
+        match tokio::time::timeout_at(deadline.at(), self.connect_and_ask(target)).await {
             Ok(relayed) => relayed,
             Err(_) => Err(FallbackError::TimedOut {
                 url: self.url.clone(),
-                timeout,
+                timeout: deadline.timeout(),
             }),
         }
     }

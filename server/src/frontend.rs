@@ -2,12 +2,13 @@
 //!
 //! The accept loops here only accept: each connection is served in its own task, which runs
 //! the TLS handshake under a timeout ([`TlsStream`]) and then [`connection`]'s pipeline — the
-//! CONNECT head (bounded size, parsed by httparse, under the same timeout; [`head`]),
-//! admission, route, dial, and the answer: `200` only once an agent's dial succeeded, with no
-//! body and no length headers. The same task then splices the connection to the agent's
-//! stream, starting with any bytes the client sent right behind its CONNECT head, its writes
-//! held until the client speaks ([`hold`]). A connection carries one request: anything else
-//! gets its status and a one-line reason, and the connection closes.
+//! CONNECT head (bounded size, parsed by httparse, under the same timeout; [`head`]), the
+//! tunnel opened (admission, route, dial: [`crate::open`]), and the answer: `200` only once
+//! an agent's dial succeeded, with no body and no length headers. The same task then splices
+//! the connection to the agent's stream, starting with any bytes the client sent right behind
+//! its CONNECT head, its writes held until the client speaks ([`hold`]). A connection carries
+//! one request: anything else gets its status and a one-line reason, and the connection
+//! closes.
 
 use std::path::Path;
 use std::sync::Arc;

@@ -3,9 +3,10 @@
 //! This file is the composition root: [`Listeners`] binds, [`run`] wires the components and
 //! shuts them down. Components, one module each, in the order a CONNECT meets them:
 //! [`frontend`] (the CONNECT listener, mTLS TCP or Unix socket, and the per-connection
-//! pipeline), [`admission`] (the bound on dials in flight), [`registry`] (connected agents and
-//! the route table over them) over [`router`] (the strategy list and the parsed [`Target`],
-//! pure), [`dial`] (asking the routed agents), [`fallback`] (the proxy that CONNECTs no agent
+//! pipeline), [`open`] (the one tunnel opener the frontend and forwarded tunnels share:
+//! admission, route, dial, refusal reporting), [`admission`] (the bound on dials in flight),
+//! [`registry`] (connected agents and the route table over them) over [`router`] (the
+//! strategy list and the parsed [`Target`], pure), [`dial`] (asking the routed agents), [`fallback`] (the proxy that CONNECTs no agent
 //! matches go to), [`refusal`] (every way a CONNECT is turned down, with its status and metric
 //! label). Beside them: [`agent_endpoint`] (agents' WebSocket sessions, admitted by
 //! [`agent_admission`], authenticated by [`agent_auth`], closed by [`revocation`] when the
@@ -37,6 +38,7 @@ pub mod health;
 pub mod http_head;
 pub mod kubernetes;
 pub mod metrics;
+pub mod open;
 pub mod peering;
 pub mod refusal;
 pub mod registry;

@@ -37,3 +37,12 @@ pub(crate) fn test_context() -> std::sync::Arc<crate::context::Context> {
         None,
     ))
 }
+
+/// The value of one series in `ctx`'s metrics text (0 when it is not there yet).
+pub(crate) fn metric(ctx: &crate::context::Context, series: &str) -> f64 {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, ctx.metrics.registry()).expect("text");
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |value| value.parse().expect("a number"))
+}

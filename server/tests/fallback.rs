@@ -73,9 +73,13 @@ async fn a_session_lost_before_the_answer_moves_the_dial_to_the_next_agent() {
 
         let target = target();
         let candidates = registry.route(&target.host).unwrap();
-        let dialed = dial::dial(candidates, &target, Duration::from_secs(5))
-            .await
-            .unwrap();
+        let dialed = dial::dial(
+            candidates,
+            &target,
+            dial::Deadline::after(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap();
         assert_eq!(dialed.agent, "healthy");
         assert!(dialed.via.is_none());
         drop(dialed);
@@ -99,9 +103,13 @@ async fn every_candidate_lost_is_a_502_naming_the_agent() {
         });
         let target = target();
         let candidates = registry.route(&target.host).unwrap();
-        let error = dial::dial(candidates, &target, Duration::from_secs(5))
-            .await
-            .unwrap_err();
+        let error = dial::dial(
+            candidates,
+            &target,
+            dial::Deadline::after(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(error, Refusal::AgentLost { .. }), "{error}");
         assert_eq!(error.status(), http::StatusCode::BAD_GATEWAY);
         assert!(error.to_string().contains("only"), "{error}");

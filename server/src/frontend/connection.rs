@@ -1,12 +1,11 @@
-//! One client connection, top to bottom: read the CONNECT head, admit the dial, route it,
-//! dial, answer, splice. Every refusal on the way is a [`Refusal`], answered with its status
-//! and reason and counted under its label here, in one place.
+//! One client connection, top to bottom: read the CONNECT head, open the tunnel (admission,
+//! route, dial: [`crate::open`], which forwarded tunnels share), answer, splice. Every refusal
+//! on the way is a [`Refusal`], counted and logged by [`open::report`] and answered with its
+//! status and reason here.
 
 use std::sync::Arc;
 
 use bridgehead_mux::splice::{self, Meter, Moved, SendWait, TunnelSocket};
-use bridgehead_mux::MuxStream;
-use bridgehead_proto::ErrorCode;
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
@@ -18,61 +17,23 @@ use super::hold::Held;
 use super::ClientSocket;
 use crate::admission::ClientKey;
 use crate::context::Context;
-use crate::dial;
-use crate::fallback::{self, Relayed};
-use crate::metrics::{DialResult, Direction, GaugeGuard, Metrics};
+use crate::fallback;
+use crate::metrics::{Direction, GaugeGuard, Metrics};
+use crate::open::{self, Opened, Origin, Request, Unopened, Via};
 use crate::refusal::Refusal;
-use crate::registry::RouteError;
 
 /// Most bytes a client may send behind its head before it has a tunnel (kept for it while
 /// the dial is pending).
 const MAX_EARLY: usize = 64 * 1024;
 
-/// How far a connection got before it ended without a tunnel.
-#[derive(Debug)]
-enum Failure {
-    /// Turned down: answered with a status and a reason.
-    Refused(Refusal),
-    /// The client left, or never finished its head: nobody to answer.
-    Gone(&'static str),
-}
-
-impl From<Refusal> for Failure {
-    fn from(refusal: Refusal) -> Failure {
-        Failure::Refused(refusal)
-    }
-}
-
 /// A dialed tunnel, not answered yet.
 #[derive(Debug)]
-struct Opened {
-    via: Via,
+struct Unanswered {
+    opened: Opened,
     /// Bytes the client sent behind its head: the tunnel's first.
     early: Bytes,
     /// `host:port`, for the tunnel's log line.
     target: String,
-    /// The agent that dialed it (or the fallback proxy).
-    agent: String,
-    /// The peer server that carried it to the agent, when the agent is not this server's.
-    forwarded: Option<Arc<str>>,
-}
-
-/// What carries a tunnel.
-#[derive(Debug)]
-enum Via {
-    /// A stream on an agent's session.
-    Agent(MuxStream),
-    /// `--fallback-proxy`, when no agent matched.
-    Fallback(Relayed),
-}
-
-impl Via {
-    /// Fails the tunnel: the agent's stream is reset; the fallback's connection is closed.
-    fn reset(self, why: &'static str) {
-        if let Via::Agent(stream) = self {
-            stream.reset(ErrorCode::ConnectionReset, why);
-        }
-    }
 }
 
 /// Counts a tunnel's bytes in the server's metrics as they flow.
@@ -104,19 +65,18 @@ pub(super) async fn serve<S: ClientSocket>(
     ctx: Arc<Context>,
 ) {
     let connection = ctx.metrics.http_connection();
-    let opened = match open(&mut *socket, client, &ctx).await {
-        Ok(opened) => opened,
-        Err(Failure::Gone(why)) => return debug!("{why}"),
-        Err(Failure::Refused(refusal)) => return refuse(&mut *socket, &ctx, refusal).await,
+    let unanswered = match open(&mut *socket, client, &ctx).await {
+        Ok(unanswered) => unanswered,
+        Err(Unopened::Gone) => return,
+        Err(Unopened::Refused(refusal)) => return answer(&mut *socket, &refusal).await,
     };
-    ctx.metrics.dial(DialResult::Ok);
     if let Err(error) = socket.write_all(head::ESTABLISHED).await {
-        opened.via.reset("client left before the 200");
+        unanswered.opened.via.reset("client left before the 200");
         return debug!(%error, "client left before the 200");
     }
     // Counted from here, so that shutdown waits for it wherever it runs.
     let token = ctx.tunnels.token();
-    let home = match &opened.via {
+    let home = match &unanswered.opened.via {
         Via::Agent(stream) => {
             debug!(stream = stream.id(), "tunnel open");
             stream.home().cloned()
@@ -124,19 +84,22 @@ pub(super) async fn serve<S: ClientSocket>(
         Via::Fallback(_) => None,
     };
     let Some(home) = home else {
-        return tunnel(Placed::Here(socket), opened, ctx, token, connection).await;
+        return tunnel(Placed::Here(socket), unanswered, ctx, token, connection).await;
     };
     // The splice runs beside its session, on the session's thread.
     let detached = match socket.detach() {
         Ok(detached) => Box::new(detached),
         Err(error) => {
-            opened.via.reset("the server could not move the tunnel");
+            unanswered
+                .opened
+                .via
+                .reset("the server could not move the tunnel");
             return debug!(%error, "taking a tunnel to its session's thread");
         }
     };
     let moved = tunnel(
         Placed::<S>::Detached(detached),
-        opened,
+        unanswered,
         ctx,
         token,
         connection,
@@ -151,89 +114,46 @@ enum Placed<S: ClientSocket> {
     Detached(Box<S::Detached>),
 }
 
-/// Head, admission, route, dial: a stream to the target, or why not.
+/// The head, then the tunnel opened: a stream to the target, or why not (already counted and
+/// logged).
 async fn open<S: ClientSocket>(
     socket: &mut S,
     client: ClientKey,
     ctx: &Context,
-) -> Result<Opened, Failure> {
+) -> Result<Unanswered, Unopened> {
     let (target, early) =
         match tokio::time::timeout(ctx.config.frontend.handshake_timeout, head::read(socket)).await
         {
             Ok(Head::Connect(target, early)) => (target, early),
-            Ok(Head::Refused(refusal)) => return Err(refusal.into()),
-            Ok(Head::Closed) => return Err(Failure::Gone("client left before sending a request")),
-            Err(_) => return Err(Failure::Gone("client did not send a request head in time")),
+            Ok(Head::Refused(refusal)) => {
+                open::report(ctx, Origin::Client, &refusal);
+                return Err(Unopened::Refused(refusal));
+            }
+            Ok(Head::Closed) => {
+                debug!("client left before sending a request");
+                return Err(Unopened::Gone);
+            }
+            Err(_) => {
+                debug!("client did not send a request head in time");
+                return Err(Unopened::Gone);
+            }
         };
-    let span = tracing::Span::current();
-    span.record("target", tracing::field::display(&target));
-    if !ctx.memory.budget.admit() {
-        return Err(Refusal::MemoryBudget {
-            buffered: ctx.memory.budget.buffered(),
-            limit: ctx.memory.budget.limit(),
-        }
-        .into());
-    }
-    let _slot = ctx.admission.admit(&client)?;
-    drop(client);
-    let started = Instant::now();
-    // A client that leaves while its dial is pending gets nothing more: dropping the dial
-    // resets its stream (the agent stops dialing) and frees its admission slot at once.
     let mut early = BytesMut::from(early);
-    let mut routed = ctx.registry.route(&target.host);
-    if matches!(routed, Err(RouteError::NoRoute(_))) && !ctx.peers_settled.is_settled() {
-        // Just started: the peers' agents are known a moment later.
-        tokio::select! {
-            _ = ctx.peers_settled.wait(ctx.config.routing.dial_timeout) => {}
-            () = client_gone(socket, &mut early) => {
-                return Err(Failure::Gone("client left while the server learned its peers' agents"));
-            }
-        }
-        routed = ctx.registry.route(&target.host);
-    }
-    let (via, agent, forwarded) = match routed {
-        Ok(candidates) => tokio::select! {
-            dialed = dial::dial(candidates, &target, ctx.config.routing.dial_timeout) => {
-                let dialed = dialed?;
-                if let Some(peer) = &dialed.via {
-                    ctx.metrics.forwarded(peer);
-                }
-                (Via::Agent(dialed.stream), dialed.agent, dialed.via)
-            }
-            () = client_gone(socket, &mut early) => {
-                ctx.metrics.anp_dial_failure("frontend_close");
-                return Err(Failure::Gone("client left while its dial was pending"));
-            }
-        },
-        Err(no_agent) => {
-            let Some(fallback) = &ctx.fallback else {
-                return Err(Refusal::from(no_agent).into());
-            };
-            let relayed = tokio::select! {
-                relayed = fallback.relay(&target, ctx.config.routing.dial_timeout) => relayed,
-                () = client_gone(socket, &mut early) => {
-                    return Err(Failure::Gone("client left while the fallback proxy dialed"));
-                }
-            };
-            let relayed = relayed
-                .inspect_err(|error| ctx.metrics.fallback_dial(error.label()))
-                .map_err(Refusal::from)?;
-            ctx.metrics.fallback_dial("ok");
-            (
-                Via::Fallback(relayed),
-                format!("fallback {}", fallback.url()),
-                None,
-            )
-        }
+    let request = Request {
+        origin: Origin::Client,
+        target: &target,
+        client,
     };
-    ctx.metrics.dialed(started.elapsed().as_secs_f64());
-    span.record("agent", tracing::field::display(&agent));
-    Ok(Opened {
-        via,
+    let opened = open::open(
+        ctx,
+        &request,
+        std::pin::pin!(client_gone(socket, &mut early)),
+    )
+    .await?;
+    Ok(Unanswered {
+        opened,
         early: early.freeze(),
         target: target.to_string(),
-        agent,
-        forwarded,
     })
 }
 
@@ -252,16 +172,15 @@ async fn client_gone<S: ClientSocket>(socket: &mut S, early: &mut BytesMut) {
     std::future::pending().await
 }
 
-/// Answers `refusal` with its status and reason, counts it, and closes the connection.
+/// Counts and logs `refusal`, a refusal before the tunnel's opener ran, then answers it.
 pub(super) async fn refuse<S: ClientSocket>(socket: &mut S, ctx: &Context, refusal: Refusal) {
-    ctx.metrics.dial(refusal.result());
-    let status = refusal.status();
-    if status.is_server_error() {
-        info!(%status, error = %refusal, "CONNECT failed");
-    } else {
-        debug!(%status, error = %refusal, "CONNECT refused");
-    }
-    let _ = socket.write_all(&head::refusal(&refusal)).await;
+    open::report(ctx, Origin::Client, &refusal);
+    answer(socket, &refusal).await;
+}
+
+/// Answers `refusal` with its status and reason, and closes the connection.
+async fn answer<S: ClientSocket>(socket: &mut S, refusal: &Refusal) {
+    let _ = socket.write_all(&head::refusal(refusal)).await;
     let _ = socket.shutdown().await;
 }
 
@@ -274,18 +193,20 @@ pub(super) async fn refuse<S: ClientSocket>(socket: &mut S, ctx: &Context, refus
 /// wrapping future holds a second copy of them.
 async fn tunnel<S: ClientSocket>(
     socket: Placed<S>,
-    opened: Opened,
+    unanswered: Unanswered,
     ctx: Arc<Context>,
     _tunnel: TaskTrackerToken,
     _connection: GaugeGuard,
 ) {
-    let Opened {
-        via,
+    let Unanswered {
+        opened: Opened {
+            via,
+            agent,
+            forwarded,
+        },
         early,
         target,
-        agent,
-        forwarded,
-    } = opened;
+    } = unanswered;
     // The server that carried the tunnel to its agent: this one, or the peer it was forwarded to.
     let server: &str = forwarded
         .as_deref()

@@ -34,6 +34,7 @@ use crate::handshakes::Handshakes;
 use crate::metrics::Metrics;
 use crate::registry::{Registration, Registry};
 use crate::router::Strategy;
+use crate::test_util::metric;
 
 use bridgehead_test_support::{bounded, MuxPair, TEST_TIMEOUT};
 
@@ -210,15 +211,6 @@ fn register_agent(registry: &Registry, mux: Mux) {
 fn serve(server: ServerEnd, ctx: &Arc<Context>) -> tokio::task::JoinHandle<()> {
     let client = ClientKey::from(&b"test client"[..]);
     tokio::spawn(connection::serve(Box::new(server), client, ctx.clone()))
-}
-
-/// The value of one series in the server's metrics text (0 when it is not there yet).
-fn metric(ctx: &Context, series: &str) -> f64 {
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, ctx.metrics.registry()).unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0.0, |value| value.parse().unwrap())
 }
 
 fn dials(ctx: &Context, result: &str) -> f64 {
@@ -760,6 +752,44 @@ async fn a_connect_that_finds_no_agent_waits_for_the_first_round_of_peers() {
         let (head, _) =
             refusal_of(&context(Registry::new(vec![Strategy::Default], 100)), HEAD).await;
         assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
+        shutdown.cancel();
+    })
+    .await
+}
+
+/// The wait for the first round of peers counts against the dial timeout: a CONNECT that
+/// waited for it has only the rest of `--dial-timeout` for its dial, so its client hears a
+/// 504 one dial timeout after its CONNECT, however long the server took to learn its peers'
+/// agents (kube-apiserver sets no deadline of its own).
+#[tokio::test(start_paused = true)]
+async fn the_wait_for_the_first_round_of_peers_counts_against_the_dial_timeout() {
+    bounded(async {
+        let shutdown = CancellationToken::new();
+        let dial_timeout = Duration::from_secs(10);
+        let registry = Registry::new(vec![Strategy::Default], 100);
+        let mut ctx = context_with_dial_timeout(registry.clone(), dial_timeout);
+        let (settle, settled) = crate::peering::Settled::new();
+        Arc::get_mut(&mut ctx).unwrap().peers_settled = settled;
+        let (server, mut client) = connection();
+        let started = tokio::time::Instant::now();
+        let served = serve(server, &ctx);
+        client.io.write_all(HEAD).await.unwrap();
+        let mut read = client.read.clone();
+        read.wait_for(|&n| n >= HEAD.len()).await.unwrap();
+        tokio::time::advance(dial_timeout * 6 / 10).await;
+        let MuxPair { server, agent } = MuxPair::new(256 * 1024, &shutdown);
+        register_agent(&registry, server);
+        settle.send_replace(true);
+        let silent = tokio::spawn(async move {
+            next_dial(&agent).await.cancelled().await;
+            agent
+        });
+        let mut answer = String::new();
+        client.io.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 504 "), "{answer}");
+        assert_eq!(started.elapsed(), dial_timeout);
+        let _agent = silent.await.unwrap();
+        served.await.unwrap();
         shutdown.cancel();
     })
     .await

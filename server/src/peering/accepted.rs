@@ -317,7 +317,12 @@ pub(super) async fn accept_loop(mux: &Mux, ctx: &Arc<Context>, peer: &str, strea
             continue;
         }
         ctx.metrics.peer_tunnel(peer);
-        let span = tracing::debug_span!("tunnel", stream = request.id());
+        let span = tracing::debug_span!(
+            "tunnel",
+            stream = request.id(),
+            target = tracing::field::Empty,
+            agent = tracing::field::Empty
+        );
         let tunnel =
             super::forwarded::forwarded(request, ctx.clone(), client.clone(), ctx.tunnels.token());
         streams.spawn(tunnel.instrument(span));

@@ -1,6 +1,8 @@
-//! One tunnel a peer forwarded to this server: routed among this server's own agents (never
-//! forwarded again), dialed within the forwarding server's deadline, answered as this server
-//! would answer a CONNECT, then pumped stream to stream under both streams' flow control.
+//! One tunnel a peer forwarded to this server: its dial request parsed, the tunnel opened by
+//! the opener the frontend uses too ([`crate::open`], as [`Origin::Peer`]: this server's own
+//! agents only, never forwarded again, within the forwarding server's deadline), answered as
+//! this server would answer a CONNECT, then pumped stream to stream under both streams' flow
+//! control.
 
 use std::sync::Arc;
 
@@ -10,61 +12,61 @@ use tracing::debug;
 
 use crate::admission::ClientKey;
 use crate::context::Context;
-use crate::dial;
+use crate::open::{self, Opened, Origin, Request, Unopened, Via};
 use crate::refusal::Refusal;
 use crate::router::Target;
 
-/// One forwarded tunnel: routed among this server's own agents (never forwarded again),
-/// dialed within the forwarding server's deadline, answered, then pumped.
+/// One forwarded tunnel: parsed, opened, answered, then pumped.
 pub(super) async fn forwarded(
     request: DialRequest,
     ctx: Arc<Context>,
     client: ClientKey,
     _tunnel: tokio_util::task::task_tracker::TaskTrackerToken,
 ) {
-    let admitted = if ctx.memory.budget.admit() {
-        ctx.admission.admit(&client)
-    } else {
-        Err(Refusal::MemoryBudget {
-            buffered: ctx.memory.budget.buffered(),
-            limit: ctx.memory.budget.limit(),
-        })
-    };
-    // Held while the dial is pending, as a CONNECT's is.
-    let slot = match admitted {
-        Ok(slot) => slot,
-        Err(refusal) => {
-            let (code, message) = answer(&refusal);
-            return request.reject(code, &message);
-        }
+    let origin = Origin::Peer {
+        timeout: request.timeout,
     };
     let authority = bridgehead_proto::host::HostPort(&request.host, request.port).to_string();
-    let dialed = match Target::parse(&authority) {
-        Ok(target) => match ctx.registry.route_local(&target.host) {
-            Ok(candidates) => {
-                let timeout = request.timeout.min(ctx.config.routing.dial_timeout);
-                tokio::select! {
-                    dialed = dial::dial(candidates, &target, timeout) => dialed,
-                    () = request.cancelled() => return debug!("the forwarding server gave up"),
-                }
-            }
-            Err(error) => Err(Refusal::from(error)),
-        },
-        Err(bad) => Err(Refusal::BadTarget(bad)),
-    };
-    drop(slot);
-    let agent = match dialed {
-        Ok(dialed) => dialed.stream,
-        Err(refusal) => {
-            let (code, message) = answer(&refusal);
-            debug!(%refusal, "forwarded dial failed");
-            return request.reject(code, &message);
+    let target = match Target::parse(&authority) {
+        Ok(target) => target,
+        Err(bad) => {
+            let refusal = Refusal::BadTarget(bad);
+            open::report(&ctx, origin, &refusal);
+            return reject(request, &refusal);
         }
+    };
+    let asked = Request {
+        origin,
+        target: &target,
+        client,
+    };
+    let opened = open::open(&ctx, &asked, std::pin::pin!(request.cancelled())).await;
+    let agent = match opened {
+        Ok(Opened {
+            via: Via::Agent(stream),
+            ..
+        }) => stream,
+        // The opener relays only a CONNECT client's tunnel to the fallback proxy.
+        Ok(Opened {
+            via: via @ Via::Fallback(_),
+            ..
+        }) => {
+            via.reset("a forwarded tunnel has no fallback");
+            return request.reject(ErrorCode::Internal, "a forwarded tunnel has no fallback");
+        }
+        Err(Unopened::Refused(refusal)) => return reject(request, &refusal),
+        Err(Unopened::Gone) => return,
     };
     let Ok(peer) = request.accept() else {
         return debug!("the forwarding server gave up before the dial finished");
     };
     pump(&peer, &agent).await;
+}
+
+/// Rejects the forwarded dial with `refusal`'s code and message.
+fn reject(request: DialRequest, refusal: &Refusal) {
+    let (code, message) = answer(refusal);
+    request.reject(code, &message);
 }
 
 /// The code and message a failed forwarded dial answers with, so that the forwarding server
