@@ -9,7 +9,8 @@ use anyhow::{ensure, Context};
 
 use crate::process::{output_within, without_package_env};
 
-/// A cold release build of the whole stack for one platform takes minutes on a small machine.
+/// A cold release build of the whole stack for one platform takes many minutes on a small,
+/// busy machine (docs/release.md has the measured times); this only stops a hung build.
 const BUILD: Duration = Duration::from_secs(3600);
 
 /// `scripts/NAME` of this repository.
@@ -33,12 +34,82 @@ pub fn run_script(mut command: Command) -> anyhow::Result<String> {
     Ok(String::from_utf8(output.stdout)?)
 }
 
-/// The directory of the release binaries of `platform` (`linux/arm64`), built as the release
-/// builds them (`scripts/build-static.sh`).
-pub fn static_binaries(platform: &str) -> anyhow::Result<PathBuf> {
+/// The platforms a release builds and the Rust target of each.
+pub const TRIPLES: [(&str, &str); 2] = [
+    ("linux/amd64", "x86_64-unknown-linux-gnu"),
+    ("linux/arm64", "aarch64-unknown-linux-gnu"),
+];
+
+/// How `scripts/build-static.sh` builds: the release's profile, or cargo's dev profile (the
+/// same target, static link and paths, without the release's optimisation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    Release,
+    Debug,
+}
+
+/// The directory of the static binaries of `platform` (`linux/arm64`), built as the release
+/// builds them (`scripts/build-static.sh`) in `profile`.
+pub fn static_binaries(platform: &str, profile: Profile) -> anyhow::Result<PathBuf> {
     let mut command = Command::new(script("build-static.sh"));
+    if profile == Profile::Debug {
+        command.arg("--debug");
+    }
     command.arg(platform);
     Ok(PathBuf::from(run_script(command)?.trim()))
+}
+
+/// What this machine lacks to build `platforms` with `scripts/build-static.sh` and package
+/// them with `scripts/release.sh` (buildah, the image base's apt-get, Go for the chart's helm,
+/// the Rust targets, the arm64 C compiler and C library): empty when it can.
+pub fn missing_for<S: AsRef<str>>(platforms: &[S]) -> Vec<String> {
+    let mut missing: Vec<String> = ["buildah", "apt-get", "dpkg-deb", "python3", "git", "go"]
+        .into_iter()
+        .filter(|tool| !crate::kubernetes::on_path(tool))
+        .map(str::to_owned)
+        .collect();
+    missing.extend(missing_to_build(platforms));
+    missing
+}
+
+/// What this machine lacks for `scripts/build-static.sh` of `platforms`: the Rust targets
+/// (rustup's, for the toolchain rust-toolchain.toml names), and for linux/arm64 Debian's
+/// cross C compiler and static C library.
+pub fn missing_to_build<S: AsRef<str>>(platforms: &[S]) -> Vec<String> {
+    let mut installed = Command::new("rustup");
+    installed.args(["target", "list", "--installed"]);
+    let installed = run_script(installed).unwrap_or_default();
+    let mut missing = Vec::new();
+    for platform in platforms {
+        let platform = platform.as_ref();
+        let Some((_, triple)) = TRIPLES.iter().find(|(p, _)| *p == platform) else {
+            missing.push(format!("a platform it builds (not {platform})"));
+            continue;
+        };
+        if !installed.lines().any(|line| line.trim() == *triple) {
+            missing.push(format!("rustup target add {triple}"));
+        }
+        if platform == "linux/arm64" {
+            for (tool, package) in [
+                ("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu"),
+                ("/usr/aarch64-linux-gnu/lib/libc.a", "libc6-dev-arm64-cross"),
+            ] {
+                if !crate::kubernetes::on_path(tool) {
+                    missing.push(format!("{tool} (Debian's {package})"));
+                }
+            }
+        }
+    }
+    missing
+}
+
+/// The ELF machine of `platform`'s binaries.
+pub fn platform_machine(platform: &str) -> Option<u16> {
+    match platform {
+        "linux/amd64" => Some(EM_X86_64),
+        "linux/arm64" => Some(EM_AARCH64),
+        _ => None,
+    }
 }
 
 /// `e_machine` of an ELF file for arm64.

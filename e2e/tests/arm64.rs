@@ -1,7 +1,11 @@
-//! The linux/arm64 release binaries, run under qemu-user on this (amd64) machine: what
-//! scripts/release.sh puts in the arm64 tarball and image is an aarch64 program with no
-//! loader and no shared library, prints its version, makes a PKI, and a server and an agent of
-//! it carry a real `curl -p` through the tunnel.
+//! The linux/arm64 binaries, run under qemu-user on this (amd64) machine: built as
+//! scripts/release.sh builds them (scripts/build-static.sh: the same sources, target, static
+//! glibc, remapped paths and commit), each is an aarch64 program with no loader and no shared
+//! library, prints its version, makes a PKI, and a server and an agent of it carry a real
+//! `curl -p` through the tunnel.
+//!
+//! Built in [`PROFILE`]: docs/release.md ("CI") has the measured cost of each profile and says
+//! what the by-hand release checks beyond this.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -9,10 +13,12 @@ use std::time::Duration;
 
 use bridgehead_e2e::client::curl;
 use bridgehead_e2e::process::output_within;
-use bridgehead_e2e::release::{elf, static_binaries, EM_AARCH64};
+use bridgehead_e2e::release::{elf, missing_to_build, static_binaries, Profile, EM_AARCH64};
 use bridgehead_e2e::{target, Agent, AgentOptions, Pki, Server, ServerOptions, Wrapper};
 
 const TEST: &str = "arm64_binaries_run_and_tunnel_under_qemu";
+const PLATFORM: &str = "linux/arm64";
+const PROFILE: Profile = Profile::Debug;
 /// Startup and registration waits are multiplied by this: emulated, a TLS handshake and the
 /// process start take several times longer.
 const PATIENCE: u32 = 10;
@@ -32,14 +38,15 @@ fn arm64_binaries_run_and_tunnel_under_qemu() {
     let Some(qemu) = qemu() else {
         return bridgehead_e2e::skip::skip(TEST, "needs qemu-user (Debian's qemu-user-static)");
     };
-    if Command::new("aarch64-linux-gnu-gcc")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        return bridgehead_e2e::skip::skip(TEST, "needs Debian's gcc-aarch64-linux-gnu");
+    let missing = missing_to_build(&[PLATFORM]);
+    if !missing.is_empty() {
+        let reason = format!(
+            "building for {PLATFORM} needs {}: scripts/install-test-deps.sh (as root) installs them",
+            missing.join(", ")
+        );
+        return bridgehead_e2e::skip::skip(TEST, &reason);
     }
-    let bin = static_binaries("linux/arm64").unwrap();
+    let bin = static_binaries(PLATFORM, PROFILE).unwrap();
     let version = env!("CARGO_PKG_VERSION");
     let commit = bridgehead_runtime::build::COMMIT;
     for name in ["bridgehead-server", "bridgehead-agent", "bridgehead-certs"] {
