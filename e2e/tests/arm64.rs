@@ -18,7 +18,7 @@ use bridgehead_e2e::{target, Agent, AgentOptions, Pki, Server, ServerOptions, Wr
 
 const TEST: &str = "arm64_binaries_run_and_tunnel_under_qemu";
 const PLATFORM: &str = "linux/arm64";
-const PROFILE: Profile = Profile::Debug;
+const PROFILE: Profile = Profile::Release;
 /// Startup and registration waits are multiplied by this: emulated, a TLS handshake and the
 /// process start take several times longer.
 const PATIENCE: u32 = 10;
