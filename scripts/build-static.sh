@@ -2,33 +2,24 @@
 # Builds the release binaries (bridgehead-server, bridgehead-agent, bridgehead-certs) for one
 # platform as scripts/release.sh ships them, and prints the directory they are in:
 #
-#   scripts/build-static.sh [--debug] linux/amd64|linux/arm64   ->  target/<triple>/release
+#   scripts/build-static.sh linux/amd64|linux/arm64     ->  target/<triple>/release
 #
 # Static: glibc's static libraries, so no loader and no shared library at run time (the same
 # jemalloc as every other build; names resolve through /etc/hosts and DNS, which glibc >= 2.34
 # has built in). Debug information stripped, symbols kept for backtraces. Reproducible: no path
 # of this machine inside (the checkout and cargo's registry are remapped, for the Rust and for
-# the C parts: ring, jemalloc). The arm64 test (e2e/tests/arm64.rs) runs the same build, so the
-# two share cargo's cache. --version names the commit as `git rev-parse HEAD` (12 digits), with
-# `-dirty` when tracked files differ from it; BRIDGEHEAD_COMMIT set by the caller wins.
-#
-# --debug builds the same three binaries the same way (target, static glibc, remapped paths,
-# commit) in cargo's dev profile instead, into target/<triple>/debug: what CI's arm64 test runs
-# under qemu-user, since the release profile's optimisation is most of an arm64 build's cost
-# (docs/release.md, "CI"). A release is never made of these.
+# the C parts: ring, jemalloc). The tests run the same builds (the nodes' image, the arm64 test
+# under qemu-user, the release test), so they and a release share cargo's cache. --version
+# names the commit as `git rev-parse HEAD` (12 digits), with `-dirty` when tracked files differ
+# from it; BRIDGEHEAD_COMMIT set by the caller wins.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-profile=release
-if [[ "${1:-}" == --debug ]]; then
-  profile=debug
-  shift
-fi
 case "${1:-}" in
   linux/amd64) triple=x86_64-unknown-linux-gnu ;;
   linux/arm64) triple=aarch64-unknown-linux-gnu ;;
-  *) echo "usage: build-static.sh [--debug] linux/amd64|linux/arm64" >&2; exit 64 ;;
+  *) echo "usage: build-static.sh linux/amd64|linux/arm64" >&2; exit 64 ;;
 esac
 if ! rustup target list --installed 2>/dev/null | grep -qx "$triple"; then
   echo "build-static: the Rust target $triple is missing: rustup target add $triple" >&2
@@ -55,6 +46,6 @@ var="$(echo "$triple" | tr 'a-z-' 'A-Z_')"
 env "CARGO_TARGET_${var}_RUSTFLAGS=-C target-feature=+crt-static --remap-path-prefix=$root=/bridgehead --remap-path-prefix=$cargo_home=/cargo" \
   "CFLAGS_${triple//-/_}=-ffile-prefix-map=$root=/bridgehead -ffile-prefix-map=$cargo_home=/cargo" \
   CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=debuginfo \
-  cargo build --quiet "--profile=${profile/debug/dev}" --locked --target "$triple" \
+  cargo build --quiet --release --locked --target "$triple" \
   -p bridgehead-server -p bridgehead-agent -p bridgehead-certs >&2
-echo "$root/target/$triple/$profile"
+echo "$root/target/$triple/release"

@@ -40,21 +40,10 @@ pub const TRIPLES: [(&str, &str); 2] = [
     ("linux/arm64", "aarch64-unknown-linux-gnu"),
 ];
 
-/// How `scripts/build-static.sh` builds: the release's profile, or cargo's dev profile (the
-/// same target, static link and paths, without the release's optimisation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Profile {
-    Release,
-    Debug,
-}
-
-/// The directory of the static binaries of `platform` (`linux/arm64`), built as the release
-/// builds them (`scripts/build-static.sh`) in `profile`.
-pub fn static_binaries(platform: &str, profile: Profile) -> anyhow::Result<PathBuf> {
+/// The directory of the release binaries of `platform` (`linux/arm64`), built as the release
+/// builds them (`scripts/build-static.sh`).
+pub fn static_binaries(platform: &str) -> anyhow::Result<PathBuf> {
     let mut command = Command::new(script("build-static.sh"));
-    if profile == Profile::Debug {
-        command.arg("--debug");
-    }
     command.arg(platform);
     Ok(PathBuf::from(run_script(command)?.trim()))
 }

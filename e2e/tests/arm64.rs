@@ -4,8 +4,8 @@
 //! library, prints its version, makes a PKI, and a server and an agent of it carry a real
 //! `curl -p` through the tunnel.
 //!
-//! Built in [`PROFILE`]: docs/release.md ("CI") has the measured cost of each profile and says
-//! what the by-hand release checks beyond this.
+//! The release's build, not a cheaper one: docs/release.md ("CI") has the measured cost of a
+//! dev-profile cross build, and what the by-hand release checks beyond this.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -13,12 +13,11 @@ use std::time::Duration;
 
 use bridgehead_e2e::client::curl;
 use bridgehead_e2e::process::output_within;
-use bridgehead_e2e::release::{elf, missing_to_build, static_binaries, Profile, EM_AARCH64};
+use bridgehead_e2e::release::{elf, missing_to_build, static_binaries, EM_AARCH64};
 use bridgehead_e2e::{target, Agent, AgentOptions, Pki, Server, ServerOptions, Wrapper};
 
 const TEST: &str = "arm64_binaries_run_and_tunnel_under_qemu";
 const PLATFORM: &str = "linux/arm64";
-const PROFILE: Profile = Profile::Release;
 /// Startup and registration waits are multiplied by this: emulated, a TLS handshake and the
 /// process start take several times longer.
 const PATIENCE: u32 = 10;
@@ -46,7 +45,7 @@ fn arm64_binaries_run_and_tunnel_under_qemu() {
         );
         return bridgehead_e2e::skip::skip(TEST, &reason);
     }
-    let bin = static_binaries(PLATFORM, PROFILE).unwrap();
+    let bin = static_binaries(PLATFORM).unwrap();
     let version = env!("CARGO_PKG_VERSION");
     let commit = bridgehead_runtime::build::COMMIT;
     for name in ["bridgehead-server", "bridgehead-agent", "bridgehead-certs"] {
