@@ -270,7 +270,7 @@ fn release_verifies_and_packs_reproducibly() {
     let missing = missing_for(&platforms);
     if !missing.is_empty() {
         let reason = format!(
-            "scripts/release.sh needs {}: scripts/install-test-deps.sh (as root) installs them",
+            "scripts/release.sh needs {}: scripts/install-test-deps.sh (as root) installs all but Go",
             missing.join(", ")
         );
         return bridgehead_e2e::skip::skip(TEST, &reason);
