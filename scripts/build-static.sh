@@ -8,9 +8,10 @@
 # jemalloc as every other build; names resolve through /etc/hosts and DNS, which glibc >= 2.34
 # has built in). Debug information stripped, symbols kept for backtraces. Reproducible: no path
 # of this machine inside (the checkout and cargo's registry are remapped, for the Rust and for
-# the C parts: ring, jemalloc). The arm64 test (e2e/tests/arm64.rs) runs the same build, so the
-# two share cargo's cache. --version names the commit as `git rev-parse HEAD` (12 digits), with
-# `-dirty` when tracked files differ from it; BRIDGEHEAD_COMMIT set by the caller wins.
+# the C parts: ring, jemalloc). The tests run the same builds (the nodes' image, the arm64 test
+# under qemu-user, the release test), so they and a release share cargo's cache. --version
+# names the commit as `git rev-parse HEAD` (12 digits), with `-dirty` when tracked files differ
+# from it; BRIDGEHEAD_COMMIT set by the caller wins.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

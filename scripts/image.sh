@@ -1,49 +1,44 @@
 #!/usr/bin/env bash
-# Builds the Bridgehead image without a registry or a container engine: a one-layer OCI
-# archive that `ctr -n k8s.io images import` loads into a node's containerd, where pods naming
-# `bridgehead:0.1.0` (deploy/) find it. The same contents as the Containerfile's image: the
-# two binaries at /bridgehead-server and /bridgehead-agent, the user 65532 (nonroot) it
-# declares, and, in place of distroless' base, the C libraries the binaries link against,
-# copied from this machine. Also writes the two images only the test nodes use: pause (the pod
-# sandbox, a static Go program from e2e/go/pause), busybox (the test pods' shell, from
-# Debian's busybox-static) and testserver (e2e/go/testserver: what the test pods serve behind a
-# Service for the proxy subresources, an admission webhook and an aggregated API).
+# Writes the image archives of a test cluster: Bridgehead's own, which the tests push to the
+# cluster's registry (scripts/push-image.sh) for every node to pull, and the images only the
+# test nodes use, which a node imports with `ctr -n k8s.io images import`.
 #
-#   scripts/image.sh [--bin-dir DIR] [--konnectivity] [OUT_DIR]
+#   bridgehead.oci.tar   THE Bridgehead image: scripts/release.sh's, built by buildah from the
+#                        repository's Containerfile (static release binaries of this tree on a
+#                        base of pinned Debian packages, user 65532), linux/amd64 only here,
+#                        tagged `bridgehead:<version>` as deploy/image names it
+#   pause.oci.tar        the pod sandbox, a static Go program from e2e/go/pause
+#   busybox.oci.tar      the test pods' shell, from Debian's busybox-static
+#   testserver.oci.tar   e2e/go/testserver: what the test pods serve behind a Service for the
+#                        proxy subresources, an admission webhook and an aggregated API
+#
+#   scripts/image.sh [--konnectivity] [OUT_DIR]
 #
 # --konnectivity also writes konnectivity.oci.tar: konnectivity's proxy-server and proxy-agent
 # (scripts/anp-build.sh, from their Go module) at /proxy-server and /proxy-agent, as ANP's own
 # images hold them, for the migration test (the cluster starts on konnectivity).
 #
-# --bin-dir holds the built bridgehead-server and bridgehead-agent (default target/release,
-# built here with `cargo build --release` first; the tests pass target/debug, built already). Writes
-# OUT_DIR/{bridgehead,pause,busybox,testserver}.oci.tar (default target/images) and prints each path with
-# its image name. Needs python3, Go (for pause), ldd, and /bin/busybox for the busybox image.
+# Writes OUT_DIR/*.oci.tar (default target/images) and prints each path with its image name.
+# The three test images are one-layer archives from scripts/oci-archive.py. Needs what
+# scripts/release.sh needs, python3, Go (for pause), and /bin/busybox for the busybox image.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bin_dir=""
 konnectivity=""
 while [[ "${1:-}" == --* ]]; do
   case "$1" in
-    --bin-dir) bin_dir="$2"; shift 2 ;;
     --konnectivity) konnectivity=1; shift ;;
     *) echo "image: unknown option $1" >&2; exit 64 ;;
   esac
 done
 out="${1:-$root/target/images}"
-version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n 1)"
-if [[ -z "$bin_dir" ]]; then
-  bin_dir="$root/target/release"
-  # Always through cargo: it does nothing when they are fresh, and never packs stale ones.
-  (cd "$root" && cargo build --release -p bridgehead-server -p bridgehead-agent)
-fi
 mkdir -p "$out"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 # Copies each shared library `ldd` names for the given programs into the image root at the
-# same path (the dynamic loader included), so the binaries run as they do here.
+# same path (the dynamic loader included), so the binaries run as they do here. Only for
+# konnectivity's test image: Bridgehead's holds no library of this machine.
 copy_libraries() {
   local image="$1"
   shift
@@ -54,22 +49,15 @@ copy_libraries() {
   done
 }
 
-# bridgehead: the product image.
-image="$work/bridgehead"
-mkdir -p "$image/etc" "$image/tmp"
-chmod 1777 "$image/tmp"
-for b in bridgehead-server bridgehead-agent; do
-  [[ -x "$bin_dir/$b" ]] || { echo "image: $bin_dir/$b is not built" >&2; exit 1; }
-  cp "$bin_dir/$b" "$image/$b"
-done
-copy_libraries "$image" "$image/bridgehead-server" "$image/bridgehead-agent"
-# As distroless' nonroot: the user the Containerfile and deploy/ name (65532).
-printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$image/etc/passwd"
-printf 'root:x:0:\nnonroot:x:65532:\n' >"$image/etc/group"
-mkdir -p "$image/home/nonroot"
-python3 "$root/scripts/oci-archive.py" "$image" "docker.io/library/bridgehead:$version" \
-  "$out/bridgehead.oci.tar" --user 65532:65532 --entrypoint /bridgehead-server
-echo "$out/bridgehead.oci.tar docker.io/library/bridgehead:$version"
+# bridgehead: the product image, as the release builds it (cargo and buildah do nothing
+# where nothing changed). Into a directory of this run's own, then renamed into place: test
+# processes may build at once.
+"$root/scripts/release.sh" --image-only --platform linux/amd64 --out "$work/release" >/dev/null
+cp "$work/release/bridgehead.oci.tar" "$out/bridgehead.oci.tar.$$"
+mv "$out/bridgehead.oci.tar.$$" "$out/bridgehead.oci.tar"
+reference="$(tar -xOf "$out/bridgehead.oci.tar" ./index.json |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"])')"
+echo "$out/bridgehead.oci.tar $reference"
 
 # pause: the sandbox every pod of a test node starts with (containerd's sandbox_image).
 image="$work/pause"

@@ -27,6 +27,10 @@ wants=(
   "iptables iptables"           # real nodes: the portmap CNI plugin and kubelet's own rules
   "/bin/busybox busybox-static" # real nodes: the test pods' root file system (scripts/image.sh)
   "skopeo skopeo"               # scripts/push-image.sh: Bridgehead's image into the test registry
+  "buildah buildah"             # scripts/release.sh: the image from the Containerfile (e2e/tests/release.rs, the nodes' image)
+  "aarch64-linux-gnu-gcc gcc-aarch64-linux-gnu"       # scripts/build-static.sh: the linux/arm64 binaries' C parts and link
+  "/usr/aarch64-linux-gnu/lib/libc.a libc6-dev-arm64-cross"   # ... and glibc's static libraries for arm64
+  "qemu-aarch64-static qemu-user-static"              # e2e/tests/arm64.rs: the arm64 binaries run under emulation
 )
 
 missing=()
@@ -48,6 +52,16 @@ if ((${#missing[@]})); then
   echo "install-test-deps: installing ${missing[*]}" >&2
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# scripts/build-static.sh: Rust's standard library for linux/arm64, for the toolchain
+# rust-toolchain.toml names (rustup's, where rustup is).
+if command -v rustup >/dev/null; then
+  (
+    cd "$(dirname "${BASH_SOURCE[0]}")/.."
+    rustup target list --installed | grep -qx aarch64-unknown-linux-gnu ||
+      rustup target add aarch64-unknown-linux-gnu >&2
+  )
 fi
 
 # e2e/tests/faults.rs: where the kernel has no netem, the lossy link's delay line is a TUN

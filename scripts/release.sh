@@ -135,7 +135,24 @@ if [[ -z "$image_only" ]]; then
     helm="$(scripts/helm-build.sh | awk 'NR == 1 {print $1}')"
     for chart in "${charts[@]}"; do
       echo "==> helm package $(dirname "$chart")" >&2
-      "$helm" package "$(dirname "$chart")" --app-version "$version" --destination "$out" >/dev/null
+      "$helm" package "$(dirname "$chart")" --app-version "$version" --destination "$work/charts" >/dev/null
+    done
+    # helm package stamps every entry with the time it ran (helm 3.22 reads no
+    # SOURCE_DATE_EPOCH), so two runs differed: the same entries, in helm's order, are written
+    # again at SOURCE_DATE_EPOCH, owned by 0, under a gzip header without a time.
+    for packaged in "$work"/charts/*.tgz; do
+      python3 - "$packaged" "$out/$(basename "$packaged")" "$SOURCE_DATE_EPOCH" <<'PY'
+import gzip, sys, tarfile
+source, target, epoch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with tarfile.open(source, "r:gz") as old, open(target, "wb") as raw:
+    with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz:
+        with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as new:
+            for member in old.getmembers():
+                member.mtime, member.uid, member.gid = epoch, 0, 0
+                member.uname = member.gname = ""
+                member.pax_headers = {}
+                new.addfile(member, old.extractfile(member) if member.isfile() else None)
+PY
     done
   else
     echo "release: no chart under charts/ (charts/bridgehead); no chart .tgz written" >&2

@@ -11,6 +11,14 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   scripts/install-test-deps.sh
 fi
 cargo build --workspace --bins
+# The release's static linux/amd64 binaries (cargo's cache under target/x86_64-unknown-linux-gnu):
+# the real-cluster tests' nodes run the release's image of them (scripts/image.sh) and
+# e2e/tests/release.rs releases them. Built here, before any test's clock starts; each test
+# then finds cargo with nothing to do. Needs rustup (the target named explicitly); without it
+# those tests say what they lack.
+if command -v rustup >/dev/null; then
+  scripts/build-static.sh linux/amd64 >/dev/null
+fi
 # The real Kubernetes components (kube-apiserver, etcd, kubectl, kube-apiserver's egress
 # dialer) from their Go modules, cached under target/k8s: minutes the first time, nothing after.
 if command -v go >/dev/null; then

@@ -95,10 +95,11 @@ pub fn require(test: &str) -> Option<Binaries> {
 
 /// What a real node needs (see [`node_host`]): root, the binaries, the node runtime from
 /// the system's packages (`scripts/install-test-deps.sh`), and the registry its image comes
-/// from ([`crate::image_registry::missing`]); otherwise skips `test` loudly and returns `None`.
+/// from ([`crate::image_registry::missing`]) and what builds that image, the release's
+/// ([`crate::release::missing_for`]); otherwise skips `test` loudly and returns `None`.
 pub fn require_nodes(test: &str) -> Option<Binaries> {
     let binaries = require(test)?;
-    let missing: Vec<&str> = [
+    let missing: Vec<String> = [
         "containerd",
         "ctr",
         "runc",
@@ -114,6 +115,9 @@ pub fn require_nodes(test: &str) -> Option<Binaries> {
     .into_iter()
     .filter(|tool| !on_path(tool))
     .chain(crate::image_registry::missing())
+    .map(str::to_owned)
+    // Bridgehead's image is the release's, linux/amd64 (scripts/image.sh).
+    .chain(crate::release::missing_for(&["linux/amd64"]))
     .collect();
     if !missing.is_empty() {
         crate::skip::skip(
@@ -129,7 +133,7 @@ pub fn require_nodes(test: &str) -> Option<Binaries> {
 }
 
 /// Whether `tool` (a command, or an absolute path) exists.
-fn on_path(tool: &str) -> bool {
+pub(crate) fn on_path(tool: &str) -> bool {
     if tool.starts_with('/') {
         return std::path::Path::new(tool).exists();
     }

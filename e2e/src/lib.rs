@@ -14,6 +14,7 @@
 //! - [`netns`]: network-namespace test hosts (root); [`procfs`]: a process's memory, CPU and
 //!   descriptors; [`skip`]: skipping a test loudly (and failing it where skips are forbidden);
 //!   [`timing`]: a timeout fired on time.
+//! - [`release`]: the release scripts and what they write (static binaries, OCI layouts).
 //! - [`soak`]: many tunnels held for a long time with a trickle of traffic and steady
 //!   turnover, the processes sampled (the bench's soak and its shortened test).
 //!
@@ -31,6 +32,7 @@ pub mod pki;
 pub mod process;
 pub mod procfs;
 pub mod prometheus;
+pub mod release;
 pub mod skip;
 pub mod soak;
 pub mod target;

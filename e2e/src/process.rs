@@ -61,6 +61,39 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// `name` in `bin_dir` when given (built elsewhere, for another platform), else this build's
+/// [`binary`].
+fn program(bin_dir: Option<&Path>, name: &str) -> anyhow::Result<PathBuf> {
+    match bin_dir {
+        Some(dir) => Ok(dir.join(name)),
+        None => binary(name),
+    }
+}
+
+/// Removes from `command`'s environment what cargo set for this test process: it describes
+/// this package, not a build. Passed on to a cargo that `command` runs, it reaches build
+/// scripts (ring's reads CARGO_MANIFEST_DIR) and makes cargo rebuild their crates every time.
+pub fn without_package_env(command: &mut Command) {
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        let per_package = key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_BIN_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_MANIFEST_LINKS",
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "OUT_DIR",
+            ]
+            .contains(&&*key);
+        if per_package {
+            command.env_remove(&*key);
+        }
+    }
+}
+
 /// `cargo build --workspace --bins` (but the bench, which the tests never run) once per
 /// process, when running under cargo.
 fn build_binaries() -> anyhow::Result<()> {
@@ -76,27 +109,7 @@ fn build_binaries() -> anyhow::Result<()> {
             command.arg("--release");
         }
         command.current_dir(env!("CARGO_MANIFEST_DIR"));
-        // What cargo sets for this test process describes this package, not the build: passed
-        // on, it reaches build scripts (ring's reads CARGO_MANIFEST_DIR) and makes cargo
-        // rebuild their crates every time.
-        for (key, _) in std::env::vars_os() {
-            let key = key.to_string_lossy();
-            let per_package = key.starts_with("CARGO_PKG_")
-                || key.starts_with("CARGO_BIN_")
-                || [
-                    "CARGO_MANIFEST_DIR",
-                    "CARGO_MANIFEST_PATH",
-                    "CARGO_MANIFEST_LINKS",
-                    "CARGO_CRATE_NAME",
-                    "CARGO_PRIMARY_PACKAGE",
-                    "CARGO_TARGET_TMPDIR",
-                    "OUT_DIR",
-                ]
-                .contains(&&*key);
-            if per_package {
-                command.env_remove(&*key);
-            }
-        }
+        without_package_env(&mut command);
         match command.status() {
             Ok(status) if status.success() => Ok(()),
             Ok(status) => Err(format!("{command:?} failed: {status}")),
@@ -395,6 +408,9 @@ pub struct ServerOptions {
     pub netns: Option<String>,
     /// Run the server under this command (e.g. valgrind).
     pub wrapper: Option<Wrapper>,
+    /// Run `bridgehead-server` from this directory instead of this build's (another
+    /// platform's binary, under a `wrapper` such as qemu-user).
+    pub bin_dir: Option<PathBuf>,
     /// Leave `--cluster-ca-cert` out (agents authenticate by token alone).
     pub without_cluster_ca: bool,
     /// Environment variables for the server (`RUST_LOG`, say).
@@ -438,7 +454,7 @@ impl Server {
             .unwrap_or_else(|| "127.0.0.1".to_owned());
         let mut command = prefixed(
             &prefix(options.netns.as_deref(), options.wrapper.as_ref()),
-            binary("bridgehead-server")?,
+            program(options.bin_dir.as_deref(), "bridgehead-server")?,
         );
         let agent_port = options.agent_port.unwrap_or(0).to_string();
         command.args([
@@ -617,6 +633,9 @@ pub struct AgentOptions {
     pub server: Option<SocketAddr>,
     /// Run the agent under this command (e.g. valgrind), inside the namespace if any.
     pub wrapper: Option<Wrapper>,
+    /// Run `bridgehead-agent` from this directory instead of this build's (another
+    /// platform's binary, under a `wrapper` such as qemu-user).
+    pub bin_dir: Option<PathBuf>,
     /// `--service-account-token-path`.
     pub token: Option<PathBuf>,
     /// The client certificate and key instead of the PKI's `agent.crt`; `Some(None)`: none.
@@ -647,7 +666,7 @@ impl Agent {
     pub fn start_at(pki: &Pki, addr: SocketAddr, options: AgentOptions) -> anyhow::Result<Agent> {
         let mut command = prefixed(
             &prefix(options.netns.as_deref(), options.wrapper.as_ref()),
-            binary("bridgehead-agent")?,
+            program(options.bin_dir.as_deref(), "bridgehead-agent")?,
         );
         command.args(["--proxy-server-host", &addr.ip().to_string()]);
         command.args(["--proxy-server-port", &addr.port().to_string()]);

@@ -1,6 +1,7 @@
 //! charts/bridgehead with helm built from its Go module (`scripts/helm-build.sh`): `helm lint`;
-//! the chart's version, image and deploy/image agreeing with the workspace version; a missing
-//! placeholder or a wrong shape refused by name; every shape rendered by `helm template` passing
+//! the chart's version, image and deploy/image agreeing with the workspace version; its RBAC
+//! the same objects as deploy/rbac's; a missing placeholder or a wrong shape refused by name;
+//! every shape rendered by `helm template` passing
 //! `kubectl apply --dry-run=server --validate=strict` against a real kube-apiserver (with the
 //! prometheus-operator's CRDs) and every pod in it hardened; the hosted-control-plane example
 //! validated; and `helm install --wait` on a real cluster whose `kubectl exec`, `kubectl logs
@@ -143,6 +144,66 @@ fn the_chart_lints_and_names_the_image_deploy_names() {
         assert!(
             !out.status.success() && stderr.contains(says),
             "{values:?}: {stderr}"
+        );
+    }
+}
+
+/// The objects of a YAML stream as kube-apiserver receives them: each document without its
+/// comments and blank lines, sorted (order in a file means nothing to `kubectl apply`).
+fn documents(yaml: &str) -> Vec<String> {
+    let mut documents: Vec<String> = yaml
+        .split("\n---")
+        .map(|document| {
+            document
+                .lines()
+                .filter(|line| {
+                    let line = line.trim();
+                    !line.is_empty() && !line.starts_with('#') && line != "---"
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .filter(|document| !document.is_empty())
+        .collect();
+    documents.sort();
+    documents
+}
+
+#[test]
+fn the_charts_rbac_is_deploy_rbac() {
+    const TEST: &str = "the_charts_rbac_is_deploy_rbac";
+    let Some(binary) = manifests::require_helm(TEST) else {
+        return;
+    };
+    // The chart's RBAC templates are deploy/rbac's files with the release's namespace: rendered
+    // into kube-system (deploy/rbac's), they are the same objects, rule for rule.
+    let rendered = template(&binary, SHAPES[0]);
+    let rbac: String = rendered
+        .split("\n---")
+        .filter(|document| document.contains("# Source: bridgehead/templates/rbac-"))
+        .collect::<Vec<_>>()
+        .join("\n---");
+    let deploy = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/rbac");
+    let kustomization = std::fs::read_to_string(deploy.join("kustomization.yaml")).unwrap();
+    let mut files = String::new();
+    for line in kustomization.lines() {
+        if let Some(file) = line.strip_prefix("- ") {
+            files += &std::fs::read_to_string(deploy.join(file.trim())).unwrap();
+            files += "\n---\n";
+        }
+    }
+    let (chart, deploy) = (documents(&rbac), documents(&files));
+    assert!(deploy.len() >= 10, "{deploy:#?}");
+    for document in &deploy {
+        assert!(
+            chart.contains(document),
+            "deploy/rbac has an object the chart does not make:\n{document}"
+        );
+    }
+    for document in &chart {
+        assert!(
+            deploy.contains(document),
+            "the chart makes an RBAC object deploy/rbac does not:\n{document}"
         );
     }
 }

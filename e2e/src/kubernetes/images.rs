@@ -1,7 +1,8 @@
-//! The images of a test cluster: Bridgehead's own (the binaries under test, as
-//! `scripts/image.sh` packs them), which the cluster pushes to its registry and its nodes pull,
-//! and the test-only ones a node imports (pause, busybox, testserver, konnectivity). Built once
-//! per test process into `images/` beside the binaries.
+//! The images of a test cluster: Bridgehead's own (the release's image: `scripts/release.sh
+//! --image-only --platform linux/amd64` of this tree's sources, through `scripts/image.sh`),
+//! which the cluster pushes to its registry and its nodes pull, and the test-only ones a node
+//! imports (pause, busybox, testserver, konnectivity). Built once per test process into
+//! `images/` beside the binaries.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -52,13 +53,11 @@ impl Images {
     }
 
     fn build(konnectivity: bool) -> anyhow::Result<Images> {
-        // The binaries first: the image holds them.
-        crate::process::binary("bridgehead-server")?;
-        let bin = crate::process::bin_dir();
-        let out = bin.join("images");
+        let out = crate::process::bin_dir().join("images");
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/image.sh");
         let mut command = Command::new(&script);
-        command.arg("--bin-dir").arg(&bin);
+        // It runs cargo (scripts/release.sh): this test's package environment stays here.
+        crate::process::without_package_env(&mut command);
         if konnectivity {
             command.arg("--konnectivity");
         }

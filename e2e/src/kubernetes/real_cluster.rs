@@ -6,7 +6,7 @@
 //! `/etc/kubernetes/manifests` (only its `image:` line pointed at the registry); worker nodes;
 //! and the agents as deploy/agent's DaemonSet (`kubectl apply -k` of an overlay that sets only
 //! `--proxy-server-host` and the image, as its kustomization says to). Each node is a
-//! [`NodeHost`] running the image `scripts/image.sh` builds from the binaries under test,
+//! [`NodeHost`] running the release's image of the tree under test (`scripts/image.sh`),
 //! pushed to a registry on the control plane's host ([`Registry`], CNCF Distribution over TLS)
 //! and pulled from there by each node's containerd, as a user's nodes pull from theirs. Or,
 //! for docs/install.md and the chart, the same cluster with nothing installed
