@@ -13,6 +13,8 @@
 
 mod drive;
 
+pub use drive::CLOSE_FLUSH;
+
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Waker};

@@ -518,13 +518,10 @@ pub struct AgentEndpointConfig {
 }
 
 impl AgentEndpointConfig {
-    /// The agent sessions' keepalive: a ping every `--keepalive-time`, the session given up
-    /// after three of them without an answer.
+    /// The agent and peer sessions' keepalive: a ping every `--keepalive-time`, the session
+    /// given up after `KEEPALIVE_MISSES` of them without an answer.
     pub fn keepalive(&self) -> bridgehead_mux::Keepalive {
-        bridgehead_mux::Keepalive {
-            interval: self.keepalive_time,
-            timeout: self.keepalive_time * 3,
-        }
+        bridgehead_runtime::timeouts::keepalive(self.keepalive_time)
     }
 }
 

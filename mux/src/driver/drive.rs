@@ -22,8 +22,9 @@ use crate::outbox::Outbox;
 use crate::websocket::{Incoming, Reader, WebSocket, Writer, READ_BUFFER};
 
 /// How long a closing session may take to flush frames queued before the close, and to send
-/// its close frame.
-const CLOSE_FLUSH: Duration = Duration::from_secs(1);
+/// its close frame: a second is many round trips, and a peer that takes longer is not reading
+/// (listed in `bridgehead_runtime::timeouts::DEADLINES`; it lives here, below the runtime).
+pub const CLOSE_FLUSH: Duration = Duration::from_secs(1);
 /// Longest reason sent in a WebSocket close frame.
 const MAX_CLOSE_REASON: usize = 100;
 /// DATA payloads smaller than this are copied out of the message they came in: the reader
