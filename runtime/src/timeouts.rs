@@ -68,9 +68,10 @@ pub const KEEPALIVE_MISSES: u32 = 3;
 /// A session's keepalive from `--keepalive-time`: a ping every `interval`, the session given
 /// up after [`KEEPALIVE_MISSES`] of them without a word from the peer.
 pub fn keepalive(interval: Duration) -> bridgehead_mux::Keepalive {
+    let interval_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
     bridgehead_mux::Keepalive {
-        interval,
-        timeout: interval * KEEPALIVE_MISSES,
+        interval_ms,
+        timeout_ms: interval_ms.saturating_mul(u64::from(KEEPALIVE_MISSES)),
     }
 }
 
