@@ -13,6 +13,9 @@
 
 use std::time::Duration;
 
+use self::Binary::{Agent, Both, Server};
+use self::Source::{Constant, Flag, FlagTimes};
+
 /// Agent: longest wait for the TCP connection to a server, name resolution included. As long
 /// as a server's handshake may take: a server busy enough to answer late is still better
 /// than the next attempt's backoff.
@@ -148,143 +151,32 @@ const fn deadline(
     }
 }
 
-const SECONDS_10: Duration = Duration::from_secs(10);
-const SECONDS_30: Duration = Duration::from_secs(30);
-
-/// Every deadline of both binaries; docs/architecture.md's Deadlines table, row for row.
+/// Every deadline of both binaries; docs/architecture.md's Deadlines table, row for row (one
+/// line each, as the table has: kept out of rustfmt's way so it reads as one).
+#[rustfmt::skip]
 pub const DEADLINES: &[Deadline] = &[
-    deadline(
-        "a CONNECT client's TLS handshake",
-        Binary::Server,
-        Source::Flag("--handshake-timeout"),
-        SECONDS_10,
-    ),
-    deadline(
-        "a CONNECT client's head, after its handshake",
-        Binary::Server,
-        Source::Flag("--handshake-timeout"),
-        SECONDS_10,
-    ),
-    deadline(
-        "an agent's or peer's TLS handshake and upgrade request",
-        Binary::Server,
-        Source::Flag("--agent-handshake-timeout"),
-        Duration::from_secs(20),
-    ),
-    deadline(
-        "a handshake owing bytes keeps its place while another waits",
-        Binary::Server,
-        Source::Flag("--agent-handshake-stall"),
-        Duration::from_secs(2),
-    ),
-    deadline(
-        "writing the upgrade answer to an admitted agent or peer",
-        Binary::Server,
-        Source::Flag("--handshake-timeout"),
-        SECONDS_10,
-    ),
-    deadline(
-        "a token's review, before `503` with `Retry-After`",
-        Binary::Server,
-        Source::Constant("TOKEN_REVIEW_PATIENCE"),
-        TOKEN_REVIEW_PATIENCE,
-    ),
-    deadline(
-        "a token waiting for the local verifier to start",
-        Binary::Server,
-        Source::Constant("VERIFIER_STARTUP_WAIT"),
-        VERIFIER_STARTUP_WAIT,
-    ),
-    deadline(
-        "a tunnel's opening: the first round of peers, the agent's dial, the fallback's answer",
-        Binary::Server,
-        Source::Flag("--dial-timeout"),
-        SECONDS_10,
-    ),
-    deadline(
-        "a target's first bytes waiting for the client's",
-        Binary::Server,
-        Source::Flag("--target-bytes-hold"),
-        Duration::from_millis(250),
-    ),
-    deadline(
-        "a dialed peer's connection, TLS handshake and upgrade answer",
-        Binary::Server,
-        Source::Constant("PEER_CONNECT"),
-        PEER_CONNECT,
-    ),
-    deadline(
-        "a peer accepting the view stream",
-        Binary::Server,
-        Source::Constant("PEER_VIEW_OPEN"),
-        PEER_VIEW_OPEN,
-    ),
-    deadline(
-        "open tunnels after SIGTERM",
-        Binary::Server,
-        Source::Flag("--shutdown-grace-period"),
-        SECONDS_30,
-    ),
-    deadline(
-        "the TCP connection to a server",
-        Binary::Agent,
-        Source::Constant("AGENT_CONNECT"),
-        AGENT_CONNECT,
-    ),
-    deadline(
-        "the TLS handshake with a server",
-        Binary::Agent,
-        Source::Constant("AGENT_TLS_HANDSHAKE"),
-        AGENT_TLS_HANDSHAKE,
-    ),
-    deadline(
-        "a server's upgrade answer",
-        Binary::Agent,
-        Source::Constant("AGENT_UPGRADE_ANSWER"),
-        AGENT_UPGRADE_ANSWER,
-    ),
-    deadline(
-        "an ended session's tunnel tasks",
-        Binary::Agent,
-        Source::Constant("AGENT_SESSION_TASKS"),
-        AGENT_SESSION_TASKS,
-    ),
-    deadline(
-        "open tunnels after SIGTERM",
-        Binary::Agent,
-        Source::Flag("--drain-grace-period"),
-        SECONDS_30,
-    ),
-    deadline(
-        "between pings on a quiet session",
-        Binary::Both,
-        Source::Flag("--keepalive-time"),
-        Duration::from_secs(5),
-    ),
-    deadline(
-        "a silent session's peer, before the session ends",
-        Binary::Both,
-        Source::FlagTimes("--keepalive-time", "KEEPALIVE_MISSES", KEEPALIVE_MISSES),
-        Duration::from_secs(15),
-    ),
-    deadline(
-        "a closing session's last frames",
-        Binary::Both,
-        Source::Constant("CLOSE_FLUSH"),
-        bridgehead_mux::CLOSE_FLUSH,
-    ),
-    deadline(
-        "what is left after the grace period",
-        Binary::Both,
-        Source::Constant("CLOSE"),
-        CLOSE,
-    ),
-    deadline(
-        "a health or admin client's request head",
-        Binary::Both,
-        Source::Constant("HEALTH_HEADER_READ"),
-        HEALTH_HEADER_READ,
-    ),
+    deadline("a CONNECT client's TLS handshake", Server, Flag("--handshake-timeout"), Duration::from_secs(10)),
+    deadline("a CONNECT client's head, after its handshake", Server, Flag("--handshake-timeout"), Duration::from_secs(10)),
+    deadline("an agent's or peer's TLS handshake and upgrade request", Server, Flag("--agent-handshake-timeout"), Duration::from_secs(20)),
+    deadline("a handshake owing bytes keeps its place while another waits", Server, Flag("--agent-handshake-stall"), Duration::from_secs(2)),
+    deadline("writing the upgrade answer to an admitted agent or peer", Server, Flag("--handshake-timeout"), Duration::from_secs(10)),
+    deadline("a token's review, before `503` with `Retry-After`", Server, Constant("TOKEN_REVIEW_PATIENCE"), TOKEN_REVIEW_PATIENCE),
+    deadline("a token waiting for the local verifier to start", Server, Constant("VERIFIER_STARTUP_WAIT"), VERIFIER_STARTUP_WAIT),
+    deadline("a tunnel's opening: the first round of peers, the agent's dial, the fallback's answer", Server, Flag("--dial-timeout"), Duration::from_secs(10)),
+    deadline("a target's first bytes waiting for the client's", Server, Flag("--target-bytes-hold"), Duration::from_millis(250)),
+    deadline("a dialed peer's connection, TLS handshake and upgrade answer", Server, Constant("PEER_CONNECT"), PEER_CONNECT),
+    deadline("a peer accepting the view stream", Server, Constant("PEER_VIEW_OPEN"), PEER_VIEW_OPEN),
+    deadline("open tunnels after SIGTERM", Server, Flag("--shutdown-grace-period"), Duration::from_secs(30)),
+    deadline("the TCP connection to a server", Agent, Constant("AGENT_CONNECT"), AGENT_CONNECT),
+    deadline("the TLS handshake with a server", Agent, Constant("AGENT_TLS_HANDSHAKE"), AGENT_TLS_HANDSHAKE),
+    deadline("a server's upgrade answer", Agent, Constant("AGENT_UPGRADE_ANSWER"), AGENT_UPGRADE_ANSWER),
+    deadline("an ended session's tunnel tasks", Agent, Constant("AGENT_SESSION_TASKS"), AGENT_SESSION_TASKS),
+    deadline("open tunnels after SIGTERM", Agent, Flag("--drain-grace-period"), Duration::from_secs(30)),
+    deadline("between pings on a quiet session", Both, Flag("--keepalive-time"), Duration::from_secs(5)),
+    deadline("a silent session's peer, before the session ends", Both, FlagTimes("--keepalive-time", "KEEPALIVE_MISSES", KEEPALIVE_MISSES), Duration::from_secs(15)),
+    deadline("a closing session's last frames", Both, Constant("CLOSE_FLUSH"), bridgehead_mux::CLOSE_FLUSH),
+    deadline("what is left after the grace period", Both, Constant("CLOSE"), CLOSE),
+    deadline("a health or admin client's request head", Both, Constant("HEALTH_HEADER_READ"), HEALTH_HEADER_READ),
 ];
 
 #[cfg(test)]
