@@ -24,9 +24,6 @@ pub use crate::tls::ClientCert;
 
 use bridgehead_runtime::destinations::{parse_rules, Policy, Rule, RuleFlags};
 
-/// The session is declared dead after this many keepalive intervals of silence.
-const KEEPALIVE_MISSES: u32 = 3;
-
 /// bridgehead-agent: keeps a WebSocket tunnel to bridgehead-server and dials the targets the
 /// server asks for.
 ///
@@ -407,12 +404,9 @@ pub struct SessionsConfig {
 
 impl SessionsConfig {
     /// Session keepalive: a ping every `--keepalive-time`, the session given up after
-    /// [`KEEPALIVE_MISSES`] of them without an answer.
+    /// `KEEPALIVE_MISSES` of them without an answer.
     pub fn keepalive(&self) -> Keepalive {
-        Keepalive {
-            interval: self.keepalive_time,
-            timeout: self.keepalive_time * KEEPALIVE_MISSES,
-        }
+        bridgehead_runtime::timeouts::keepalive(self.keepalive_time)
     }
 }
 

@@ -21,14 +21,9 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Error as RequestError;
 
 use crate::config::Config;
+use bridgehead_runtime::timeouts::{AGENT_CONNECT, AGENT_TLS_HANDSHAKE, AGENT_UPGRADE_ANSWER};
 use bridgehead_runtime::upgrade::{upgrade, Answer, UpgradeError};
 
-/// Longest wait for the TCP connection (resolution included).
-const TCP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest wait for the TLS handshake, and again for the WebSocket upgrade. The server's
-/// `--agent-handshake-timeout` (20 s) is the two together, so that it never cuts a handshake
-/// this agent still waits for: raise that with this.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest part of a refusal's body that makes it into the logs.
 const MAX_LOGGED_BODY: usize = 512;
 
@@ -117,14 +112,7 @@ pub(crate) async fn connect_to_server(
             None => TcpStream::connect((config.servers.host.as_str(), config.servers.port)).await,
         }
     };
-    let tcp = within(
-        TCP_CONNECT_TIMEOUT,
-        "TCP connect",
-        &server,
-        connect,
-        tcp_error,
-    )
-    .await?;
+    let tcp = within(AGENT_CONNECT, "TCP connect", &server, connect, tcp_error).await?;
     let peer = tcp.peer_addr().map_err(tcp_error)?;
     // Small frames (pings, window grants) must not wait for Nagle.
     let _ = tcp.set_nodelay(true);
@@ -136,7 +124,7 @@ pub(crate) async fn connect_to_server(
         source,
     };
     let mut tls = within(
-        HANDSHAKE_TIMEOUT,
+        AGENT_TLS_HANDSHAKE,
         "TLS handshake",
         &server,
         handshake,
@@ -154,7 +142,7 @@ pub(crate) async fn connect_to_server(
     };
     let answer = upgrade(&mut tls, &request);
     let answer = within(
-        HANDSHAKE_TIMEOUT,
+        AGENT_UPGRADE_ANSWER,
         "WebSocket upgrade",
         &server,
         answer,

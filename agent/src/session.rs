@@ -22,9 +22,7 @@ use crate::dial::{self, DialError};
 use crate::metrics::Metrics;
 use crate::server_connection::ServerWebSocket;
 use bridgehead_runtime::destinations::Policy;
-
-/// After the session ended, how long its tunnel tasks get to notice and finish.
-const TASKS_AFTER_SESSION: Duration = Duration::from_secs(5);
+use bridgehead_runtime::timeouts::AGENT_SESSION_TASKS;
 
 /// Runs the session until it ends (server gone, keepalive timeout, protocol error) or, once
 /// `shutdown` fires, until it drained. Runs `on_server_drain` when the server announces that
@@ -64,7 +62,7 @@ pub(crate) async fn run(
 
     // Every stream failed with the session; let their tasks see it and finish.
     tracker.close();
-    if tokio::time::timeout(TASKS_AFTER_SESSION, tracker.wait())
+    if tokio::time::timeout(AGENT_SESSION_TASKS, tracker.wait())
         .await
         .is_err()
     {

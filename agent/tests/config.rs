@@ -44,8 +44,8 @@ fn defaults() {
     assert_eq!(config.servers.port, 8132);
     assert_eq!(config.server_authority(), "127.0.0.1:8132");
     assert_eq!(config.process.health_address.to_string(), "0.0.0.0:8093");
-    assert_eq!(config.sessions.keepalive().interval, Duration::from_secs(5));
-    assert_eq!(config.sessions.keepalive().timeout, Duration::from_secs(15));
+    assert_eq!(config.sessions.keepalive().interval_ms, 5_000);
+    assert_eq!(config.sessions.keepalive().timeout_ms, 15_000);
     assert_eq!(config.servers.sync_interval, Duration::from_secs(1));
     // ANP's defaults: 1s, growing to 10s.
     assert_eq!(config.servers.sync_interval_cap, Duration::from_secs(10));
@@ -187,10 +187,7 @@ fn identifiers_and_server_name() {
         "{:?}",
         config.tls.server_name
     );
-    assert_eq!(
-        config.sessions.keepalive().timeout,
-        Duration::from_millis(1500)
-    );
+    assert_eq!(config.sessions.keepalive().timeout_ms, 1_500);
     assert!(config.tls.client_cert.is_some());
 }
 

@@ -13,12 +13,14 @@
 
 mod drive;
 
+pub use drive::CLOSE_FLUSH;
+
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bridgehead_proto::session::{Event, Session, SessionConfig};
+use bridgehead_proto::session::{Event, Keepalive, Session, SessionConfig};
 use bridgehead_proto::text::Printable;
 use bytes::Bytes;
 use tokio::runtime::Handle;
@@ -29,24 +31,6 @@ use crate::end::SessionEnd;
 use crate::outbox::{encode_batch, Outbox};
 use crate::slot::{Dial, Ending, PendingDial, Slots, Waiter};
 use crate::websocket::Message;
-
-/// How often to ping and how long silence may last before the session is declared dead.
-#[derive(Debug, Clone, Copy)]
-pub struct Keepalive {
-    /// Interval between pings.
-    pub interval: Duration,
-    /// Silence (no message, no pong) after which the session is dead.
-    pub timeout: Duration,
-}
-
-impl Default for Keepalive {
-    fn default() -> Keepalive {
-        Keepalive {
-            interval: Duration::from_secs(5),
-            timeout: Duration::from_secs(15),
-        }
-    }
-}
 
 /// See the module documentation.
 #[derive(Debug)]

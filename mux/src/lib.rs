@@ -29,7 +29,8 @@ pub mod splice;
 mod stream;
 pub mod websocket;
 
-pub use driver::Keepalive;
+pub use bridgehead_proto::session::Keepalive;
+pub use driver::CLOSE_FLUSH;
 pub use end::{SessionEnd, Violation};
 pub use mux::{Mux, Serve};
 pub use outbox::SESSION_TLS_BUFFER;

@@ -8,10 +8,11 @@ use bridgehead_proto::session::{Role, SessionConfig};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
-use crate::driver::{Driver, Keepalive};
+use crate::driver::Driver;
 use crate::end::SessionEnd;
 use crate::stream::{self, DialRequest, MuxStream, OpenFailure};
 use crate::websocket::WebSocket;
+use crate::Keepalive;
 
 /// Handle to one multiplexed session. Clones share the session.
 #[derive(Debug, Clone)]

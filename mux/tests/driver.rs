@@ -21,8 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 /// Keepalive that never fires within a test.
 const QUIET: Keepalive = Keepalive {
-    interval: Duration::from_secs(3600),
-    timeout: Duration::from_secs(7200),
+    interval_ms: 3_600_000,
+    timeout_ms: 7_200_000,
 };
 
 type Peer = WebSocketStream<DuplexStream>;
@@ -139,8 +139,8 @@ async fn a_silent_peer_gets_a_normal_close() {
     bounded(async {
         let mux = Mux::agent();
         let keepalive = Keepalive {
-            interval: Duration::from_secs(3600),
-            timeout: Duration::from_secs(10),
+            interval_ms: 3_600_000,
+            timeout_ms: 10_000,
         };
         let (run, mut peer) = session(&mux, keepalive, &CancellationToken::new()).await;
         assert_eq!(close_code(&mut peer).await, Some(CloseCode::Normal));
@@ -161,8 +161,8 @@ async fn a_timer_that_fires_late_gives_the_peer_one_more_interval() {
     bounded(async {
         let mux = Mux::agent();
         let keepalive = Keepalive {
-            interval: Duration::from_secs(1),
-            timeout: Duration::from_secs(3),
+            interval_ms: 1_000,
+            timeout_ms: 3_000,
         };
         let (run, mut peer) = session(&mux, keepalive, &CancellationToken::new()).await;
         // The session runs, its silence timer set...
@@ -508,8 +508,8 @@ async fn an_idle_session_pings_every_interval_and_answers_a_ping_with_its_payloa
     bounded(async {
         let mux = Mux::agent();
         let keepalive = Keepalive {
-            interval: Duration::from_secs(1),
-            timeout: Duration::from_secs(3),
+            interval_ms: 1_000,
+            timeout_ms: 3_000,
         };
         let (run, mut peer) = session(&mux, keepalive, &CancellationToken::new()).await;
         for _ in 0..3 {

@@ -276,8 +276,8 @@ async fn keepalive_counts_from_the_last_message() {
             bridgehead_mux::WebSocket::new(a, bridgehead_mux::WsRole::Server, bytes::Bytes::new());
         let mut peer = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
         let keepalive = Keepalive {
-            interval: Duration::from_secs(3600),
-            timeout: Duration::from_secs(10),
+            interval_ms: 3_600_000,
+            timeout_ms: 10_000,
         };
         let server = Mux::server();
         let session = tokio::spawn(async move {

@@ -169,7 +169,7 @@ async fn serve_with<F>(
             });
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
+                .header_read_timeout(crate::timeouts::HEALTH_HEADER_READ)
                 .serve_connection(TokioIo::new(socket), service);
             tokio::pin!(connection);
             tokio::select! {

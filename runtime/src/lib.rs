@@ -25,6 +25,8 @@
 //! - [`upgrade`]: the client's side of the WebSocket upgrade (agents to servers, servers to
 //!   peers).
 //! - [`threads`]: the tokio runtime, sized by `--worker-threads`.
+//! - [`timeouts`]: every deadline of both binaries, named once: the constants, and the list
+//!   docs/architecture.md's Deadlines table is tested against.
 //!
 //! Nothing here knows about tunnels beyond the numbers their flags give: what those numbers
 //! mean for a tunnel is `bridgehead_mux::memory`'s.
@@ -47,6 +49,7 @@ pub mod process_metrics;
 pub mod shutdown;
 pub mod signal;
 pub mod threads;
+pub mod timeouts;
 pub mod tls;
 pub mod upgrade;
 

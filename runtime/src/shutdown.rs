@@ -15,8 +15,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// After the grace period, how long what is left gets to close.
-pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+use crate::timeouts::CLOSE;
 
 /// The process's shutdown tree and its tasks.
 #[derive(Debug, Clone)]
@@ -36,7 +35,7 @@ impl Default for Lifecycle {
 /// How the end went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Closed {
-    /// Everything closed within [`CLOSE_TIMEOUT`].
+    /// Everything closed within [`CLOSE`].
     pub in_time: bool,
     /// Long-lived tasks still running after it.
     pub left: usize,
@@ -99,13 +98,13 @@ impl Lifecycle {
     }
 
     /// Ends: `end` cancelled, and everything (the work, `elsewhere`, the long-lived tasks)
-    /// given [`CLOSE_TIMEOUT`] to close.
+    /// given [`CLOSE`] to close.
     pub async fn close(self, elsewhere: &TaskTracker) -> Closed {
         self.end.cancel();
         self.work.close();
         self.tasks.close();
         elsewhere.close();
-        let in_time = tokio::time::timeout(CLOSE_TIMEOUT, async {
+        let in_time = tokio::time::timeout(CLOSE, async {
             self.work.wait().await;
             elsewhere.wait().await;
             self.tasks.wait().await;

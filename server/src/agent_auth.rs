@@ -11,7 +11,7 @@
 //! review is its own task, one per token however many connections present it: an agent that
 //! stops waiting does not throw the review away, and its answer waits in the cache (for
 //! [`UNCLAIMED_TTL`] until first used) for the agent's next attempt. A connection waits at most
-//! [`REVIEW_PATIENCE`] for it, then is answered `503` with a `Retry-After` that says when the
+//! [`TOKEN_REVIEW_PATIENCE`] for it, then is answered `503` with a `Retry-After` that says when the
 //! answer is due; past [`MAX_REVIEWS_IN_FLIGHT`] queued reviews new tokens get that answer at
 //! once. With `--bind-agent-identifiers`, the node's addresses are read by the same task and
 //! cached with the review.
@@ -40,14 +40,12 @@ use crate::kubernetes::{ApiError, KubeApi, Review, ServerQuestions};
 use crate::metrics::{Metrics, TokenReviews};
 use crate::router::HostKey;
 use bridgehead_kubeapi::serviceaccount::{Outcome, TokenVerifier, Verified};
+use bridgehead_runtime::timeouts::{TOKEN_REVIEW_PATIENCE, VERIFIER_STARTUP_WAIT};
 
 /// Most token reviews remembered.
 const CACHE_ENTRIES: usize = 4096;
 /// Most reviews queued or running at once; tokens past it are told to come back later.
 pub const MAX_REVIEWS_IN_FLIGHT: usize = 4096;
-/// How long a connection waits for its token's review before it is told to come back: below
-/// the agent's own patience for the upgrade answer, so the agent hears when.
-pub const REVIEW_PATIENCE: Duration = Duration::from_secs(8);
 /// How long an answer nobody has used yet is kept: its agent gave up waiting and comes back
 /// after its backoff or the `Retry-After` it was given.
 pub const UNCLAIMED_TTL: Duration = Duration::from_secs(120);
@@ -139,14 +137,6 @@ pub struct TokenPolicy {
     /// this cannot decide.
     pub verifier: Option<TokenVerifier>,
 }
-
-/// How long a token presented while the local verifier starts (keys and watches not in yet)
-/// waits for it before it goes to TokenReview. Inside the agent's patience for the upgrade
-/// answer (10 s) with room for the rest of the answer; long enough for the first lists of a
-/// large cluster made while the returning fleet's handshakes take the server's CPU (a
-/// restarted server's streaming lists of 10,000 pods and nodes took longer than 3 s on 2
-/// busy cores, and each token that gave up cost a TokenReview and a Node GET).
-const VERIFIER_STARTUP_WAIT: Duration = Duration::from_secs(7);
 
 /// The agent endpoint's authentication.
 #[derive(Debug)]
@@ -291,7 +281,8 @@ impl Tokens {
             Lookup::Ready(answer) => answer,
             Lookup::Pending { due, mut answer } => {
                 let waited =
-                    tokio::time::timeout(REVIEW_PATIENCE, answer.wait_for(Option::is_some)).await;
+                    tokio::time::timeout(TOKEN_REVIEW_PATIENCE, answer.wait_for(Option::is_some))
+                        .await;
                 match waited.map(|answer| answer.map(|answer| answer.clone())) {
                     Ok(Ok(Some(Ok(answer)))) => answer,
                     Ok(Ok(Some(Err(error)))) => return Err(AuthRefusal::Unavailable(error)),

@@ -264,7 +264,7 @@ async fn serve_session(established: Established, ctx: &Arc<Context>, sessions: C
         ctx.metrics
             .set_ready_backends(&ctx.registry.ready_backends());
     };
-    let serve = Serve::new(ctx.keepalive, sessions).on_peer_drain(on_drain);
+    let serve = Serve::new(ctx.config.agent_endpoint.keepalive(), sessions).on_peer_drain(on_drain);
     let result = mux.serve(ws, serve).await;
     ctx.registry.unregister(key);
     ctx.revocation.forget(key);

@@ -247,9 +247,10 @@ pub struct Cli {
     /// after this long.
     #[arg(long, env = "BRIDGEHEAD_LEASE_DURATION", default_value = "30s", value_parser = duration::parse, value_name = "DURATION")]
     pub lease_duration: Duration,
-    /// How long an agent may take to dial a target before the client gets 504
-    /// (`--backend-dial-timeout`, ANP's name, is the same flag; 0, ANP's "no timeout", keeps
-    /// the default: a dial is always bounded).
+    /// How long a CONNECT may wait for its tunnel after its head before the client gets 504:
+    /// the wait for a new server's first round of peers, the agent's dial and the fallback
+    /// proxy's answer, together (`--backend-dial-timeout`, ANP's name, is the same flag; 0,
+    /// ANP's "no timeout", keeps the default: a dial is always bounded).
     #[arg(long, alias = "backend-dial-timeout", env = "BRIDGEHEAD_DIAL_TIMEOUT", default_value = "10s", value_parser = duration::parse, value_name = "DURATION")]
     pub dial_timeout: Duration,
     /// Time allowed for a client's TLS handshake and CONNECT header, and an agent's handshake.
@@ -517,13 +518,10 @@ pub struct AgentEndpointConfig {
 }
 
 impl AgentEndpointConfig {
-    /// The agent sessions' keepalive: a ping every `--keepalive-time`, the session given up
-    /// after three of them without an answer.
+    /// The agent and peer sessions' keepalive: a ping every `--keepalive-time`, the session
+    /// given up after `KEEPALIVE_MISSES` of them without an answer.
     pub fn keepalive(&self) -> bridgehead_mux::Keepalive {
-        bridgehead_mux::Keepalive {
-            interval: self.keepalive_time,
-            timeout: self.keepalive_time * 3,
-        }
+        bridgehead_runtime::timeouts::keepalive(self.keepalive_time)
     }
 }
 
@@ -580,7 +578,8 @@ pub struct RoutingConfig {
     pub server_id: String,
     /// How many servers agents are told there are.
     pub server_count: u32,
-    /// `--dial-timeout`: how long a CONNECT waits for its agent's dial.
+    /// `--dial-timeout`: how long a CONNECT waits for its tunnel: the first round of peers,
+    /// the agent's dial and the fallback's answer, together (`crate::open`).
     #[serde(serialize_with = "duration::serialize")]
     pub dial_timeout: Duration,
     /// `--fallback-proxy`: where CONNECTs with no agent go.

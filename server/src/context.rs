@@ -6,7 +6,6 @@ use bridgehead_runtime::accept::RateLimit;
 use bridgehead_runtime::threads::Shards;
 
 use bridgehead_mux::memory::TunnelMemory;
-use bridgehead_mux::Keepalive;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::Admission;
@@ -35,8 +34,6 @@ pub struct Context {
     pub admission: Admission,
     /// How agents prove who they are.
     pub agent_auth: AgentAuth,
-    /// The agent sessions' keepalive, from `--keepalive-time`.
-    pub keepalive: Keepalive,
     /// CONNECT clients in their handshake: the frontend's pre-authentication bound.
     pub frontend_handshakes: Handshakes,
     /// Agents in their handshake: the agent endpoint's pre-authentication admission.
@@ -86,7 +83,6 @@ impl Context {
             ),
             metrics,
             agent_auth,
-            keepalive: config.agent_endpoint.keepalive(),
             frontend_handshakes: Handshakes::new(config.frontend.max_handshakes),
             agent_admission: AgentAdmission::new(
                 config.agent_endpoint.max_handshakes,

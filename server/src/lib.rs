@@ -54,7 +54,8 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use bridgehead_kubeapi::serviceaccount::{TokenVerifier, VerifierSettings};
-use bridgehead_runtime::shutdown::{Lifecycle, CLOSE_TIMEOUT};
+use bridgehead_runtime::shutdown::Lifecycle;
+use bridgehead_runtime::timeouts::CLOSE;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -221,7 +222,7 @@ pub async fn run(
         ),
         (true, false) => warn!(
             tasks = closed.left,
-            "shutdown complete: agent sessions did not close within {CLOSE_TIMEOUT:?}"
+            "shutdown complete: agent sessions did not close within {CLOSE:?}"
         ),
     }
     Ok(())

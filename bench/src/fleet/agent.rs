@@ -34,8 +34,8 @@ const SYNC_INTERVAL_CAP: Duration = Duration::from_secs(10);
 pub const HEALTHY_SESSION: Duration = Duration::from_secs(10);
 /// The agent's default keepalive: a ping every 5 s, dead after 3 silent intervals.
 const KEEPALIVE: Keepalive = Keepalive {
-    interval: Duration::from_secs(5),
-    timeout: Duration::from_secs(15),
+    interval_ms: 5_000,
+    timeout_ms: 15_000,
 };
 
 /// What every agent of a process shares.

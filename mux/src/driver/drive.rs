@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use bridgehead_proto::session;
 use bridgehead_proto::Frame;
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -22,8 +21,9 @@ use crate::outbox::Outbox;
 use crate::websocket::{Incoming, Reader, WebSocket, Writer, READ_BUFFER};
 
 /// How long a closing session may take to flush frames queued before the close, and to send
-/// its close frame.
-const CLOSE_FLUSH: Duration = Duration::from_secs(1);
+/// its close frame: a second is many round trips, and a peer that takes longer is not reading
+/// (listed in `bridgehead_runtime::timeouts::DEADLINES`; it lives here, below the runtime).
+pub const CLOSE_FLUSH: Duration = Duration::from_secs(1);
 /// Longest reason sent in a WebSocket close frame.
 const MAX_CLOSE_REASON: usize = 100;
 /// DATA payloads smaller than this are copied out of the message they came in: the reader
@@ -55,17 +55,13 @@ impl Driver {
         let (read, write) = tokio::io::split(ws.io);
         let mut source = Reader::new(read, ws.role, &ws.early);
         *self.outbox() = Some(Outbox::new(Writer::new(Box::new(write), ws.role)));
-        let times = session::Keepalive {
-            interval_ms: keepalive.interval.as_millis() as u64,
-            timeout_ms: keepalive.timeout.as_millis() as u64,
-        };
         let now = self.now_ms();
-        self.lock().session.start_keepalive(times, now);
+        self.lock().session.start_keepalive(keepalive, now);
 
         let end = {
             let mut reader = pin!(self.read(&mut source));
             let mut writer = pin!(self.write(shutdown));
-            let mut timer = pin!(self.timer(keepalive.timeout));
+            let mut timer = pin!(self.timer(Duration::from_millis(keepalive.timeout_ms)));
             let mut drain = pin!(async {
                 self.peer_drained().await;
                 if self.peer_draining() {

@@ -12,13 +12,25 @@ use crate::frame::StreamId;
 
 use super::Session;
 
-/// How often to ping the peer and how long it may stay silent, in the session's milliseconds.
+/// How often to ping the peer and how long it may stay silent, in the session's milliseconds:
+/// the one keepalive type, from the flag to the timer table (`bridgehead_mux` re-exports it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Keepalive {
     /// Between pings.
     pub interval_ms: u64,
     /// Silence (nothing heard, not even a pong) after which the peer is dead.
     pub timeout_ms: u64,
+}
+
+impl Default for Keepalive {
+    /// What tests and tools run with: a ping every 5 s, dead after 15 s of silence. The
+    /// binaries build theirs from `--keepalive-time` (`bridgehead_runtime::timeouts`).
+    fn default() -> Keepalive {
+        Keepalive {
+            interval_ms: 5_000,
+            timeout_ms: 15_000,
+        }
+    }
 }
 
 /// The deadlines of one session.

@@ -162,7 +162,6 @@ fn context_with_fallback(
         admission: Admission::new(16, 16, metrics.dials_pending.clone()),
         metrics,
         agent_auth: AgentAuth::new(false, None, false),
-        keepalive: Keepalive::default(),
         frontend_handshakes: Handshakes::new(16),
         agent_admission: crate::agent_admission::AgentAdmission::new(16, TEST_TIMEOUT),
         refusal_log: RateLimit::new(10),

@@ -217,7 +217,7 @@ impl Peer {
             };
             tokio::join!(accepting, drain);
         };
-        let serve = Serve::new(ctx.keepalive, end).beside(beside);
+        let serve = Serve::new(ctx.config.agent_endpoint.keepalive(), end).beside(beside);
         let result = mux.serve(ws, serve).await;
         streams.close();
         match result {

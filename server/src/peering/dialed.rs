@@ -7,7 +7,6 @@
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use bridgehead_kubeapi::leases::LeaseCount;
@@ -16,6 +15,7 @@ use bridgehead_proto::servers::{check_server_id, CONNECTED_SERVERS_HEADER, SERVE
 use bridgehead_proto::session::{Role, SessionConfig};
 use bridgehead_proto::PEER_SUBPROTOCOL;
 use bridgehead_runtime::addresses::Addresses;
+use bridgehead_runtime::timeouts::{PEER_CONNECT, PEER_VIEW_OPEN};
 use bridgehead_runtime::tls;
 use bridgehead_runtime::upgrade::{upgrade, Answer};
 use bytes::BytesMut;
@@ -38,9 +38,6 @@ use crate::config::PeeringConfig;
 use crate::context::Context;
 use crate::metrics::GaugeShare;
 use crate::registry::PeerSession;
-
-/// Longest wait for a peer's TCP connection, TLS handshake and upgrade answer, together.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Outcomes of attempts not yet recorded; attempts wait while it is full.
 const OUTCOMES: usize = 64;
@@ -243,11 +240,11 @@ async fn attempt(
 ) {
     let own = &ctx.config.routing.server_id;
     let connecting = connect(&peering, address, &name, own, &held);
-    let connected = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+    let connected = tokio::time::timeout(PEER_CONNECT, connecting)
         .await
         .unwrap_or_else(|_| {
             Err(Refused::Failed(format!(
-                "no session within {CONNECT_TIMEOUT:?}"
+                "no session within {PEER_CONNECT:?}"
             )))
         });
     let (ws, id) = match connected {
@@ -410,7 +407,7 @@ async fn run(
         ctx.registry.remove_peer(id, session);
         ctx.metrics.peer_agents.set(count(ctx));
     };
-    let serve = Serve::new(ctx.keepalive, end)
+    let serve = Serve::new(ctx.config.agent_endpoint.keepalive(), end)
         .on_peer_drain(on_drain)
         .beside(watch_view);
     let result = mux.serve(ws, serve).await;
@@ -443,7 +440,7 @@ pub(super) async fn follow(
     let mut synced = Some(synced);
     let (host, port) = VIEW_DIAL;
     let stream: MuxStream = mux
-        .open(host, port, CONNECT_TIMEOUT)
+        .open(host, port, PEER_VIEW_OPEN)
         .await
         .map_err(|error| format!("opening the view stream: {error}"))?;
     // Nothing is routed to a peer before its view names an agent, so this is the session's
