@@ -394,6 +394,21 @@ impl NodeHost {
         Ok(())
     }
 
+    /// Kills kubelet (SIGKILL), its pods left running; [`NodeHost::start_kubelet`] brings it
+    /// back.
+    pub fn kill_kubelet(&mut self) {
+        if let Some(mut kubelet) = self.kubelet.take() {
+            kill_inner(&mut kubelet);
+        }
+    }
+
+    /// Starts kubelet with its flags (after [`NodeHost::kill_kubelet`]).
+    pub fn start_kubelet(&mut self) -> anyhow::Result<()> {
+        self.kill_kubelet();
+        self.kubelet = Some(self.host.spawn(&strs(&self.kubelet_command), &[])?);
+        Ok(())
+    }
+
     /// What kubelet logged so far.
     pub fn kubelet_log(&self) -> String {
         self.kubelet
