@@ -428,9 +428,13 @@ fn port_forward(shared: &Shared, pod: &str) -> anyhow::Result<()> {
 fn forwarded_port(stdout: std::process::ChildStdout) -> anyhow::Result<u16> {
     let (sender, receiver) = std::sync::mpsc::sync_channel(1);
     std::thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
         let mut line = String::new();
-        let read = BufReader::new(stdout).read_line(&mut line);
+        let read = reader.read_line(&mut line);
         let _ = sender.send(read.map(|_| line));
+        // Read on to kubectl's end: it prints a line per connection, and a Go program whose
+        // stdout is a closed pipe dies of SIGPIPE on its next write.
+        let _ = std::io::copy(&mut reader, &mut std::io::sink());
     });
     let line = receiver
         .recv_timeout(REQUEST_TIMEOUT)
