@@ -12,7 +12,10 @@
 //! - a control-plane node lost: its kube-apiserver, its kubelet and its server SIGKILLed
 //!   together. Only requests in flight at that moment may fail, and followed streams end only
 //!   loudly; the node comes back (kubelet, which starts its server again, and kube-apiserver),
-//!   its server peers again and every agent is back on it.
+//!   its server peers again and every agent is back on it;
+//! - a worker cut from the control plane for 30 s (its link dropping everything) and healed:
+//!   requests into the other worker's pod never fail; the cut worker's followed stream ends
+//!   loudly, none silently; requests into its pod that start [`RECOVER`] after the heal work.
 //!
 //! Each drill prints its counts and times (docs/testing.md records them). Its own test binary:
 //! it is slow (minutes). Needs root, haproxy, `scripts/k8s-build.sh`, `scripts/coredns-build.sh`
@@ -42,6 +45,12 @@ const GRACE: Duration = Duration::from_secs(30);
 /// How long a lost control-plane node stays away (several of haproxy's checks, several
 /// rounds of every request kind).
 const AWAY: Duration = Duration::from_secs(15);
+/// How long a worker stays cut from the control plane (issue 50).
+const CUT: Duration = Duration::from_secs(30);
+/// How soon after a cut heals requests into the worker's pod must work again: the agent's
+/// dead sessions given up (three 5 s keepalives) and found again (`--sync-interval-cap`,
+/// 10 s, jittered), with room for a request in progress.
+const RECOVER: Duration = Duration::from_secs(40);
 
 #[test]
 fn drills_under_a_client_loop_through_the_balancer() {
@@ -74,6 +83,7 @@ fn drills_under_a_client_loop_through_the_balancer() {
 
         rolling_restart_of_kube_apiserver(&mut cluster, &pods);
         control_plane_node_lost(&mut cluster, &pods);
+        worker_cut_off(&cluster, &pods);
         eprintln!("HA drills done after {:?}", started.elapsed());
     });
 }
@@ -156,6 +166,59 @@ fn control_plane_node_lost(cluster: &mut RealCluster, pods: &[String]) {
         late.iter().filter(|f| f.started < back_at).count(),
         lost_at.as_secs_f64(),
         back_at.as_secs_f64(),
+    );
+    let follow = report.of(Kind::Follow);
+    assert_eq!(
+        follow.ended_silently, 0,
+        "a followed stream ended silently: {report}"
+    );
+    assert_eq!(follow.failed, 0, "{report}");
+}
+
+/// The first worker cut off for [`CUT`] and healed.
+fn worker_cut_off(cluster: &RealCluster, pods: &[String]) {
+    let (cut_pod, other_pod) = (&pods[0], &pods[1]);
+    let run = start_loop(cluster, pods);
+    std::thread::sleep(Duration::from_secs(5)); // the loop's lead, not a wait for anything
+    let cut_at = run.now();
+    cluster.cut_worker(0, true).unwrap();
+    std::thread::sleep(CUT); // the cut's length: the drill's own
+    cluster.cut_worker(0, false).unwrap();
+    let healed_at = run.now();
+    // Long enough after the heal for RECOVER to have passed and a few rounds to run.
+    std::thread::sleep(RECOVER + Duration::from_secs(10)); // the drill's length after the heal
+    let report = run.stop();
+    let last_failure = report
+        .failures
+        .iter()
+        .filter(|failure| &failure.pod == cut_pod && failure.kind != Kind::Follow)
+        .map(|failure| failure.at)
+        .max();
+    eprintln!(
+        "drill: {} cut off from {:.1} s to {:.1} s; its pod's last failed request ended {:?} s: {report}",
+        cluster.workers[0].name,
+        cut_at.as_secs_f64(),
+        healed_at.as_secs_f64(),
+        last_failure.map(|at| at.as_secs_f64()),
+    );
+    assert_every_kind_ran(&report);
+    let other: Vec<_> = report
+        .failures
+        .iter()
+        .filter(|failure| &failure.pod == other_pod)
+        .collect();
+    assert!(
+        other.is_empty(),
+        "the other worker's pod failed: {other:#?}\n{report}"
+    );
+    let late: Vec<_> = report
+        .failures
+        .iter()
+        .filter(|failure| failure.kind != Kind::Follow && failure.started > healed_at + RECOVER)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "requests {RECOVER:?} after the heal failed: {late:#?}\n{report}"
     );
     let follow = report.of(Kind::Follow);
     assert_eq!(

@@ -41,8 +41,9 @@ const PACE: Duration = Duration::from_millis(250);
 /// How long one exec, logs or port-forward request may take before it counts as failed (hung).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// A followed stream that delivers no tick for this long (ticks come every 100 ms) has ended
-/// silently, though kubectl still runs.
-const FOLLOW_STALL: Duration = Duration::from_secs(10);
+/// silently, though kubectl still runs: longer than a cut link takes to end it loudly (the
+/// server's keepalive gives up on a silent agent after 15 s).
+const FOLLOW_STALL: Duration = Duration::from_secs(45);
 
 /// A kind of request of the loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

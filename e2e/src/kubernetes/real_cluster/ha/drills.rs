@@ -173,3 +173,33 @@ impl RealCluster {
         }
     }
 }
+
+/// The rules that cut a worker from everything past its link (`eth0`, towards the first
+/// control-plane node): its own traffic and its pods' (forwarded), both ways. Dropped, not
+/// refused: a partition, which only keepalives notice.
+const CUT: [&[&str]; 4] = [
+    &["INPUT", "-i", "eth0", "-j", "DROP"],
+    &["OUTPUT", "-o", "eth0", "-j", "DROP"],
+    &["FORWARD", "-i", "eth0", "-j", "DROP"],
+    &["FORWARD", "-o", "eth0", "-j", "DROP"],
+];
+
+impl RealCluster {
+    /// Cuts worker `index` (from 0) from the control plane (`cut`), or heals it.
+    pub fn cut_worker(&self, index: usize, cut: bool) -> anyhow::Result<()> {
+        let worker = self.workers.get(index).context("no such worker")?;
+        for rule in CUT {
+            let mut command = vec!["iptables", if cut { "-I" } else { "-D" }];
+            command.extend_from_slice(rule);
+            let out = worker.run(&command)?;
+            if !out.status.success() {
+                bail!(
+                    "{command:?} on {}: {}",
+                    worker.name,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        Ok(())
+    }
+}
