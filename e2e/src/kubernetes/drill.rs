@@ -17,16 +17,19 @@
 //! the aggregated API list of the issue are not here yet.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
+
+mod follow;
+mod requests;
+use follow::follow_until_stopped;
 
 /// What each drill pod runs: an httpd on 8080 serving [`BULK_SIZE`] bytes of a known pattern as
 /// `/bulk`, and a ticker (`tick N` every 100 ms) on its standard output.
@@ -314,9 +317,9 @@ fn repeat(shared: &Shared, kind: Kind, pod: &str) {
             id
         };
         let result = match kind {
-            Kind::Exec => exec(shared, pod, attempt),
-            Kind::Logs => logs(shared, pod),
-            Kind::PortForward => port_forward(shared, pod),
+            Kind::Exec => requests::exec(shared, pod, attempt),
+            Kind::Logs => requests::logs(shared, pod),
+            Kind::PortForward => requests::port_forward(shared, pod),
             Kind::Follow => Ok(()),
         };
         match result {
@@ -329,289 +332,5 @@ fn repeat(shared: &Shared, kind: Kind, pod: &str) {
         shared.lock().in_flight.remove(&id);
         shared.ended.notify_all();
         std::thread::sleep(PACE);
-    }
-}
-
-/// `kubectl exec -i POD -- cat`: a payload naming this request, echoed back exactly.
-fn exec(shared: &Shared, pod: &str, attempt: u64) -> anyhow::Result<()> {
-    let payload: Vec<u8> = format!("{pod} request {attempt}\n")
-        .into_bytes()
-        .into_iter()
-        .cycle()
-        .take(16 << 10)
-        .collect();
-    let mut command = shared.kubectl(&["exec", "-i", pod, "--", "cat"]);
-    command.stdin(Stdio::piped());
-    let mut child = command.spawn().context("running kubectl")?;
-    let mut stdin = child.stdin.take().context("kubectl's stdin")?;
-    let feed = {
-        let payload = payload.clone();
-        // Dropping stdin at the end is cat's EOF.
-        std::thread::spawn(move || stdin.write_all(&payload))
-    };
-    let (status, stdout, stderr) = wait_within(child, REQUEST_TIMEOUT)?;
-    let _ = feed.join();
-    if !status || stdout != payload {
-        bail!(
-            "{} bytes back of {}, success {status}: {}",
-            stdout.len(),
-            payload.len(),
-            String::from_utf8_lossy(&stderr)
-        );
-    }
-    Ok(())
-}
-
-/// `kubectl logs --tail=3 POD`: three consecutive ticks.
-fn logs(shared: &Shared, pod: &str) -> anyhow::Result<()> {
-    let child = shared
-        .kubectl(&["logs", "--tail=3", pod])
-        .spawn()
-        .context("running kubectl")?;
-    let (status, stdout, stderr) = wait_within(child, REQUEST_TIMEOUT)?;
-    let text = String::from_utf8_lossy(&stdout);
-    let ticks: Vec<u64> = text.lines().filter_map(tick).collect();
-    let consecutive = ticks.len() == 3 && ticks[1] == ticks[0] + 1 && ticks[2] == ticks[1] + 1;
-    if !status || !consecutive {
-        bail!(
-            "success {status}, {text:?}: {}",
-            String::from_utf8_lossy(&stderr)
-        );
-    }
-    Ok(())
-}
-
-/// `kubectl port-forward POD :8080` and a GET of `/bulk` through the local port it reports:
-/// every byte as the pod wrote it.
-fn port_forward(shared: &Shared, pod: &str) -> anyhow::Result<()> {
-    let mut child = shared
-        .kubectl(&[
-            "port-forward",
-            "--address=127.0.0.1",
-            pod,
-            &format!(":{HTTP_PORT}"),
-        ])
-        .spawn()
-        .context("running kubectl")?;
-    let result = (|| {
-        let stdout = child.stdout.take().context("kubectl's stdout")?;
-        let port = forwarded_port(stdout)?;
-        let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-        stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
-        stream.write_all(b"GET /bulk HTTP/1.0\r\n\r\n")?;
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response)?;
-        let body = response
-            .windows(4)
-            .position(|window| window == b"\r\n\r\n")
-            .map(|at| &response[at + 4..])
-            .context("no HTTP response")?;
-        let expected = b"0123456789abcdef\n".iter().cycle().take(BULK_SIZE);
-        if body.len() != BULK_SIZE || !body.iter().eq(expected) {
-            bail!(
-                "{} bytes of {BULK_SIZE}, or not the pod's: {:?}",
-                body.len(),
-                String::from_utf8_lossy(&response[..response.len().min(200)])
-            );
-        }
-        Ok(())
-    })();
-    let _ = child.kill();
-    let stderr = child
-        .wait_with_output()
-        .map(|out| out.stderr)
-        .unwrap_or_default();
-    result.with_context(|| String::from_utf8_lossy(&stderr).into_owned())
-}
-
-/// The local port of kubectl port-forward's `Forwarding from 127.0.0.1:PORT -> 8080`, read
-/// within [`REQUEST_TIMEOUT`] (kubectl exits, closing its output, when it fails).
-fn forwarded_port(stdout: std::process::ChildStdout) -> anyhow::Result<u16> {
-    let (sender, receiver) = std::sync::mpsc::sync_channel(1);
-    std::thread::spawn(move || {
-        let mut reader = BufReader::new(stdout);
-        let mut line = String::new();
-        let read = reader.read_line(&mut line);
-        let _ = sender.send(read.map(|_| line));
-        // Read on to kubectl's end: it prints a line per connection, and a Go program whose
-        // stdout is a closed pipe dies of SIGPIPE on its next write.
-        let _ = std::io::copy(&mut reader, &mut std::io::sink());
-    });
-    let line = receiver
-        .recv_timeout(REQUEST_TIMEOUT)
-        .context("kubectl port-forward said nothing")??;
-    line.strip_prefix("Forwarding from 127.0.0.1:")
-        .and_then(|rest| rest.split(' ').next())
-        .and_then(|port| port.parse().ok())
-        .with_context(|| format!("kubectl port-forward: {line:?}"))
-}
-
-/// Follows `pod`'s logs until the loop stops, starting again each time the stream ends; each
-/// end counted, loud or silent.
-fn follow_until_stopped(shared: &Shared, pod: &str) {
-    while !shared.stopping() {
-        let since = Instant::now();
-        let end = follow(shared, pod);
-        match end {
-            Ok(()) => shared.counts(Kind::Follow, |counts| counts.ok += 1),
-            Err(FollowEnd::Failed(message)) => {
-                shared.counts(Kind::Follow, |counts| counts.failed += 1);
-                shared.fail(Kind::Follow, pod, since, false, message);
-            }
-            Err(FollowEnd::Loud(message)) => {
-                shared.counts(Kind::Follow, |counts| counts.ended_loudly += 1);
-                shared.fail(Kind::Follow, pod, since, false, message);
-            }
-            Err(FollowEnd::Silent(message)) => {
-                shared.counts(Kind::Follow, |counts| counts.ended_silently += 1);
-                shared.fail(Kind::Follow, pod, since, true, message);
-            }
-        }
-        std::thread::sleep(PACE);
-    }
-}
-
-/// How a followed stream ended before the loop stopped.
-#[derive(Debug)]
-enum FollowEnd {
-    /// It never started, or delivered ticks out of order.
-    Failed(String),
-    /// kubectl exited non-zero, saying why.
-    Loud(String),
-    /// kubectl exited 0, or no tick came for [`FOLLOW_STALL`].
-    Silent(String),
-}
-
-/// One `kubectl logs -f --tail=1 POD`, its ticks checked in order, until the loop stops (Ok)
-/// or the stream ends.
-fn follow(shared: &Shared, pod: &str) -> Result<(), FollowEnd> {
-    let mut child = shared
-        .kubectl(&["logs", "-f", "--tail=1", pod])
-        .spawn()
-        .map_err(|error| FollowEnd::Failed(format!("running kubectl: {error}")))?;
-    let Some(stdout) = child.stdout.take() else {
-        return Err(FollowEnd::Failed("no stdout".into()));
-    };
-    // Lines arrive on a channel, so that a stall is seen while kubectl runs.
-    let (sender, receiver) = std::sync::mpsc::sync_channel(64);
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            if sender.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let mut last: Option<u64> = None;
-    let mut lines = 0u64;
-    let mut last_line_at = Instant::now();
-    let ended = loop {
-        if shared.stopping() {
-            break None;
-        }
-        match receiver.recv_timeout(Duration::from_millis(200)) {
-            Ok(Ok(line)) => {
-                let Some(n) = tick(&line) else {
-                    break Some(FollowEnd::Failed(format!("not a tick: {line:?}")));
-                };
-                if let Some(previous) = last {
-                    if n != previous + 1 {
-                        break Some(FollowEnd::Failed(format!("tick {n} after tick {previous}")));
-                    }
-                }
-                last = Some(n);
-                lines += 1;
-                last_line_at = Instant::now();
-            }
-            Ok(Err(error)) => break Some(FollowEnd::Loud(format!("reading: {error}"))),
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            // kubectl closed its output: it is exiting.
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                break Some(FollowEnd::Silent(String::new()))
-            }
-        }
-        // Once kubectl exited, its last lines may still be in the pipe: the reader drains
-        // them, then Disconnected ends the loop.
-        let running = matches!(child.try_wait(), Ok(None));
-        if running && last_line_at.elapsed() > FOLLOW_STALL {
-            break Some(FollowEnd::Silent(format!(
-                "no tick for {FOLLOW_STALL:?} after tick {last:?} while kubectl ran"
-            )));
-        }
-    };
-    let _ = child.kill();
-    let output = child.wait_with_output();
-    let _ = reader.join();
-    let Some(end) = ended else {
-        return Ok(());
-    };
-    match (end, output) {
-        (FollowEnd::Silent(message), Ok(output)) if message.is_empty() => {
-            let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-            if output.status.success() {
-                Err(FollowEnd::Silent(format!(
-                    "kubectl exited 0 after {lines} ticks (last {last:?}): {stderr}"
-                )))
-            } else {
-                Err(FollowEnd::Loud(format!(
-                    "kubectl exited {:?} after {lines} ticks: {stderr}",
-                    output.status.code()
-                )))
-            }
-        }
-        (end, _) => Err(end),
-    }
-}
-
-/// `tick N`'s N.
-fn tick(line: &str) -> Option<u64> {
-    line.strip_prefix("tick ")?.parse().ok()
-}
-
-/// Waits for `child` at most `timeout` (killed after), reading its output meanwhile: whether
-/// it succeeded, its stdout and its stderr.
-fn wait_within(mut child: Child, timeout: Duration) -> anyhow::Result<(bool, Vec<u8>, Vec<u8>)> {
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut data = Vec::new();
-            if let Some(mut pipe) = pipe {
-                let _ = pipe.read_to_end(&mut data);
-            }
-            data
-        })
-    };
-    let stdout = drain(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let stderr = drain(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break Some(status);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let (stdout, stderr) = (
-        stdout.join().unwrap_or_default(),
-        stderr.join().unwrap_or_default(),
-    );
-    match status {
-        Some(status) => Ok((status.success(), stdout, stderr)),
-        None => bail!(
-            "no answer within {timeout:?}: {}",
-            String::from_utf8_lossy(&stderr)
-        ),
     }
 }
