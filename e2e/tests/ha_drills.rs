@@ -14,8 +14,10 @@
 //!   loudly; the node comes back (kubelet, which starts its server again, and kube-apiserver),
 //!   its server peers again and every agent is back on it;
 //! - a worker cut from the control plane for 30 s (its link dropping everything) and healed:
-//!   requests into the other worker's pod never fail; the cut worker's followed stream ends
-//!   loudly, none silently; requests into its pod that start [`RECOVER`] after the heal work.
+//!   requests into the other worker's pod never fail, nor does its followed stream end; the
+//!   cut pod's followed stream ends within the keepalive bound (kubectl may see that end as a
+//!   clean one: kube-apiserver's doing, see `worker_cut_off`); requests into the cut pod that
+//!   start [`RECOVER`] after the heal work.
 //!
 //! Each drill prints its counts and times (docs/testing.md records them). Its own test binary:
 //! it is slow (minutes). Needs root, haproxy, `scripts/k8s-build.sh`, `scripts/coredns-build.sh`
@@ -51,6 +53,9 @@ const CUT: Duration = Duration::from_secs(30);
 /// dead sessions given up (three 5 s keepalives) and found again (`--sync-interval-cap`,
 /// 10 s, jittered), with room for a request in progress.
 const RECOVER: Duration = Duration::from_secs(40);
+/// How soon a cut worker's open streams must end: the server gives a silent agent up after
+/// three 5 s keepalives, with room for a loaded machine.
+const KEEPALIVE_BOUND: Duration = Duration::from_secs(25);
 
 #[test]
 fn drills_under_a_client_loop_through_the_balancer() {
@@ -220,12 +225,22 @@ fn worker_cut_off(cluster: &RealCluster, pods: &[String]) {
         late.is_empty(),
         "requests {RECOVER:?} after the heal failed: {late:#?}\n{report}"
     );
-    let follow = report.of(Kind::Follow);
-    assert_eq!(
-        follow.ended_silently, 0,
-        "a followed stream ended silently: {report}"
+    // The cut pod's followed stream ends once the server gives its agent up (the keepalive),
+    // not later. kubectl may see that end as a clean one (exit 0): kube-apiserver streams
+    // logs with an `io.Copy` whose error it drops (k8s.io/apiserver `StreamObject`), so a
+    // broken kubelet stream ends its response normally, however the tunnel ended.
+    let first_end = report
+        .failures
+        .iter()
+        .filter(|failure| &failure.pod == cut_pod && failure.kind == Kind::Follow)
+        .map(|failure| failure.at)
+        .min()
+        .expect("the cut pod's followed stream never ended");
+    assert!(
+        first_end > cut_at && first_end < cut_at + KEEPALIVE_BOUND,
+        "the cut pod's followed stream ended at {first_end:?}, cut at {cut_at:?}: {report}"
     );
-    assert_eq!(follow.failed, 0, "{report}");
+    assert_eq!(report.of(Kind::Follow).failed, 0, "{report}");
 }
 
 /// The client loop through the balancer's kubeconfig.
