@@ -206,27 +206,6 @@ impl Haproxy {
         Ok(())
     }
 
-    /// The sessions server `server` of frontend `frontend`'s backend holds now (`scur` of
-    /// `show stat`).
-    pub fn sessions(&self, frontend: &str, server: usize) -> anyhow::Result<u64> {
-        let stat = self.runtime("show stat")?;
-        let mut lines = stat.lines();
-        let header = lines.next().context("show stat: empty")?;
-        let column = header
-            .trim_start_matches("# ")
-            .split(',')
-            .position(|name| name == "scur")
-            .context("show stat: no scur")?;
-        let (backend, name) = (format!("{frontend}-servers"), format!("s{server}"));
-        let row = lines
-            .map(|line| line.split(',').collect::<Vec<_>>())
-            .find(|row| {
-                row.first() == Some(&backend.as_str()) && row.get(1) == Some(&name.as_str())
-            })
-            .with_context(|| format!("show stat: no {backend}/{name}"))?;
-        Ok(row.get(column).context("show stat: short row")?.parse()?)
-    }
-
     /// One runtime API command; haproxy's answer.
     fn runtime(&self, command: &str) -> anyhow::Result<String> {
         let admin = self

@@ -267,11 +267,6 @@ impl Loop {
         }
     }
 
-    /// The counts so far.
-    pub fn counts(&self) -> BTreeMap<Kind, Counts> {
-        self.shared.lock().counts.clone()
-    }
-
     /// Now, as the loop's [`Failure`] times count it (since the loop started).
     pub fn now(&self) -> Duration {
         self.shared.started.elapsed()

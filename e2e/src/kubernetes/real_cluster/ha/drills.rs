@@ -31,11 +31,6 @@ impl RealCluster {
         self.balancer()?.set_state(APISERVERS, host, state)
     }
 
-    /// The connections the load balancer holds to host `host`'s kube-apiserver now.
-    pub fn apiserver_sessions(&self, host: usize) -> anyhow::Result<u64> {
-        self.balancer()?.sessions(APISERVERS, host)
-    }
-
     /// Stops host `host`'s kube-apiserver (SIGTERM, SIGKILL after `grace`, as kubelet stops a
     /// static pod); how long it took to exit.
     pub fn stop_apiserver_of(&mut self, host: usize, grace: Duration) -> anyhow::Result<Duration> {
