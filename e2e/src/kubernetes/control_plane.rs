@@ -452,10 +452,7 @@ impl ControlPlane {
     /// Stops kube-apiserver (SIGTERM, SIGKILL after 10 s), as kubelet stops its static pod
     /// when its manifest is moved away; [`ControlPlane::start_apiserver`] brings it back.
     pub fn stop_apiserver(&mut self) {
-        let _ = self.apiserver.signal("TERM");
-        if self.apiserver.wait_exit(Duration::from_secs(10)).is_err() {
-            self.apiserver.kill();
-        }
+        stop_within(&mut self.apiserver, Duration::from_secs(10));
     }
 
     /// Starts kube-apiserver again with the flags it started with and its egress file written
