@@ -7,13 +7,18 @@
 //! frontend per service at fixed ports of that host's own address (the namespace is the
 //! test's: nothing else binds there), as kubeadm's HA guide runs haproxy on the control-plane
 //! nodes in front of every kube-apiserver.
-//! Backends are health-checked (a TCP connect every [`CHECK_INTERVAL`]); a connection to a
-//! backend that refuses is retried and redispatched to another, as `option redispatch` does in
-//! production configurations.
+//! Backends are health-checked (a TCP connect every [`CHECK_INTERVAL`], or an HTTPS `GET` of a
+//! readiness path where the frontend asks for it, as kubeadm's HA guide checks kube-apiserver);
+//! a connection to a backend that refuses is retried and redispatched to another, as `option
+//! redispatch` does in production configurations. A namespaced haproxy also serves its runtime
+//! API on a Unix socket ([`Haproxy::set_state`]): how an operator drains a backend before a
+//! planned restart.
 
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -30,7 +35,18 @@ pub struct Haproxy {
     pub process: Process,
     /// Where clients (agents) connect.
     pub addr: SocketAddr,
+    /// The runtime API's socket ([`Haproxy::start_in`] only).
+    admin: Option<PathBuf>,
     _dir: tempfile::TempDir,
+}
+
+/// What the runtime API may set a backend server to (`set server B/S state ...`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerState {
+    /// Takes new connections (when its check passes).
+    Ready,
+    /// Takes no new connection; the ones it holds go on: a planned restart's first step.
+    Drain,
 }
 
 /// Whether haproxy is installed.
@@ -89,6 +105,7 @@ impl Haproxy {
         Ok(Haproxy {
             process,
             addr,
+            admin: None,
             _dir: dir,
         })
     }
@@ -102,6 +119,10 @@ pub struct Frontend {
     pub bind: SocketAddr,
     pub backends: Vec<SocketAddr>,
     pub balance: Balance,
+    /// Checks each backend with an HTTPS `GET` of this path (200 passes, the certificate is
+    /// not verified) rather than a TCP connect: a kube-apiserver that listens but is not ready
+    /// (`/readyz`) gets no request.
+    pub ready_check: Option<&'static str>,
 }
 
 impl Haproxy {
@@ -118,13 +139,22 @@ impl Haproxy {
             .map(|frontend| frontend.balance.max_connections)
             .max()
             .unwrap_or_default();
-        let mut text = header(max_connections);
+        let admin = dir.path().join("admin.sock");
+        let mut text = header(max_connections).replacen(
+            "global\n",
+            &format!(
+                "global\n  stats socket {} mode 600 level admin\n",
+                admin.display()
+            ),
+            1,
+        );
         for frontend in frontends {
             text.push_str(&section(
                 frontend.name,
                 &frontend.bind.to_string(),
                 &frontend.backends,
                 frontend.balance,
+                frontend.ready_check,
             ));
         }
         std::fs::write(&config, text)?;
@@ -148,10 +178,53 @@ impl Haproxy {
         Ok(Haproxy {
             process,
             addr: first.bind,
+            admin: Some(admin),
             _dir: dir,
         })
     }
+
+    /// Sets server `server` (its index among the backends) of frontend `frontend`'s backend to
+    /// `state` through the runtime API, as `echo "set server ..." | socat` does.
+    pub fn set_state(
+        &self,
+        frontend: &str,
+        server: usize,
+        state: ServerState,
+    ) -> anyhow::Result<()> {
+        let state = match state {
+            ServerState::Ready => "ready",
+            ServerState::Drain => "drain",
+        };
+        let answer = self.runtime(&format!(
+            "set server {frontend}-servers/s{server} state {state}"
+        ))?;
+        // The command answers nothing when it worked, a reason when not.
+        anyhow::ensure!(
+            answer.trim().is_empty(),
+            "haproxy: set server {frontend}-servers/s{server} state {state}: {answer}"
+        );
+        Ok(())
+    }
+
+    /// One runtime API command; haproxy's answer.
+    fn runtime(&self, command: &str) -> anyhow::Result<String> {
+        let admin = self
+            .admin
+            .as_ref()
+            .context("this haproxy serves no runtime API")?;
+        let mut socket = UnixStream::connect(admin)
+            .with_context(|| format!("haproxy's runtime API at {}", admin.display()))?;
+        socket.set_read_timeout(Some(RUNTIME_TIMEOUT))?;
+        socket.write_all(format!("{command}\n").as_bytes())?;
+        // Without `prompt`, haproxy answers one command and closes.
+        let mut answer = String::new();
+        socket.read_to_string(&mut answer)?;
+        Ok(answer)
+    }
 }
+
+/// How long a runtime API command may take.
+const RUNTIME_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `haproxy -c` with the listener as its standard input, as the real run has it: the
 /// configuration parses and the socket is usable (its errors name the line).
@@ -176,7 +249,7 @@ fn check(config: &Path, listener: &TcpListener) -> anyhow::Result<()> {
 /// idle timeouts (agent sessions are long-lived, kept alive by WebSocket pings).
 fn config_text(backends: &[SocketAddr], balance: Balance) -> String {
     let mut text = header(balance.max_connections);
-    text.push_str(&section("agents", "fd@0", backends, balance));
+    text.push_str(&section("agents", "fd@0", backends, balance, None));
     text
 }
 
@@ -187,17 +260,33 @@ fn header(max_connections: u32) -> String {
     )
 }
 
-/// A frontend `name` on `bind` and its backend over `backends`.
-fn section(name: &str, bind: &str, backends: &[SocketAddr], balance: Balance) -> String {
+/// A frontend `name` on `bind` and its backend over `backends`, each checked by a TCP connect
+/// or, with `ready_check`, by an HTTPS `GET` of that path expecting 200, the certificate
+/// unverified (kube-apiserver's is the cluster CA's; kubeadm's HA guide checks it the same way).
+fn section(
+    name: &str,
+    bind: &str,
+    backends: &[SocketAddr],
+    balance: Balance,
+    ready_check: Option<&str>,
+) -> String {
     let mut text = format!(
-        "frontend {name}\n  bind {bind}\n  default_backend {name}-servers\n\nbackend {name}-servers\n  balance {}\n  default-server check inter {}ms fall 2 rise 1\n",
+        "frontend {name}\n  bind {bind}\n  default_backend {name}-servers\n\nbackend {name}-servers\n  balance {}\n",
         if balance.least_connections {
             "leastconn"
         } else {
             "roundrobin"
         },
-        CHECK_INTERVAL.as_millis()
     );
+    let interval = CHECK_INTERVAL.as_millis();
+    match ready_check {
+        Some(path) => text.push_str(&format!(
+            "  option httpchk GET {path}\n  http-check expect status 200\n  default-server check check-ssl verify none inter {interval}ms fall 2 rise 1\n"
+        )),
+        None => text.push_str(&format!(
+            "  default-server check inter {interval}ms fall 2 rise 1\n"
+        )),
+    }
     for (i, backend) in backends.iter().enumerate() {
         text.push_str(&format!("  server s{i} {backend}\n"));
     }

@@ -23,6 +23,7 @@ pub mod carried;
 pub mod cluster;
 pub mod control_plane;
 pub mod controllers;
+pub mod drill;
 pub mod fleet;
 pub mod images;
 pub mod konnectivity;

@@ -50,6 +50,26 @@ pub struct Apiserver {
     pub process: Process,
     /// An admin kubeconfig for this kube-apiserver.
     pub kubeconfig: PathBuf,
+    /// Its namespace and arguments, to start it again ([`ControlPlane::start_again`]).
+    command: (String, Vec<std::ffi::OsString>),
+}
+
+impl Apiserver {
+    /// Stops it as kubelet stops a static pod: SIGTERM, SIGKILL after `grace`. How long it
+    /// took to exit.
+    pub fn stop(&mut self, grace: Duration) -> Duration {
+        stop_within(&mut self.process, grace)
+    }
+}
+
+/// SIGTERM, SIGKILL after `grace`; how long `process` took to exit.
+fn stop_within(process: &mut Process, grace: Duration) -> Duration {
+    let started = Instant::now();
+    let _ = process.signal("TERM");
+    if process.wait_exit(grace).is_err() {
+        process.kill();
+    }
+    started.elapsed()
 }
 
 /// A running control plane. Stopped and removed on drop.
@@ -296,22 +316,27 @@ impl ControlPlane {
         let stem = format!("{address}-{port}");
         let egress_file = self.dir.path().join(format!("egress-{stem}.yaml"));
         write(&egress_file, &config)?;
-        let args = self.apiserver_command.1.iter().map(|arg| {
-            let text = arg.to_string_lossy();
-            if text.starts_with("--secure-port=") {
-                format!("--secure-port={port}").into()
-            } else if text.starts_with("--egress-selector-config-file=") {
-                format!("--egress-selector-config-file={}", egress_file.display()).into()
-            } else if text.starts_with("--advertise-address=") {
-                format!("--advertise-address={address}").into()
-            } else if text.starts_with("--etcd-servers=") && address != self.address {
-                format!("--etcd-servers=http://{}:2379", self.address).into()
-            } else {
-                arg.clone()
-            }
-        });
+        let args: Vec<std::ffi::OsString> = self
+            .apiserver_command
+            .1
+            .iter()
+            .map(|arg| {
+                let text = arg.to_string_lossy();
+                if text.starts_with("--secure-port=") {
+                    format!("--secure-port={port}").into()
+                } else if text.starts_with("--egress-selector-config-file=") {
+                    format!("--egress-selector-config-file={}", egress_file.display()).into()
+                } else if text.starts_with("--advertise-address=") {
+                    format!("--advertise-address={address}").into()
+                } else if text.starts_with("--etcd-servers=") && address != self.address {
+                    format!("--etcd-servers=http://{}:2379", self.address).into()
+                } else {
+                    arg.clone()
+                }
+            })
+            .collect();
         let mut command = in_namespace(ns, &self.binaries.kube_apiserver);
-        command.args(args);
+        command.args(&args);
         let (process, _) = Process::spawn(command, &[])?;
         let url = format!("https://{address}:{port}");
         let kubeconfig =
@@ -319,6 +344,7 @@ impl ControlPlane {
         let apiserver = Apiserver {
             process,
             kubeconfig,
+            command: (ns.to_owned(), args),
         };
         self.wait_ready_at(&apiserver.kubeconfig, &apiserver.process)?;
         Ok(apiserver)
@@ -347,6 +373,33 @@ impl ControlPlane {
             .stderr(Stdio::piped())
             .spawn()
             .expect("running kubectl")
+    }
+
+    /// Starts `apiserver` (one of [`ControlPlane::add_apiserver_on`]'s, stopped) again with
+    /// the flags it ran with, and waits until it is ready at its own address.
+    pub fn start_again(&self, apiserver: &mut Apiserver) -> anyhow::Result<()> {
+        let (ns, args) = &apiserver.command;
+        let mut command = in_namespace(ns, &self.binaries.kube_apiserver);
+        command.args(args);
+        apiserver.process = Process::spawn(command, &[])?.0;
+        self.wait_ready_at(&apiserver.kubeconfig, &apiserver.process)
+    }
+
+    /// Stops this control plane's own kube-apiserver as [`Apiserver::stop`] does; how long
+    /// it took to exit.
+    pub fn stop_own_apiserver(&mut self, grace: Duration) -> Duration {
+        stop_within(&mut self.apiserver, grace)
+    }
+
+    /// Starts this control plane's own kube-apiserver again with the flags it ran with (its
+    /// egress file as it is), and waits until it is ready as `kubeconfig` reaches it (its own
+    /// address, not a load balancer's, which another kube-apiserver may answer).
+    pub fn start_own_apiserver_again(&mut self, kubeconfig: &Path) -> anyhow::Result<()> {
+        let (ns, args) = &self.apiserver_command;
+        let mut command = in_namespace(ns, &self.binaries.kube_apiserver);
+        command.args(args);
+        self.apiserver = Process::spawn(command, &[])?.0;
+        self.wait_ready_at(kubeconfig, &self.apiserver)
     }
 
     /// Polls `/readyz` (bounded: nothing else tells when kube-apiserver is ready).
@@ -399,10 +452,7 @@ impl ControlPlane {
     /// Stops kube-apiserver (SIGTERM, SIGKILL after 10 s), as kubelet stops its static pod
     /// when its manifest is moved away; [`ControlPlane::start_apiserver`] brings it back.
     pub fn stop_apiserver(&mut self) {
-        let _ = self.apiserver.signal("TERM");
-        if self.apiserver.wait_exit(Duration::from_secs(10)).is_err() {
-            self.apiserver.kill();
-        }
+        stop_within(&mut self.apiserver, Duration::from_secs(10));
     }
 
     /// Starts kube-apiserver again with the flags it started with and its egress file written

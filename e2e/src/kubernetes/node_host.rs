@@ -387,9 +387,21 @@ impl NodeHost {
     /// Kills kubelet (SIGKILL) and starts it again with the same flags; its pods keep running
     /// under containerd meanwhile, as on a real node.
     pub fn restart_kubelet(&mut self) -> anyhow::Result<()> {
+        self.start_kubelet()
+    }
+
+    /// Kills kubelet (SIGKILL), its pods left running; [`NodeHost::start_kubelet`] brings it
+    /// back.
+    pub fn kill_kubelet(&mut self) {
         if let Some(mut kubelet) = self.kubelet.take() {
             kill_inner(&mut kubelet);
         }
+    }
+
+    /// Starts kubelet with its flags (after [`NodeHost::kill_kubelet`]; a kubelet still
+    /// running is killed first).
+    pub fn start_kubelet(&mut self) -> anyhow::Result<()> {
+        self.kill_kubelet();
         self.kubelet = Some(self.host.spawn(&strs(&self.kubelet_command), &[])?);
         Ok(())
     }

@@ -47,6 +47,7 @@ use crate::kubernetes::node_host::{Network, NodeHost, NodeOptions, RegistryTrust
 use crate::kubernetes::{Binaries, ControlPlane, Egress};
 use crate::netns::TestNet;
 
+mod drills;
 mod peering;
 pub use peering::PEER_PORT;
 use peering::{install_peer_files, with_peering};
@@ -156,6 +157,8 @@ impl RealCluster {
                     bind: (first, ENDPOINT_PORT).into(),
                     backends: backends(APISERVER_PORT),
                     balance: Balance::default(),
+                    // A kube-apiserver starting again listens before it is ready.
+                    ready_check: Some("/readyz"),
                 },
                 Frontend {
                     name: "agents",
@@ -165,6 +168,7 @@ impl RealCluster {
                         least_connections: true,
                         ..Balance::default()
                     },
+                    ready_check: None,
                 },
             ],
         )?;
