@@ -94,6 +94,17 @@ pub fn require(test: &str) -> Option<Binaries> {
     found
 }
 
+/// What an HA cluster test needs ([`real_cluster::RealCluster::start_ha`]): the nodes'
+/// tools and haproxy in front of the control plane; `None` (skipped loudly) without them.
+pub fn require_ha(test: &str) -> Option<Binaries> {
+    let binaries = require_nodes(test)?;
+    if !crate::haproxy::available() {
+        crate::skip::skip(test, "needs haproxy (apt-get install haproxy)");
+        return None;
+    }
+    Some(binaries)
+}
+
 /// What a real node needs (see [`node_host`]): root, the binaries, the node runtime from
 /// the system's packages (`scripts/install-test-deps.sh`), and the registry its image comes
 /// from ([`crate::image_registry::missing`]) and what builds that image, the release's

@@ -8,13 +8,11 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use bridgehead_e2e::haproxy;
 use bridgehead_e2e::kubernetes::real_cluster::{
     control_plane_name, metric_sum, RealCluster, POD_READY,
 };
 use bridgehead_e2e::kubernetes::{self, workload};
 use bridgehead_e2e::netns;
-use bridgehead_e2e::skip::skip;
 
 /// The whole test, cluster start included.
 const TIMEOUT: Duration = Duration::from_secs(900);
@@ -36,12 +34,9 @@ const LOG_LINES: &str = "log line 1\nlog line 2\nlog line 3\n";
 fn three_control_planes_behind_one_endpoint_reach_every_worker_only_through_bridgehead() {
     const TEST: &str =
         "three_control_planes_behind_one_endpoint_reach_every_worker_only_through_bridgehead";
-    let Some(binaries) = kubernetes::require_nodes(TEST) else {
+    let Some(binaries) = kubernetes::require_ha(TEST) else {
         return;
     };
-    if !haproxy::available() {
-        return skip(TEST, "needs haproxy (apt-get install haproxy)");
-    }
     // with_net only for its root check and timeout; the cluster makes its own hosts.
     netns::with_net(TEST, 1, TIMEOUT, move |_| {
         let started = Instant::now();

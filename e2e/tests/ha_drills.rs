@@ -25,12 +25,11 @@
 
 use std::time::{Duration, Instant};
 
-use bridgehead_e2e::haproxy::{self, ServerState};
+use bridgehead_e2e::haproxy::ServerState;
 use bridgehead_e2e::kubernetes::drill::{self, Kind, Report};
 use bridgehead_e2e::kubernetes::real_cluster::{control_plane_name, RealCluster, POD_READY};
 use bridgehead_e2e::kubernetes::{self, workload};
 use bridgehead_e2e::netns;
-use bridgehead_e2e::skip::skip;
 
 /// The whole test, cluster start included.
 const TIMEOUT: Duration = Duration::from_secs(1200);
@@ -60,12 +59,9 @@ const KEEPALIVE_BOUND: Duration = Duration::from_secs(25);
 #[test]
 fn drills_under_a_client_loop_through_the_balancer() {
     const TEST: &str = "drills_under_a_client_loop_through_the_balancer";
-    let Some(binaries) = kubernetes::require_nodes(TEST) else {
+    let Some(binaries) = kubernetes::require_ha(TEST) else {
         return;
     };
-    if !haproxy::available() {
-        return skip(TEST, "needs haproxy (apt-get install haproxy)");
-    }
     // with_net only for its root check and timeout; the cluster makes its own hosts.
     netns::with_net(TEST, 1, TIMEOUT, move |_| {
         let started = Instant::now();

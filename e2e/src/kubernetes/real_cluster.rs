@@ -124,21 +124,11 @@ impl RealCluster {
             },
             &[],
         )?;
-        let registry = Registry::start(
+        let (registry, version, trust) = publish(
+            &images,
             control_plane.address.into(),
-            Some(net.host(CONTROL_PLANE_HOST).ns_name()),
+            net.host(CONTROL_PLANE_HOST).ns_name(),
         )?;
-        let version = images
-            .bridgehead
-            .name
-            .rsplit_once(':')
-            .map(|(_, tag)| tag.to_owned())
-            .context("Bridgehead's image has no tag")?;
-        registry.push(&images.bridgehead.path, &format!("{REPOSITORY}:{version}"))?;
-        let trust = RegistryTrust {
-            host: registry.host.clone(),
-            ca_pem: registry.ca_pem.clone(),
-        };
         let controllers = Controllers::start(&control_plane, &net, CONTROL_PLANE_HOST)?;
         let manifest = match install {
             Install::Bridgehead => Some(pulled_from(
@@ -383,6 +373,29 @@ impl RealCluster {
 
 /// `manifest` with deploy/'s `image: bridgehead:<version>` replaced by the image in
 /// `registry`; an error if the manifest names no such image.
+/// Starts the registry on `address` in the namespace `ns` and pushes Bridgehead's image to it,
+/// as a user's release pipeline does: the registry, the image's version (its tag) and what a
+/// node needs to trust the registry.
+fn publish(
+    images: &Images,
+    address: std::net::IpAddr,
+    ns: &str,
+) -> anyhow::Result<(Registry, String, RegistryTrust)> {
+    let registry = Registry::start(address, Some(ns))?;
+    let version = images
+        .bridgehead
+        .name
+        .rsplit_once(':')
+        .map(|(_, tag)| tag.to_owned())
+        .context("Bridgehead's image has no tag")?;
+    registry.push(&images.bridgehead.path, &format!("{REPOSITORY}:{version}"))?;
+    let trust = RegistryTrust {
+        host: registry.host.clone(),
+        ca_pem: registry.ca_pem.clone(),
+    };
+    Ok((registry, version, trust))
+}
+
 fn pulled_from(manifest: &str, registry: &Registry, version: &str) -> anyhow::Result<String> {
     let deployed = format!("image: {DEPLOY_IMAGE}:{version}\n");
     if !manifest.contains(&deployed) {

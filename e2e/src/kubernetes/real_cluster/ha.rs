@@ -35,15 +35,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 
 use super::{
-    deploy, install_server_files, pulled_from, static_pod_manifest, RealCluster, REPOSITORY, SOCKET,
+    deploy, install_server_files, publish, pulled_from, static_pod_manifest, RealCluster, SOCKET,
 };
 use crate::haproxy::{Balance, Frontend, Haproxy};
-use crate::image_registry::Registry;
 use crate::kubernetes::addons::{self, AddonImages, CLUSTER_DNS};
 use crate::kubernetes::control_plane::{Apiserver, APISERVER_PORT};
 use crate::kubernetes::controllers::Controllers;
 use crate::kubernetes::images::Images;
-use crate::kubernetes::node_host::{Network, NodeHost, NodeOptions, RegistryTrust};
+use crate::kubernetes::node_host::{Network, NodeHost, NodeOptions};
 use crate::kubernetes::{Binaries, ControlPlane, Egress};
 use crate::netns::TestNet;
 
@@ -177,18 +176,7 @@ impl RealCluster {
             .use_endpoint(&url)
             .context("kube-apiserver through the load balancer")?;
 
-        let registry = Registry::start(first.into(), Some(net.host(0).ns_name()))?;
-        let version = images
-            .bridgehead
-            .name
-            .rsplit_once(':')
-            .map(|(_, tag)| tag.to_owned())
-            .context("Bridgehead's image has no tag")?;
-        registry.push(&images.bridgehead.path, &format!("{REPOSITORY}:{version}"))?;
-        let trust = RegistryTrust {
-            host: registry.host.clone(),
-            ca_pem: registry.ca_pem.clone(),
-        };
+        let (registry, version, trust) = publish(&images, first.into(), net.host(0).ns_name())?;
         let controllers = Controllers::start(&control_plane, &net, 0)?;
         control_plane.kubectl_ok(&["apply", "-k", &deploy().join("rbac").to_string_lossy()])?;
         let manifest = pulled_from(
