@@ -92,8 +92,11 @@ pub fn source_then_sink(
 }
 
 /// A loopback port that refuses connections: a socket bound to it that never listens, held
-/// for as long as this lives, so no other test can take the port meanwhile.
+/// for as long as this lives, so no other test can take the port meanwhile. Keep it in a
+/// binding: `closed_port()?.to_string()` drops it at the end of the statement, and a parallel
+/// test's listener may then take the port (a CI run once got 200 instead of 502 that way).
 #[derive(Debug)]
+#[must_use = "the port refuses connections only while this lives"]
 pub struct ClosedPort {
     pub addr: SocketAddr,
     _socket: tokio::net::TcpSocket,

@@ -79,7 +79,9 @@ fn connects_no_agent_matches_go_through_konnectivity_until_an_agent_is_there() {
     });
 
     // What konnectivity answers, the client gets: its agent cannot reach a closed port.
-    let closed = target::closed_port().unwrap().to_string();
+    // Held for the whole test: dropping it frees the port for any other test's listener.
+    let closed_port = target::closed_port().unwrap();
+    let closed = closed_port.to_string();
     let mut conn = tls_connect(&pki, server.frontend_addr()).unwrap();
     let reply = kube_connect(conn.as_mut(), &closed).unwrap();
     assert_ne!(reply.status, 200, "{}", reply.head);

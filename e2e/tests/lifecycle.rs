@@ -419,7 +419,9 @@ fn refused_connects_leave_no_descriptor_behind() {
     )
     .unwrap();
     server.wait_agents(1).unwrap();
-    let closed = target::closed_port().unwrap().to_string();
+    // Held for the whole test: dropping it frees the port for any other test's listener.
+    let closed_port = target::closed_port().unwrap();
+    let closed = closed_port.to_string();
     let hole = target::black_hole(Duration::from_millis(300)).unwrap();
     let hole_addr = hole.addr.to_string();
     let config = tls_config(&pki, Some(("client.crt", "client.key"))).unwrap();
