@@ -28,7 +28,12 @@
 //! waits that ended are those up to now, so the learnt stall time stays ahead of the waits
 //! still running. An attacker who answers slowly on purpose can lengthen it to the cap; that
 //! buys no more than trickling already does (the total bound below), and costs it a TLS
-//! handshake per connection instead of an idle socket.
+//! handshake per connection instead of an idle socket. What it cannot do: a fleet whose
+//! *every* first step is later than the floor has nothing answered to learn from in its first
+//! seconds, so at the start of a storm it can lose a handshake per newcomer waiting then.
+//! Measured, with the agent's own bound that this needs (the agent counts its TLS time from
+//! the server's first answer, not from its wait in the listen backlog): docs/benchmarks.md,
+//! "Slow agents".
 //!
 //! A peer that trickles a byte every stall time less a little never counts as stalled: the
 //! endpoint's total bound (`--agent-handshake-timeout`) is the backstop for it, set past what

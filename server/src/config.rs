@@ -258,9 +258,9 @@ pub struct Cli {
     pub handshake_timeout: Duration,
     /// Longest an agent may take for its TLS handshake and upgrade request, before it has
     /// proved who it is (its token review then has its own bound): a backstop, at least the
-    /// agent's own bounds on those steps (10s each), since a handshake whose agent keeps
-    /// answering, however late, is never cut before; a stalled one is cut sooner when another
-    /// agent waits (--agent-handshake-stall).
+    /// agent's own bounds on those steps once the server answered (10s each), since a
+    /// handshake whose agent keeps answering, however late, is never cut before; a stalled one
+    /// is cut sooner when another agent waits (--agent-handshake-stall).
     #[arg(long, env = "BRIDGEHEAD_AGENT_HANDSHAKE_TIMEOUT", default_value = "20s", value_parser = duration::parse, value_name = "DURATION")]
     pub agent_handshake_timeout: Duration,
     /// Most CONNECT clients in their TLS handshake at once; a newer one cuts the oldest (a flood
