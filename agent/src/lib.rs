@@ -4,7 +4,8 @@
 //!
 //! [`run`] is the whole agent: the health and admin servers, and the search (`servers`) that
 //! connects to the address (`server_connection`: TCP, TLS with the `--ca-cert` roots and an
-//! optional client certificate from `tls`, the WebSocket upgrade to `/connect?id=…&host=…`
+//! optional client certificate from `tls`, its TLS bound counted from the server's first answer
+//! ([`first_answer`]: not the wait in a busy server's listen backlog), the WebSocket upgrade to `/connect?id=…&host=…`
 //! with subprotocol `bridgehead.v1`, an optional bearer token and the ids of the servers held
 //! already) until it holds a session with as many distinct servers as the count says
 //! (`server_count`), waiting by [`schedule::Schedule`] between attempts. Each session
@@ -20,6 +21,7 @@
 pub mod config;
 mod context;
 pub mod dial;
+pub mod first_answer;
 mod health;
 mod metrics;
 pub mod schedule;

@@ -21,14 +21,17 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Error as RequestError;
 
 use crate::config::Config;
-use bridgehead_runtime::timeouts::{AGENT_CONNECT, AGENT_TLS_HANDSHAKE, AGENT_UPGRADE_ANSWER};
+use crate::first_answer::{self, Heard};
+use bridgehead_runtime::timeouts::{
+    AGENT_CONNECT, AGENT_FIRST_ANSWER, AGENT_TLS_HANDSHAKE, AGENT_UPGRADE_ANSWER,
+};
 use bridgehead_runtime::upgrade::{upgrade, Answer, UpgradeError};
 
 /// Longest part of a refusal's body that makes it into the logs.
 const MAX_LOGGED_BODY: usize = 512;
 
 /// The WebSocket to the server.
-pub(crate) type ServerWebSocket = WebSocket<TlsStream<TcpStream>>;
+pub(crate) type ServerWebSocket = WebSocket<TlsStream<Heard<TcpStream>>>;
 
 /// A connected, upgraded session transport.
 #[derive(Debug)]
@@ -118,19 +121,25 @@ pub(crate) async fn connect_to_server(
     let _ = tcp.set_nodelay(true);
 
     let name = name.unwrap_or_else(|| config.tls.server_name.clone());
+    let (tcp, answered) = Heard::new(tcp);
     let handshake = TlsConnector::from(tls).connect(name, tcp);
-    let tls_error = |source| ConnectError::Tls {
-        server: server.clone(),
-        source,
-    };
-    let mut tls = within(
+    let handshake = first_answer::within(
+        &answered,
+        AGENT_FIRST_ANSWER,
         AGENT_TLS_HANDSHAKE,
-        "TLS handshake",
-        &server,
         handshake,
-        tls_error,
-    )
-    .await?;
+    );
+    let mut tls = handshake
+        .await
+        .map_err(|timeout| ConnectError::TimedOut {
+            step: "TLS handshake",
+            server: server.clone(),
+            timeout,
+        })?
+        .map_err(|source| ConnectError::Tls {
+            server: server.clone(),
+            source,
+        })?;
 
     let request = upgrade_request(config, &server, held)?;
     tls.get_mut()

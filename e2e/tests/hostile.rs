@@ -746,3 +746,55 @@ async fn an_agent_that_answers_each_step_late_is_let_in() {
     })
     .await;
 }
+
+/// A fleet whose every step comes later than the stall time given (1 s), more of it than
+/// there are handshake places: once the server has seen the fleet answer that late, it keeps
+/// their handshakes while a newcomer waits, rather than cutting them as stalled (issue 49).
+#[tokio::test]
+async fn a_slow_fleet_past_the_handshake_places_is_not_cut_for_room() {
+    const STEP: Duration = Duration::from_millis(1300);
+    bounded(async {
+        let pki = Pki::new().unwrap();
+        let server = server_with(
+            &pki,
+            &[
+                "--max-agent-handshakes",
+                "2",
+                "--agent-handshake-stall",
+                "1s",
+            ],
+        );
+        let slow = |i: usize| {
+            let (pki, server) = (&pki, &server);
+            async move {
+                let query = format!("id=slow-{i}&host=node-{i}");
+                let agent = ("agent.crt", "agent.key");
+                let lateness = Some(Lateness::fixed(STEP));
+                late_agent_upgrade(
+                    pki,
+                    server,
+                    agent,
+                    &query,
+                    Some(bridgehead_proto::SUBPROTOCOL),
+                    lateness,
+                )
+                .await
+                .map_err(|error| format!("agent {i}: {error}"))
+            }
+        };
+        // One agent of the fleet alone: the server sees how late its steps come.
+        let first = slow(0).await.unwrap();
+        // Then three at once for two places: one waits in the listen backlog while the other
+        // two owe the server bytes past the stall time given, step after step.
+        let sessions = futures_util::future::join_all((1..4).map(slow)).await;
+        let cut = server
+            .metric("bridgehead_server_handshakes_refused_total{listener=\"agent\"}")
+            .unwrap();
+        assert_eq!(cut, 0.0, "slow agents that kept answering were cut");
+        for session in sessions {
+            session.unwrap();
+        }
+        drop(first);
+    })
+    .await;
+}

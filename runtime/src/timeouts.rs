@@ -21,9 +21,18 @@ use self::Source::{Constant, Flag, FlagTimes};
 /// than the next attempt's backoff.
 pub const AGENT_CONNECT: Duration = Duration::from_secs(10);
 
-/// Agent: longest wait for the TLS handshake with a server. With [`AGENT_UPGRADE_ANSWER`] it
-/// makes the server's `--agent-handshake-timeout` (20 s), so the server never cuts a
-/// handshake this agent still waits for: raise that flag's default with these.
+/// Agent: longest wait for the server's first answer to the ClientHello: its listen backlog,
+/// where it keeps agents while every handshake place is busy (a place is given back within the
+/// server's `--agent-handshake-timeout`, 20 s, and sooner when its agent stalls), and its own
+/// TLS work. Waiting in the backlog keeps the agent's place in the queue, where giving up would
+/// send it to the back after its backoff.
+pub const AGENT_FIRST_ANSWER: Duration = Duration::from_secs(30);
+
+/// Agent: longest wait for the TLS handshake with a server, counted from the server's first
+/// answer ([`AGENT_FIRST_ANSWER`] bounds the wait before). With [`AGENT_UPGRADE_ANSWER`] it
+/// makes the server's `--agent-handshake-timeout` (20 s, counted from its accept), so the
+/// server never cuts a handshake this agent still waits for: raise that flag's default with
+/// these.
 pub const AGENT_TLS_HANDSHAKE: Duration = Duration::from_secs(10);
 
 /// Agent: longest wait for the server's answer to the WebSocket upgrade, its token review
@@ -168,7 +177,8 @@ pub const DEADLINES: &[Deadline] = &[
     deadline("a peer accepting the view stream", Server, Constant("PEER_VIEW_OPEN"), PEER_VIEW_OPEN),
     deadline("open tunnels after SIGTERM", Server, Flag("--shutdown-grace-period"), Duration::from_secs(30)),
     deadline("the TCP connection to a server", Agent, Constant("AGENT_CONNECT"), AGENT_CONNECT),
-    deadline("the TLS handshake with a server", Agent, Constant("AGENT_TLS_HANDSHAKE"), AGENT_TLS_HANDSHAKE),
+    deadline("a server's first answer to the ClientHello", Agent, Constant("AGENT_FIRST_ANSWER"), AGENT_FIRST_ANSWER),
+    deadline("the TLS handshake with a server, from its first answer", Agent, Constant("AGENT_TLS_HANDSHAKE"), AGENT_TLS_HANDSHAKE),
     deadline("a server's upgrade answer", Agent, Constant("AGENT_UPGRADE_ANSWER"), AGENT_UPGRADE_ANSWER),
     deadline("an ended session's tunnel tasks", Agent, Constant("AGENT_SESSION_TASKS"), AGENT_SESSION_TASKS),
     deadline("open tunnels after SIGTERM", Agent, Flag("--drain-grace-period"), Duration::from_secs(30)),

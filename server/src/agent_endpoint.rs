@@ -79,6 +79,7 @@ pub async fn serve(
             if let Some(suppressed) = ctx.refusal_log.admit() {
                 warn!(
                     suppressed,
+                    stall = ?ctx.agent_admission.stall_time(),
                     "every agent handshake place was taken: one whose agent had stalled was closed"
                 );
             }

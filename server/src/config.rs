@@ -258,9 +258,9 @@ pub struct Cli {
     pub handshake_timeout: Duration,
     /// Longest an agent may take for its TLS handshake and upgrade request, before it has
     /// proved who it is (its token review then has its own bound): a backstop, at least the
-    /// agent's own bounds on those steps (10s each), since a handshake whose agent keeps
-    /// answering, however late, is never cut before; a stalled one is cut sooner when another
-    /// agent waits (--agent-handshake-stall).
+    /// agent's own bounds on those steps once the server answered (10s each), since a
+    /// handshake whose agent keeps answering, however late, is never cut before; a stalled one
+    /// is cut sooner when another agent waits (--agent-handshake-stall).
     #[arg(long, env = "BRIDGEHEAD_AGENT_HANDSHAKE_TIMEOUT", default_value = "20s", value_parser = duration::parse, value_name = "DURATION")]
     pub agent_handshake_timeout: Duration,
     /// Most CONNECT clients in their TLS handshake at once; a newer one cuts the oldest (a flood
@@ -273,7 +273,10 @@ pub struct Cli {
     #[arg(long, env = "BRIDGEHEAD_MAX_AGENT_HANDSHAKES", default_value_t = 4096)]
     pub max_agent_handshakes: usize,
     /// An agent whose handshake has owed the server bytes this long may be cut when a newer
-    /// connection needs its place; one that keeps sending is never cut for room.
+    /// connection needs its place; one that keeps sending is never cut for room. The least
+    /// stall time: while the agents that answered lately kept the server waiting longer, it is
+    /// one and a half times their 99th percentile, up to half of --agent-handshake-timeout, so a
+    /// fleet of slow agents needs no tuning and silent connections never lengthen it.
     #[arg(long, env = "BRIDGEHEAD_AGENT_HANDSHAKE_STALL", default_value = "2s", value_parser = duration::parse, value_name = "DURATION")]
     pub agent_handshake_stall: Duration,
     /// WebSocket ping interval towards agents; an agent silent for 3 intervals is dropped.
@@ -509,7 +512,7 @@ pub struct AgentEndpointConfig {
     /// `--max-agent-handshakes`: places in the handshake admission.
     pub max_handshakes: usize,
     /// `--agent-handshake-stall`: how long a handshake may owe bytes before its place is
-    /// given to a waiting one.
+    /// given to a waiting one, at least (the admission learns longer from a slow fleet).
     #[serde(serialize_with = "duration::serialize")]
     pub handshake_stall: Duration,
     /// `--keepalive-time`: a ping after this much silence; the session ends after three.

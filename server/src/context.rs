@@ -87,6 +87,7 @@ impl Context {
             agent_admission: AgentAdmission::new(
                 config.agent_endpoint.max_handshakes,
                 config.agent_endpoint.handshake_stall,
+                config.agent_endpoint.handshake_timeout,
             ),
             refusal_log: RateLimit::new(REFUSALS_LOGGED_PER_SECOND),
             tunnels: TaskTracker::new(),

@@ -2,7 +2,8 @@
 //! written again here from docs/protocol.md §1: the agent's own is private to its crate): TCP,
 //! TLS with the agent's client certificate, the WebSocket upgrade to `/connect?<identifiers>`
 //! with the subprotocol, when given `Authorization: Bearer`, and the servers the agent holds
-//! already (`bridgehead-connected-servers`, §1.1). Every step has the agent's timeout. A
+//! already (`bridgehead-connected-servers`, §1.1). Every step has the agent's timeout, TLS's
+//! counted from the server's first answer as the agent counts it (`bridgehead_agent::first_answer`). A
 //! failure says what kind it was, so a storm's failed attempts can be counted by kind, and
 //! carries the server's retry hint when it gave one; a 409 (a server held already) is not a
 //! failure. With a [`Lateness`], the agent answers each step of the handshake late
@@ -24,13 +25,15 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
+use bridgehead_agent::first_answer::{self, Heard, AGENT_FIRST_ANSWER};
 use bridgehead_e2e::late::{Late, Lateness};
 
-/// The agent's bounds: the TCP connect, the TLS handshake, the upgrade, each.
+/// The agent's bounds: the TCP connect, the TLS handshake once the server answered, the
+/// upgrade, each.
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The agent's socket: late during the handshake when the fleet's agents are slow.
-pub type AgentTcp = Late<TcpStream>;
+pub type AgentTcp = Late<Heard<TcpStream>>;
 /// The WebSocket of an upgraded session.
 pub type AgentWebSocket = WebSocket<TlsStream<AgentTcp>>;
 
@@ -146,15 +149,14 @@ pub async fn connect(
         .map_err(|error| Failure::io(Step::Tcp, &error))?;
     // Small frames (pings, window grants) must not wait for Nagle, as in the agent.
     let _ = tcp.set_nodelay(true);
+    let (tcp, answered) = Heard::new(tcp);
     let tcp = Late::new(tcp, endpoint.lateness);
     let name = ServerName::IpAddress(endpoint.addr.ip().into());
-    let mut tls = tokio::time::timeout(
-        STEP_TIMEOUT,
-        TlsConnector::from(endpoint.tls.clone()).connect(name, tcp),
-    )
-    .await
-    .map_err(|_| Failure::TimedOut(Step::Tls))?
-    .map_err(|error| Failure::io(Step::Tls, &error))?;
+    let handshake = TlsConnector::from(endpoint.tls.clone()).connect(name, tcp);
+    let mut tls = first_answer::within(&answered, AGENT_FIRST_ANSWER, STEP_TIMEOUT, handshake)
+        .await
+        .map_err(|_| Failure::TimedOut(Step::Tls))?
+        .map_err(|error| Failure::io(Step::Tls, &error))?;
     tls.get_mut()
         .1
         .set_buffer_limit(Some(bridgehead_mux::SESSION_TLS_BUFFER));

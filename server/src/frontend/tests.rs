@@ -163,7 +163,11 @@ fn context_with_fallback(
         metrics,
         agent_auth: AgentAuth::new(false, None, false),
         frontend_handshakes: Handshakes::new(16),
-        agent_admission: crate::agent_admission::AgentAdmission::new(16, TEST_TIMEOUT),
+        agent_admission: crate::agent_admission::AgentAdmission::new(
+            16,
+            TEST_TIMEOUT,
+            TEST_TIMEOUT * 2,
+        ),
         refusal_log: RateLimit::new(10),
         tunnels: TaskTracker::new(),
         memory,

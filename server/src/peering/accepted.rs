@@ -67,7 +67,11 @@ pub async fn serve(
     end: CancellationToken,
     tracker: TaskTracker,
 ) {
-    let admission = AgentAdmission::new(PEER_HANDSHAKES, ctx.config.agent_endpoint.handshake_stall);
+    let admission = AgentAdmission::new(
+        PEER_HANDSHAKES,
+        ctx.config.agent_endpoint.handshake_stall,
+        ctx.config.agent_endpoint.handshake_timeout,
+    );
     let sessions = Arc::new(Semaphore::new(PEER_SESSIONS));
     loop {
         // A place first, then the connection, as on the agent port.
