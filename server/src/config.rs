@@ -17,8 +17,8 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 use serde::Serialize;
 
-use crate::router::{parse_strategies, Strategy};
-use crate::tls_config::TlsPolicy;
+use crate::process::tls_config::TlsPolicy;
+use crate::routing::router::{parse_strategies, Strategy};
 
 /// `--dial-timeout`'s default, also taken for ANP's 0.
 const DEFAULT_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -582,13 +582,13 @@ pub struct RoutingConfig {
     /// How many servers agents are told there are.
     pub server_count: u32,
     /// `--dial-timeout`: how long a CONNECT waits for its tunnel: the first round of peers,
-    /// the agent's dial and the fallback's answer, together (`crate::open`).
+    /// the agent's dial and the fallback's answer, together (`crate::routing::open`).
     #[serde(serialize_with = "duration::serialize")]
     pub dial_timeout: Duration,
     /// `--fallback-proxy`: where CONNECTs with no agent go.
-    pub fallback: Option<crate::fallback::FallbackConfig>,
+    pub fallback: Option<crate::routing::fallback::FallbackConfig>,
     /// What may be relayed there.
-    pub fallback_destinations: crate::fallback::FallbackDestinations,
+    pub fallback_destinations: crate::routing::fallback::FallbackDestinations,
 }
 
 /// The bounds on dials, tunnels and sessions.
@@ -952,9 +952,11 @@ impl Cli {
         })
     }
 
-    fn fallback_destinations(&self) -> anyhow::Result<crate::fallback::FallbackDestinations> {
+    fn fallback_destinations(
+        &self,
+    ) -> anyhow::Result<crate::routing::fallback::FallbackDestinations> {
         use bridgehead_runtime::destinations::parse_rules;
-        Ok(crate::fallback::FallbackDestinations {
+        Ok(crate::routing::fallback::FallbackDestinations {
             allowed: parse_rules(&self.fallback_allowed_destinations)
                 .context("--fallback-allowed-destinations")?,
             denied: parse_rules(&self.fallback_denied_destinations)
@@ -966,8 +968,8 @@ impl Cli {
 
     fn fallback(
         &mut self,
-        destinations: &crate::fallback::FallbackDestinations,
-    ) -> anyhow::Result<Option<crate::fallback::FallbackConfig>> {
+        destinations: &crate::routing::fallback::FallbackDestinations,
+    ) -> anyhow::Result<Option<crate::routing::fallback::FallbackConfig>> {
         let Some(url) = self.fallback_proxy.as_deref().filter(|url| !url.is_empty()) else {
             if self.fallback_proxy_ca_cert.is_some()
                 || self.fallback_proxy_client_cert.is_some()
@@ -975,19 +977,19 @@ impl Cli {
             {
                 bail!("--fallback-proxy-ca-cert/-client-cert/-client-key need --fallback-proxy");
             }
-            if *destinations != crate::fallback::FallbackDestinations::default() {
+            if *destinations != crate::routing::fallback::FallbackDestinations::default() {
                 bail!("--fallback-allowed/-denied/-exempt-destinations need --fallback-proxy");
             }
             return Ok(None);
         };
-        let config = crate::fallback::FallbackConfig::parse(
+        let config = crate::routing::fallback::FallbackConfig::parse(
             url,
             self.fallback_proxy_ca_cert.take(),
             self.fallback_proxy_client_cert.take(),
             self.fallback_proxy_client_key.take(),
         )?;
         // Its files load now, or the server does not start.
-        crate::fallback::Fallback::new(config.clone(), destinations)
+        crate::routing::fallback::Fallback::new(config.clone(), destinations)
             .map_err(|error| anyhow::anyhow!("--fallback-proxy: {error:#}"))?;
         Ok(Some(config))
     }
@@ -1115,7 +1117,7 @@ mod tests {
         let config = with(&["--fallback-proxy=unix:///run/konnectivity.sock"]).unwrap();
         assert_eq!(
             config.routing.fallback,
-            Some(crate::fallback::FallbackConfig::Unix(
+            Some(crate::routing::fallback::FallbackConfig::Unix(
                 "/run/konnectivity.sock".into()
             ))
         );
@@ -1125,7 +1127,7 @@ mod tests {
         let config = with(&["--fallback-proxy=https://10.0.0.1:8131", &ca, &cert, &key]).unwrap();
         assert!(matches!(
             config.routing.fallback,
-            Some(crate::fallback::FallbackConfig::Https { .. })
+            Some(crate::routing::fallback::FallbackConfig::Https { .. })
         ));
         for (extra, says) in [
             (
@@ -1189,7 +1191,10 @@ mod tests {
             })
         );
         let defaults = validate(&tcp).unwrap().routing.fallback_destinations;
-        assert_eq!(defaults, crate::fallback::FallbackDestinations::default());
+        assert_eq!(
+            defaults,
+            crate::routing::fallback::FallbackDestinations::default()
+        );
     }
 
     /// As Go's pflag: a flag given twice takes its last value (chart and kubeadm extraArgs

@@ -8,16 +8,16 @@ use bridgehead_runtime::threads::Shards;
 use bridgehead_mux::memory::TunnelMemory;
 use tokio_util::task::TaskTracker;
 
-use crate::admission::Admission;
-use crate::agent_admission::AgentAdmission;
-use crate::agent_auth::AgentAuth;
+use crate::agents::admission::AgentAdmission;
+use crate::agents::auth::AgentAuth;
+use crate::agents::revocation::Revocation;
 use crate::config::Config;
-use crate::fallback::Fallback;
-use crate::handshakes::Handshakes;
-use crate::metrics::Metrics;
-use crate::peering::Settled;
-use crate::registry::Registry;
-use crate::revocation::Revocation;
+use crate::frontend::handshakes::Handshakes;
+use crate::process::metrics::Metrics;
+use crate::routing::admission::Admission;
+use crate::routing::fallback::Fallback;
+use crate::routing::registry::Registry;
+use crate::routing::settled::Settled;
 
 /// Lines about refused or failed connections logged per second at most.
 const REFUSALS_LOGGED_PER_SECOND: u32 = 10;
