@@ -163,7 +163,7 @@ fn context_with_fallback(
         metrics,
         agent_auth: AgentAuth::new(false, None, false),
         frontend_handshakes: Handshakes::new(16),
-        agent_admission: crate::agents::admission::AgentAdmission::new(
+        agent_admission: crate::agents::admission::HandshakeAdmission::new(
             16,
             TEST_TIMEOUT,
             TEST_TIMEOUT * 2,

@@ -1,5 +1,5 @@
 //! The peer port: servers that forward to this one connect here, under the agent port's
-//! pre-authentication admission ([`AgentAdmission`]: a few places, a stalled handshake cut for
+//! pre-authentication admission ([`HandshakeAdmission`]: a few places, a stalled handshake cut for
 //! a waiting one), with mutual TLS and a peer's certificate ([`super::identity`]); they
 //! upgrade to a WebSocket at [`PEER_PATH`] naming themselves ([`crate::agents::upgrade`], the agent
 //! port's checks), and run a session in which this server takes the agent's role. Each stream
@@ -25,7 +25,7 @@ use tracing::{info, warn, Instrument};
 
 use super::identity::{NotAPeer, PeerPolicy};
 use super::view::{self, Sent};
-use crate::agents::admission::{AgentAdmission, Place, Room};
+use crate::agents::admission::{HandshakeAdmission, Place, Room};
 use crate::agents::upgrade::{self, BadUpgrade, Expect, PreAuthTls};
 use crate::context::Context;
 use crate::process::http_head::{self, RawHead};
@@ -67,7 +67,7 @@ pub async fn serve(
     end: CancellationToken,
     tracker: TaskTracker,
 ) {
-    let admission = AgentAdmission::new(
+    let admission = HandshakeAdmission::new(
         PEER_HANDSHAKES,
         ctx.config.agent_endpoint.handshake_stall,
         ctx.config.agent_endpoint.handshake_timeout,
