@@ -18,7 +18,7 @@ case "$scope" in
   mux) files=() package=bridgehead-mux ;;
   router)
     package=bridgehead-server
-    files=(server/src/registry.rs server/src/router.rs 'server/src/router/*.rs')
+    files=(server/src/routing/registry.rs server/src/routing/router.rs 'server/src/routing/router/*.rs')
     ;;
   frontend)
     # The CONNECT pipeline: accept loops, head, admission, route to dial, answer, the hold of
@@ -27,8 +27,8 @@ case "$scope" in
     package=bridgehead-server
     extra=(--cargo-arg=--lib)
     files=(server/src/frontend.rs server/src/frontend/connection.rs server/src/frontend/head.rs
-      server/src/frontend/hold.rs server/src/http_head.rs server/src/admission.rs
-      server/src/refusal.rs server/src/dial.rs server/src/handshakes.rs)
+      server/src/frontend/hold.rs server/src/process/http_head.rs server/src/routing/admission.rs
+      server/src/routing/refusal.rs server/src/routing/dial.rs server/src/frontend/handshakes.rs)
     ;;
   tls-stream) files=(server/src/frontend/tls_stream.rs) package=bridgehead-server ;;
   *)

@@ -14,8 +14,8 @@ use bridgehead_runtime::compat::{AnpIgnoredArgs, KlogArgs, LogSettings, Notes};
 use bridgehead_runtime::duration;
 use bridgehead_runtime::logging::LogFormat;
 use bridgehead_runtime::memory::MemoryArgs;
-use bridgehead_runtime::threads::SessionThreads;
-use clap::builder::{PossibleValuesParser, TypedValueParser};
+use bridgehead_runtime::process_args::{ProcessArgs, Wording};
+use clap::builder::PossibleValuesParser;
 use clap::Parser;
 use rustls_pki_types::ServerName;
 use serde::Serialize;
@@ -33,7 +33,8 @@ use bridgehead_runtime::destinations::{parse_rules, Policy, Rule, RuleFlags};
 #[command(
     name = "bridgehead-agent",
     version = bridgehead_runtime::build::VERSION_AND_COMMIT,
-    args_override_self = true
+    args_override_self = true,
+    mut_args = |arg| ProcessArgs::word(arg, WORDINGS)
 )]
 pub struct Cli {
     /// Host name or IP address of bridgehead-server's agent endpoint: one address (a load
@@ -113,36 +114,6 @@ pub struct Cli {
     )]
     pub admin_server_port: u16,
 
-    /// Address the admin port binds.
-    #[arg(
-        long,
-        env = "BRIDGEHEAD_ADMIN_BIND_ADDRESS",
-        default_value = "127.0.0.1",
-        value_name = "IP"
-    )]
-    pub admin_bind_address: IpAddr,
-
-    /// Address the health server binds (`--health-server-host`, ANP's name, is the same
-    /// flag).
-    #[arg(
-        long,
-        alias = "health-server-host",
-        env = "BRIDGEHEAD_HEALTH_BIND_ADDRESS",
-        default_value = "0.0.0.0",
-        value_name = "IP"
-    )]
-    pub health_bind_address: IpAddr,
-
-    /// Interval between WebSocket pings; the session is dead after three intervals of silence.
-    #[arg(
-        long,
-        env = "BRIDGEHEAD_KEEPALIVE_TIME",
-        default_value = "5s",
-        value_parser = duration::parse,
-        value_name = "DURATION"
-    )]
-    pub keepalive_time: Duration,
-
     /// How often the agent looks for servers it lacks; after a failed attempt the delay grows
     /// ×1.5 up to --sync-interval-cap.
     #[arg(
@@ -189,29 +160,6 @@ pub struct Cli {
         value_name = "DURATION"
     )]
     pub drain_grace_period: Duration,
-
-    /// Log line format.
-    #[arg(
-        long,
-        env = "BRIDGEHEAD_LOG_FORMAT",
-        default_value = "text",
-        value_parser = PossibleValuesParser::new(["text", "json"])
-            .try_map(|s| s.parse::<LogFormat>()),
-    )]
-    pub log_format: LogFormat,
-
-    /// Worker threads: 0 = one per CPU the process may use (affinity, cgroup quota;
-    /// single-threaded when that is one), 1 = single-threaded (lowest latency on small
-    /// machines, one core for everything).
-    #[arg(long, env = "BRIDGEHEAD_WORKER_THREADS", default_value_t = 0)]
-    pub worker_threads: usize,
-
-    /// Threads of their own for the sessions with servers: each session, and every tunnel
-    /// it carries, runs on one of them (the least loaded when it connects), so a tunnel's
-    /// chunks never cross between cores on their way to and from its session. `auto` = one
-    /// per worker thread (none with a single worker); 0 = none (everything on the workers).
-    #[arg(long, env = "BRIDGEHEAD_SESSION_THREADS", default_value = "auto", value_parser = SessionThreads::parse)]
-    pub session_threads: SessionThreads,
 
     /// Destinations the agent may dial: comma-separated `CIDR`, `CIDR:PORT`, `CIDR:LOW-HIGH`
     /// (`[IPv6/len]:PORT`); empty: any not denied. Checked on the resolved addresses. An exact
@@ -263,6 +211,8 @@ pub struct Cli {
     pub probe_interval: Option<Duration>,
 
     #[command(flatten)]
+    pub process: ProcessArgs,
+    #[command(flatten)]
     pub memory: MemoryArgs,
 
     #[command(flatten)]
@@ -310,6 +260,35 @@ pub struct Cli {
     )]
     pub server_count_source: String,
 }
+
+/// How the agent words the flags it shares with the server ([`ProcessArgs`]): the same flags,
+/// said of the agent's side, the addresses named as ANP's agent names them.
+const WORDINGS: &[Wording] = &[
+    Wording::help(
+        "session_threads",
+        "Threads of their own for the sessions with servers: each session, and every tunnel \
+         it carries, runs on one of them (the least loaded when it connects), so a tunnel's \
+         chunks never cross between cores on their way to and from its session. `auto` = one \
+         per worker thread (none with a single worker); 0 = none (everything on the workers)",
+    ),
+    Wording {
+        id: "health_bind_address",
+        help: "Address the health server binds (`--health-server-host`, ANP's name, is the \
+               same flag)",
+        value_name: Some("IP"),
+        alias: Some("health-server-host"),
+    },
+    Wording {
+        id: "admin_bind_address",
+        help: "Address the admin port binds",
+        value_name: Some("IP"),
+        alias: None,
+    },
+    Wording::help(
+        "keepalive_time",
+        "Interval between WebSocket pings; the session is dead after three intervals of silence",
+    ),
+];
 
 /// Where the agent's server count comes from besides the servers' answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -523,14 +502,23 @@ impl Cli {
                 denied: parse_rules(&self.denied_destinations).context("--denied-destinations")?,
             },
             logging: LoggingConfig {
-                format: self.log_format,
+                format: self.process.log_format,
                 settings: log,
             },
             process: ProcessConfig {
-                health_address: SocketAddr::new(self.health_bind_address, self.health_server_port),
-                admin_address: SocketAddr::new(self.admin_bind_address, self.admin_server_port),
-                worker_threads: self.worker_threads,
-                session_threads: self.session_threads.count(self.worker_threads),
+                health_address: SocketAddr::new(
+                    self.process.health_bind_address,
+                    self.health_server_port,
+                ),
+                admin_address: SocketAddr::new(
+                    self.process.admin_bind_address,
+                    self.admin_server_port,
+                ),
+                worker_threads: self.process.worker_threads,
+                session_threads: self
+                    .process
+                    .session_threads
+                    .count(self.process.worker_threads),
             },
             memory: self.memory,
             notes,
@@ -663,14 +651,14 @@ impl Cli {
     }
 
     fn sessions(&self) -> anyhow::Result<SessionsConfig> {
-        if self.keepalive_time.is_zero() {
+        if self.process.keepalive_time.is_zero() {
             bail!("--keepalive-time must be above 0");
         }
         if self.max_tunnels == 0 {
             bail!("--max-tunnels must be above 0");
         }
         Ok(SessionsConfig {
-            keepalive_time: self.keepalive_time,
+            keepalive_time: self.process.keepalive_time,
             drain_grace_period: self.drain_grace_period,
             max_tunnels: self.max_tunnels,
         })

@@ -1,5 +1,5 @@
 //! The docs that walk a reader through the code name its files, and a reader follows those
-//! names: every Rust file they cite exists. A path (`server/src/router/lookup.rs`) is
+//! names: every Rust file they cite exists. A path (`server/src/routing/router/lookup.rs`) is
 //! taken from the repository's root, or as the end of a path when it starts below a crate
 //! (`src/frontend.rs`); a bare name (`upgrade.rs`, where the text gives the crate) must be
 //! some file's name. History names files that are gone on purpose: docs/benchmark-history.md
@@ -69,7 +69,7 @@ fn every_rust_file_the_architecture_docs_cite_exists() {
     let mut files = BTreeSet::new();
     rust_files(&root, &root, &mut files);
     assert!(
-        files.contains("server/src/registry.rs"),
+        files.contains("server/src/routing/registry.rs"),
         "{} files",
         files.len()
     );

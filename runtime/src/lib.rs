@@ -21,6 +21,8 @@
 //! - [`memory`]: `--tunnel-memory-budget`, `--tunnel-receive-buffer`, `--tunnel-unsent-limit`,
 //!   `--tunnel-max-window` into `bridgehead_mux::memory::TunnelMemory`, and its metrics; byte
 //!   sizes.
+//! - [`process_args`]: the flags both binaries take with one meaning (log format, threads,
+//!   the health and admin ports' addresses, keepalive), written once and flattened by both.
 //! - [`process_metrics`]: `process_*` metrics under Prometheus' standard names.
 //! - [`upgrade`]: the client's side of the WebSocket upgrade (agents to servers, servers to
 //!   peers).
@@ -45,6 +47,7 @@ pub mod legacy_counter;
 pub mod limits;
 pub mod logging;
 pub mod memory;
+pub mod process_args;
 pub mod process_metrics;
 pub mod shutdown;
 pub mod signal;

@@ -108,11 +108,11 @@ fn pkis() -> Pkis {
 /// The server presents `server`'s certificate and trusts `client`'s CA; the client the
 /// other way round.
 fn configs(server: &Path, client: &Path) -> (Arc<ServerConfig>, Arc<ClientConfig>) {
-    let server_config = bridgehead_server::tls_config::server_config(
+    let server_config = bridgehead_server::process::tls_config::server_config(
         &server.join("server.crt"),
         &server.join("server.key"),
         Some(&client.join("ca.crt")),
-        &bridgehead_server::tls_config::TlsPolicy::default(),
+        &bridgehead_server::process::tls_config::TlsPolicy::default(),
     )
     .unwrap();
     let mut client_config = ClientConfig::builder_with_provider(provider())

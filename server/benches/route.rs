@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use bridgehead_proto::ident::AgentIdentifiers;
-use bridgehead_server::router::{AgentKey, RouteTable, Strategy, TargetHost};
+use bridgehead_server::routing::router::{AgentKey, RouteTable, Strategy, TargetHost};
 use criterion::{criterion_group, criterion_main, Criterion};
 use ipnet::{IpNet, Ipv4Net};
 use rand::rngs::StdRng;

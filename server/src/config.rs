@@ -12,13 +12,12 @@ use bridgehead_runtime::compat::{AnpIgnoredArgs, KlogArgs, LogSettings, Notes};
 use bridgehead_runtime::duration;
 use bridgehead_runtime::logging::LogFormat;
 use bridgehead_runtime::memory::MemoryArgs;
-use bridgehead_runtime::threads::SessionThreads;
-use clap::builder::{PossibleValuesParser, TypedValueParser};
+use bridgehead_runtime::process_args::{ProcessArgs, Wording};
 use clap::Parser;
 use serde::Serialize;
 
-use crate::router::{parse_strategies, Strategy};
-use crate::tls_config::TlsPolicy;
+use crate::process::tls_config::TlsPolicy;
+use crate::routing::router::{parse_strategies, Strategy};
 
 /// `--dial-timeout`'s default, also taken for ANP's 0.
 const DEFAULT_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -36,7 +35,8 @@ pub const DEFAULT_ALLOWED_PEER: &str = "bridgehead-peer";
 #[command(
     name = "bridgehead-server",
     version = bridgehead_runtime::build::VERSION_AND_COMMIT,
-    args_override_self = true
+    args_override_self = true,
+    mut_args = |arg| ProcessArgs::word(arg, WORDINGS)
 )]
 pub struct Cli {
     /// Frontend (CONNECT) TCP port; 0 binds an ephemeral port. Ignored (must be 0 or default)
@@ -195,24 +195,10 @@ pub struct Cli {
     /// ephemeral port.
     #[arg(long, env = "BRIDGEHEAD_HEALTH_PORT", default_value_t = 8092)]
     pub health_port: u16,
-    /// Address the health port binds.
-    #[arg(
-        long,
-        env = "BRIDGEHEAD_HEALTH_BIND_ADDRESS",
-        default_value = "0.0.0.0"
-    )]
-    pub health_bind_address: IpAddr,
     /// Admin port: what an operator debugs with (`/agents`: every agent, its peer address and
     /// identifiers; `/config`); 0 binds an ephemeral port.
     #[arg(long, env = "BRIDGEHEAD_ADMIN_PORT", default_value_t = 8095)]
     pub admin_port: u16,
-    /// Address the admin port binds: loopback, since it shows every node's addresses.
-    #[arg(
-        long,
-        env = "BRIDGEHEAD_ADMIN_BIND_ADDRESS",
-        default_value = "127.0.0.1"
-    )]
-    pub admin_bind_address: IpAddr,
     /// Ordered, comma-separated routing strategies; the first that finds a usable agent wins.
     /// Valid: destHost, destCIDR, defaultRoute, default.
     #[arg(long, env = "BRIDGEHEAD_PROXY_STRATEGIES", default_value = "default")]
@@ -279,9 +265,6 @@ pub struct Cli {
     /// fleet of slow agents needs no tuning and silent connections never lengthen it.
     #[arg(long, env = "BRIDGEHEAD_AGENT_HANDSHAKE_STALL", default_value = "2s", value_parser = duration::parse, value_name = "DURATION")]
     pub agent_handshake_stall: Duration,
-    /// WebSocket ping interval towards agents; an agent silent for 3 intervals is dropped.
-    #[arg(long, env = "BRIDGEHEAD_KEEPALIVE_TIME", default_value = "5s", value_parser = duration::parse, value_name = "DURATION")]
-    pub keepalive_time: Duration,
     /// Most dials waiting for an agent's answer at once; beyond it clients get 503.
     #[arg(long, env = "BRIDGEHEAD_MAX_PENDING_DIALS", default_value_t = 1024)]
     pub max_pending_dials: usize,
@@ -348,26 +331,13 @@ pub struct Cli {
     #[arg(long, env = "BRIDGEHEAD_LOG_TUNNELS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub log_tunnels: Option<bool>,
     #[command(flatten)]
+    pub process: ProcessArgs,
+    #[command(flatten)]
     pub memory: MemoryArgs,
     #[command(flatten)]
     pub klog: KlogArgs,
     #[command(flatten)]
     pub anp_ignored: AnpIgnoredArgs,
-    /// Log format: text or json.
-    #[arg(long, env = "BRIDGEHEAD_LOG_FORMAT", default_value = "text", value_parser = PossibleValuesParser::new(["text", "json"]).try_map(|s| s.parse::<LogFormat>()))]
-    pub log_format: LogFormat,
-    /// Worker threads: 0 = one per CPU the process may use (affinity, cgroup quota;
-    /// single-threaded when that is one), 1 = single-threaded (lowest latency on small
-    /// machines, one core for everything).
-    #[arg(long, env = "BRIDGEHEAD_WORKER_THREADS", default_value_t = 0)]
-    pub worker_threads: usize,
-    /// Threads of their own for agent sessions: each session, and every tunnel spliced over
-    /// it, runs on one of them (the least loaded when it connects), so a tunnel's chunks
-    /// never cross between cores on their way to and from its session. `auto` = one per
-    /// worker thread (none with a single worker); 0 = none (sessions and tunnels run on the
-    /// workers, as TLS handshakes and dials always do).
-    #[arg(long, env = "BRIDGEHEAD_SESSION_THREADS", default_value = "auto", value_parser = SessionThreads::parse)]
-    pub session_threads: SessionThreads,
     /// Serve peer servers on this port, and forward CONNECTs whose agent is a peer's to that
     /// peer (docs/ha.md, "Forwarding between servers"); 0 picks a free port. Unset: no
     /// forwarding.
@@ -432,6 +402,28 @@ pub struct Cli {
     #[arg(long, env = "BRIDGEHEAD_MODE", default_value = "http-connect")]
     pub mode: String,
 }
+
+/// How the server words the flags it shares with the agent ([`ProcessArgs`]): the same flags,
+/// said of the server's side.
+const WORDINGS: &[Wording] = &[
+    Wording::help("log_format", "Log format: text or json"),
+    Wording::help(
+        "session_threads",
+        "Threads of their own for agent sessions: each session, and every tunnel spliced over \
+         it, runs on one of them (the least loaded when it connects), so a tunnel's chunks \
+         never cross between cores on their way to and from its session. `auto` = one per \
+         worker thread (none with a single worker); 0 = none (sessions and tunnels run on the \
+         workers, as TLS handshakes and dials always do)",
+    ),
+    Wording::help(
+        "admin_bind_address",
+        "Address the admin port binds: loopback, since it shows every node's addresses",
+    ),
+    Wording::help(
+        "keepalive_time",
+        "WebSocket ping interval towards agents; an agent silent for 3 intervals is dropped",
+    ),
+];
 
 /// Validated configuration, in the groups an operator thinks in. The shared [`Context`]
 /// holds it once; `/config` shows it whole, as JSON, from this one derived serialisation
@@ -582,13 +574,13 @@ pub struct RoutingConfig {
     /// How many servers agents are told there are.
     pub server_count: u32,
     /// `--dial-timeout`: how long a CONNECT waits for its tunnel: the first round of peers,
-    /// the agent's dial and the fallback's answer, together (`crate::open`).
+    /// the agent's dial and the fallback's answer, together (`crate::routing::open`).
     #[serde(serialize_with = "duration::serialize")]
     pub dial_timeout: Duration,
     /// `--fallback-proxy`: where CONNECTs with no agent go.
-    pub fallback: Option<crate::fallback::FallbackConfig>,
+    pub fallback: Option<crate::routing::fallback::FallbackConfig>,
     /// What may be relayed there.
-    pub fallback_destinations: crate::fallback::FallbackDestinations,
+    pub fallback_destinations: crate::routing::fallback::FallbackDestinations,
 }
 
 /// The bounds on dials, tunnels and sessions.
@@ -754,15 +746,18 @@ impl Cli {
             tls,
             memory: self.memory,
             logging: LoggingConfig {
-                format: self.log_format,
+                format: self.process.log_format,
                 settings: log,
                 tunnels: self.log_tunnels.unwrap_or(true),
             },
             process: ProcessConfig {
-                health_bind: (self.health_bind_address, self.health_port).into(),
-                admin_bind: (self.admin_bind_address, self.admin_port).into(),
-                worker_threads: self.worker_threads,
-                session_threads: self.session_threads.count(self.worker_threads),
+                health_bind: (self.process.health_bind_address, self.health_port).into(),
+                admin_bind: (self.process.admin_bind_address, self.admin_port).into(),
+                worker_threads: self.process.worker_threads,
+                session_threads: self
+                    .process
+                    .session_threads
+                    .count(self.process.worker_threads),
                 grace_period: self.shutdown_grace_period,
             },
             notes,
@@ -830,7 +825,7 @@ impl Cli {
         if token.is_none() && self.cluster_ca_cert.is_none() {
             bail!("agents must authenticate: give --cluster-ca-cert, or token authentication with --agent-namespace, --agent-service-account and --authentication-audience");
         }
-        if self.keepalive_time.is_zero() {
+        if self.process.keepalive_time.is_zero() {
             bail!("--keepalive-time must be above 0");
         }
         Ok(AgentEndpointConfig {
@@ -846,7 +841,7 @@ impl Cli {
             answer_timeout: self.handshake_timeout,
             max_handshakes: self.max_agent_handshakes,
             handshake_stall: self.agent_handshake_stall,
-            keepalive_time: self.keepalive_time,
+            keepalive_time: self.process.keepalive_time,
         })
     }
 
@@ -952,9 +947,11 @@ impl Cli {
         })
     }
 
-    fn fallback_destinations(&self) -> anyhow::Result<crate::fallback::FallbackDestinations> {
+    fn fallback_destinations(
+        &self,
+    ) -> anyhow::Result<crate::routing::fallback::FallbackDestinations> {
         use bridgehead_runtime::destinations::parse_rules;
-        Ok(crate::fallback::FallbackDestinations {
+        Ok(crate::routing::fallback::FallbackDestinations {
             allowed: parse_rules(&self.fallback_allowed_destinations)
                 .context("--fallback-allowed-destinations")?,
             denied: parse_rules(&self.fallback_denied_destinations)
@@ -966,8 +963,8 @@ impl Cli {
 
     fn fallback(
         &mut self,
-        destinations: &crate::fallback::FallbackDestinations,
-    ) -> anyhow::Result<Option<crate::fallback::FallbackConfig>> {
+        destinations: &crate::routing::fallback::FallbackDestinations,
+    ) -> anyhow::Result<Option<crate::routing::fallback::FallbackConfig>> {
         let Some(url) = self.fallback_proxy.as_deref().filter(|url| !url.is_empty()) else {
             if self.fallback_proxy_ca_cert.is_some()
                 || self.fallback_proxy_client_cert.is_some()
@@ -975,19 +972,19 @@ impl Cli {
             {
                 bail!("--fallback-proxy-ca-cert/-client-cert/-client-key need --fallback-proxy");
             }
-            if *destinations != crate::fallback::FallbackDestinations::default() {
+            if *destinations != crate::routing::fallback::FallbackDestinations::default() {
                 bail!("--fallback-allowed/-denied/-exempt-destinations need --fallback-proxy");
             }
             return Ok(None);
         };
-        let config = crate::fallback::FallbackConfig::parse(
+        let config = crate::routing::fallback::FallbackConfig::parse(
             url,
             self.fallback_proxy_ca_cert.take(),
             self.fallback_proxy_client_cert.take(),
             self.fallback_proxy_client_key.take(),
         )?;
         // Its files load now, or the server does not start.
-        crate::fallback::Fallback::new(config.clone(), destinations)
+        crate::routing::fallback::Fallback::new(config.clone(), destinations)
             .map_err(|error| anyhow::anyhow!("--fallback-proxy: {error:#}"))?;
         Ok(Some(config))
     }
@@ -1115,7 +1112,7 @@ mod tests {
         let config = with(&["--fallback-proxy=unix:///run/konnectivity.sock"]).unwrap();
         assert_eq!(
             config.routing.fallback,
-            Some(crate::fallback::FallbackConfig::Unix(
+            Some(crate::routing::fallback::FallbackConfig::Unix(
                 "/run/konnectivity.sock".into()
             ))
         );
@@ -1125,7 +1122,7 @@ mod tests {
         let config = with(&["--fallback-proxy=https://10.0.0.1:8131", &ca, &cert, &key]).unwrap();
         assert!(matches!(
             config.routing.fallback,
-            Some(crate::fallback::FallbackConfig::Https { .. })
+            Some(crate::routing::fallback::FallbackConfig::Https { .. })
         ));
         for (extra, says) in [
             (
@@ -1189,7 +1186,10 @@ mod tests {
             })
         );
         let defaults = validate(&tcp).unwrap().routing.fallback_destinations;
-        assert_eq!(defaults, crate::fallback::FallbackDestinations::default());
+        assert_eq!(
+            defaults,
+            crate::routing::fallback::FallbackDestinations::default()
+        );
     }
 
     /// As Go's pflag: a flag given twice takes its last value (chart and kubeadm extraArgs

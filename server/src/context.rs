@@ -8,16 +8,16 @@ use bridgehead_runtime::threads::Shards;
 use bridgehead_mux::memory::TunnelMemory;
 use tokio_util::task::TaskTracker;
 
-use crate::admission::Admission;
-use crate::agent_admission::AgentAdmission;
-use crate::agent_auth::AgentAuth;
+use crate::agents::admission::HandshakeAdmission;
+use crate::agents::auth::AgentAuth;
+use crate::agents::revocation::Revocation;
 use crate::config::Config;
-use crate::fallback::Fallback;
-use crate::handshakes::Handshakes;
-use crate::metrics::Metrics;
-use crate::peering::Settled;
-use crate::registry::Registry;
-use crate::revocation::Revocation;
+use crate::frontend::handshakes::Handshakes;
+use crate::process::metrics::Metrics;
+use crate::routing::admission::Admission;
+use crate::routing::fallback::Fallback;
+use crate::routing::registry::Registry;
+use crate::routing::settled::Settled;
 
 /// Lines about refused or failed connections logged per second at most.
 const REFUSALS_LOGGED_PER_SECOND: u32 = 10;
@@ -37,7 +37,7 @@ pub struct Context {
     /// CONNECT clients in their handshake: the frontend's pre-authentication bound.
     pub frontend_handshakes: Handshakes,
     /// Agents in their handshake: the agent endpoint's pre-authentication admission.
-    pub agent_admission: AgentAdmission,
+    pub agent_admission: HandshakeAdmission,
     /// Lines about refused connections, at most a few a second whatever a flood does.
     pub refusal_log: RateLimit,
     /// Every spliced tunnel, so shutdown can wait for them.
@@ -84,7 +84,7 @@ impl Context {
             metrics,
             agent_auth,
             frontend_handshakes: Handshakes::new(config.frontend.max_handshakes),
-            agent_admission: AgentAdmission::new(
+            agent_admission: HandshakeAdmission::new(
                 config.agent_endpoint.max_handshakes,
                 config.agent_endpoint.handshake_stall,
                 config.agent_endpoint.handshake_timeout,

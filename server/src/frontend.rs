@@ -3,7 +3,7 @@
 //! The accept loops here only accept: each connection is served in its own task, which runs
 //! the TLS handshake under a timeout ([`TlsStream`]) and then [`connection`]'s pipeline — the
 //! CONNECT head (bounded size, parsed by httparse, under the same timeout; [`head`]), the
-//! tunnel opened (admission, route, dial: [`crate::open`]), and the answer: `200` only once
+//! tunnel opened (admission, route, dial: [`crate::routing::open`]), and the answer: `200` only once
 //! an agent's dial succeeded, with no body and no length headers. The same task then splices
 //! the connection to the agent's stream, starting with any bytes the client sent right behind
 //! its CONNECT head, its writes held until the client speaks ([`hold`]). A connection carries
@@ -20,12 +20,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn, Instrument};
 
-use crate::admission::ClientKey;
-use crate::certificate::certificate_names;
 use crate::context::Context;
-use crate::refusal::Refusal;
+use crate::process::certificate::certificate_names;
+use crate::routing::admission::ClientKey;
+use crate::routing::refusal::Refusal;
 
 mod connection;
+pub mod handshakes;
 mod head;
 mod hold;
 mod tls_stream;
@@ -77,7 +78,7 @@ impl ClientSocket for tokio::net::UnixStream {
 pub enum ReadHead {
     /// `CONNECT target`; the tunnel's own bytes start at `start`.
     Connect {
-        target: crate::router::Target,
+        target: crate::routing::router::Target,
         start: usize,
     },
     /// The bytes end before a whole head.
@@ -107,7 +108,7 @@ pub fn read_head(bytes: &[u8]) -> ReadHead {
 /// Accepts mTLS CONNECT clients until `shutdown`.
 pub async fn serve_tcp(
     listener: TcpListener,
-    tls: Arc<crate::tls_config::ReloadingConfig>,
+    tls: Arc<crate::process::tls_config::ReloadingConfig>,
     allowed_clients: Arc<[String]>,
     ctx: Arc<Context>,
     shutdown: CancellationToken,

@@ -1,53 +1,37 @@
 //! bridgehead-server: HTTP CONNECT tunnels into a private network, through connected agents.
 //!
-//! This file is the composition root: [`Listeners`] binds, [`run`] wires the components and
-//! shuts them down. Components, one module each, in the order a CONNECT meets them:
-//! [`frontend`] (the CONNECT listener, mTLS TCP or Unix socket, and the per-connection
-//! pipeline), [`open`] (the one tunnel opener the frontend and forwarded tunnels share:
-//! admission, route, dial, refusal reporting), [`admission`] (the bound on dials in flight),
-//! [`registry`] (connected agents and the route table over them) over [`router`] (the
-//! strategy list and the parsed [`Target`], pure), [`dial`] (asking the routed agents), [`fallback`] (the proxy that CONNECTs no agent
-//! matches go to), [`refusal`] (every way a CONNECT is turned down, with its status and metric
-//! label). Beside them: [`agent_endpoint`] (agents' WebSocket sessions, admitted by
-//! [`agent_admission`], authenticated by [`agent_auth`], closed by [`revocation`] when the
-//! token they were let in by turns invalid), [`peering`] (forwarding to and from peer servers,
-//! `--peer-port`), [`context`] (what connection tasks share),
-//! [`config`] (flags into a validated [`Config`]), [`tls_config`], [`upgrade`] (the server's
-//! side of the WebSocket upgrade, both ports'), [`health`] and [`metrics`].
+//! This file is the composition root: [`Listeners`] binds, [`run`] wires the parts and shuts
+//! them down. The parts are folders, each using only those listed after it (checked by
+//! `e2e/tests/layout.rs` against docs/architecture.md):
+//! - [`frontend`]: the CONNECT listener, mTLS TCP or Unix socket, its pre-TLS handshake
+//!   bound, and the per-connection pipeline.
+//! - [`peering`]: forwarding to and from peer servers (`--peer-port`).
+//! - [`agents`]: agents' WebSocket sessions, the handshake admission in front of them (the
+//!   peer port's too), their authentication, the upgrade, revocation.
+//! - [`routing`]: the one tunnel opener (admission, route, dial, fallback, refusal), the
+//!   registry of own and peers' agents over the pure router.
+//! - [`process`]: what every part uses: metrics, TLS configuration, certificate names, the
+//!   Kubernetes client, HTTP heads, and the health and admin ports' answers.
+//!
+//! Beside them, the composition the parts read: [`config`] (flags into a validated
+//! [`Config`]) and [`context`] (what connection tasks share). Neither is built from anything
+//! that uses it back.
 //!
 //! [`run`] takes listeners that are already bound, so tests bind port 0 and hand them in.
 //! Several servers share one address for agents, or agents find each by DNS: each tells an
 //! agent its `--server-id` and `--server-count` in the upgrade answer and routes what its own
 //! frontend receives over its own agent sessions, or, with `--peer-port`, over a peer's
 //! (docs/ha.md).
-//!
-//! [`Target`]: router::Target
 
-pub mod admission;
-pub mod agent_admission;
-pub mod agent_auth;
-pub mod agent_endpoint;
-pub mod certificate;
+pub mod agents;
 pub mod config;
 pub mod context;
-pub mod dial;
-pub mod fallback;
 pub mod frontend;
-pub mod handshakes;
-pub mod health;
-pub mod http_head;
-pub mod kubernetes;
-pub mod metrics;
-pub mod open;
 pub mod peering;
-pub mod refusal;
-pub mod registry;
-pub mod revocation;
-pub mod router;
+pub mod process;
+pub mod routing;
 #[cfg(test)]
 mod test_util;
-pub mod tls_config;
-pub mod upgrade;
 
 use std::io::Write;
 use std::sync::Arc;
@@ -139,10 +123,10 @@ pub async fn run(
     let lifecycle = Lifecycle::new();
     let (settle, settled) = match &config.peering {
         Some(_) => {
-            let (sender, settled) = peering::Settled::new();
+            let (sender, settled) = routing::settled::Settled::new();
             (Some(sender), settled)
         }
-        None => (None, peering::Settled::already()),
+        None => (None, routing::settled::Settled::already()),
     };
     let (ctx, kube, verifier) = start(config, settled, lifecycle.stop()).await?;
     let config = &ctx.config;
@@ -160,7 +144,7 @@ pub async fn run(
     );
     let agent_addr = listeners.agent.local_addr()?;
     serve_frontend(listeners.frontend, &ctx, &lifecycle)?;
-    let cluster_tls = tls_config::ReloadingConfig::load(
+    let cluster_tls = process::tls_config::ReloadingConfig::load(
         "agent endpoint",
         &config.agent_endpoint.cert,
         &config.agent_endpoint.key,
@@ -170,7 +154,7 @@ pub async fn run(
     .context("agent endpoint TLS")?;
     announce("agent endpoint", &agent_addr.to_string());
     lifecycle.spawn(cluster_tls.clone().watch(lifecycle.stop().clone()));
-    lifecycle.spawn(agent_endpoint::serve(
+    lifecycle.spawn(agents::endpoint::serve(
         listeners.agent,
         cluster_tls,
         ctx.clone(),
@@ -232,7 +216,7 @@ pub async fn run(
 /// server is no longer counted), with where peers reach it when it forwards
 /// (`--peer-advertise-address`; the port bound, `peer_port`, when the address names none).
 fn hold_lease(
-    api: &Arc<kubernetes::KubeApi>,
+    api: &Arc<process::kubernetes::KubeApi>,
     peer_port: Option<u16>,
     ctx: &Arc<Context>,
     lifecycle: &Lifecycle,
@@ -269,7 +253,7 @@ fn hold_lease(
 fn serve_peers(
     listener: TcpListener,
     settle: tokio::sync::watch::Sender<bool>,
-    kube: Option<&Arc<kubernetes::KubeApi>>,
+    kube: Option<&Arc<process::kubernetes::KubeApi>>,
     ctx: &Arc<Context>,
     lifecycle: &Lifecycle,
 ) -> anyhow::Result<()> {
@@ -296,7 +280,7 @@ fn serve_peers(
         }
         (true, ..) => anyhow::bail!("peers from Leases need --enable-lease-controller"),
     };
-    let tls = tls_config::ReloadingConfig::load(
+    let tls = process::tls_config::ReloadingConfig::load(
         "peer port",
         &peering.cert,
         &peering.key,
@@ -331,11 +315,11 @@ fn serve_peers(
 /// and Leases) and the token verifier, whose watches stop with `stop`.
 async fn start(
     config: Config,
-    settled: peering::Settled,
+    settled: routing::settled::Settled,
     stop: &CancellationToken,
 ) -> anyhow::Result<(
     Arc<Context>,
-    Option<Arc<kubernetes::KubeApi>>,
+    Option<Arc<process::kubernetes::KubeApi>>,
     Option<TokenVerifier>,
 )> {
     if config.frontend.shared_ca {
@@ -344,9 +328,13 @@ async fn start(
     let kube = if config.agent_endpoint.auth.token.is_some() || config.kubernetes.leases.is_some() {
         let client = &config.kubernetes.client;
         Some(Arc::new(
-            kubernetes::KubeApi::connect(client.kubeconfig.as_deref(), client.qps, client.burst)
-                .await
-                .context("the Kubernetes client (--kubeconfig)")?,
+            process::kubernetes::KubeApi::connect(
+                client.kubeconfig.as_deref(),
+                client.qps,
+                client.burst,
+            )
+            .await
+            .context("the Kubernetes client (--kubeconfig)")?,
         ))
     } else {
         None
@@ -360,9 +348,11 @@ async fn start(
     }
     let fallback = match &config.routing.fallback {
         Some(fallback) => {
-            let fallback =
-                fallback::Fallback::new(fallback.clone(), &config.routing.fallback_destinations)
-                    .context("--fallback-proxy")?;
+            let fallback = routing::fallback::Fallback::new(
+                fallback.clone(),
+                &config.routing.fallback_destinations,
+            )
+            .context("--fallback-proxy")?;
             info!(fallback = %fallback.url(), "CONNECTs that no agent matches go to the fallback proxy");
             Some(fallback)
         }
@@ -401,7 +391,7 @@ fn serve_frontend(
             else {
                 anyhow::bail!("a TCP frontend listener needs a TCP frontend configuration");
             };
-            let tls = tls_config::ReloadingConfig::load(
+            let tls = process::tls_config::ReloadingConfig::load(
                 "frontend",
                 cert,
                 key,
@@ -446,7 +436,7 @@ fn serve_health_and_admin(
     let health_ctx = ctx.clone();
     lifecycle.spawn(bridgehead_runtime::health::serve(
         health,
-        move |path| health::route(&health_ctx, path),
+        move |path| process::health::route(&health_ctx, path),
         lifecycle.stop().clone(),
         lifecycle.tasks().clone(),
     ));
@@ -454,7 +444,7 @@ fn serve_health_and_admin(
     let shown = ctx.config.to_json();
     lifecycle.spawn(bridgehead_runtime::health::serve_admin(
         admin,
-        move |path| health::admin(&admin_ctx, &shown, path),
+        move |path| process::health::admin(&admin_ctx, &shown, path),
         lifecycle.stop().clone(),
         lifecycle.tasks().clone(),
     ));
@@ -465,9 +455,9 @@ fn serve_health_and_admin(
 /// `shutdown`) or reviewed through `kube`. Returns the local verifier too, for its metric.
 fn agent_auth(
     config: &config::AgentAuthConfig,
-    kube: Option<Arc<kubernetes::KubeApi>>,
+    kube: Option<Arc<process::kubernetes::KubeApi>>,
     shutdown: &CancellationToken,
-) -> anyhow::Result<(agent_auth::AgentAuth, Option<TokenVerifier>)> {
+) -> anyhow::Result<(agents::auth::AgentAuth, Option<TokenVerifier>)> {
     let mut local = None;
     let tokens = match &config.token {
         Some(token) => {
@@ -492,7 +482,7 @@ fn agent_auth(
                 verification = if token.local { "local, TokenReview for what it cannot decide" } else { "TokenReview" },
                 "agents authenticate with ServiceAccount tokens"
             );
-            Some(agent_auth::TokenPolicy {
+            Some(agents::auth::TokenPolicy {
                 api,
                 namespace: token.namespace.clone(),
                 service_account: token.service_account.clone(),
@@ -507,7 +497,7 @@ fn agent_auth(
         info!("agents may announce only the host and address identifiers that belong to them");
     }
     let auth =
-        agent_auth::AgentAuth::new(config.cluster_ca.is_some(), tokens, config.bind_identifiers);
+        agents::auth::AgentAuth::new(config.cluster_ca.is_some(), tokens, config.bind_identifiers);
     Ok((auth, local))
 }
 

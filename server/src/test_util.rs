@@ -29,7 +29,7 @@ pub(crate) fn test_config() -> crate::Config {
 /// no fallback.
 pub(crate) fn test_context() -> std::sync::Arc<crate::context::Context> {
     let shards = bridgehead_runtime::threads::Shards::start("test", 0).expect("no threads");
-    let auth = crate::agent_auth::AgentAuth::new(true, None, false);
+    let auth = crate::agents::auth::AgentAuth::new(true, None, false);
     std::sync::Arc::new(crate::context::Context::new(
         test_config(),
         auth,

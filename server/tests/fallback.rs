@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use bridgehead_mux::Mux;
 use bridgehead_proto::ident::AgentIdentifiers;
-use bridgehead_server::dial;
-use bridgehead_server::refusal::Refusal;
-use bridgehead_server::registry::{Registration, Registry};
-use bridgehead_server::router::Strategy;
-use bridgehead_server::router::Target;
+use bridgehead_server::routing::dial;
+use bridgehead_server::routing::refusal::Refusal;
+use bridgehead_server::routing::registry::{Registration, Registry};
+use bridgehead_server::routing::router::Strategy;
+use bridgehead_server::routing::router::Target;
 use bridgehead_test_support::{bounded, MuxPair};
 use tokio_util::sync::CancellationToken;
 

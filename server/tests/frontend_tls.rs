@@ -55,11 +55,11 @@ async fn rig() -> Rig {
         .unwrap()
         .write_dir(dir.path(), false)
         .unwrap();
-    let config = bridgehead_server::tls_config::server_config(
+    let config = bridgehead_server::process::tls_config::server_config(
         &dir.path().join("server.crt"),
         &dir.path().join("server.key"),
         Some(&dir.path().join("frontend-ca.crt")),
-        &bridgehead_server::tls_config::TlsPolicy::default(),
+        &bridgehead_server::process::tls_config::TlsPolicy::default(),
     )
     .unwrap();
     Rig {

@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 
 use bridgehead_mux::Mux;
 use bridgehead_proto::ident::AgentIdentifiers;
-use bridgehead_server::registry::{RegisterError, Registration, Registry};
-use bridgehead_server::router::Strategy;
+use bridgehead_server::routing::registry::{RegisterError, Registration, Registry};
+use bridgehead_server::routing::router::Strategy;
 
 fn registration(name: &str, identity: &str) -> Registration {
     Registration {

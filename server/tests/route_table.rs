@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 
 use bridgehead_proto::ident::AgentIdentifiers;
-use bridgehead_server::router::{
+use bridgehead_server::routing::router::{
     parse_strategies, AgentKey, NoRoute, Route, RouteTable, Strategy, StrategyError, TargetHost,
     MAX_CANDIDATES, SAMPLE, VALID_STRATEGIES,
 };

@@ -10,7 +10,7 @@
 #![no_main]
 
 use bridgehead_server::frontend::{read_head, ReadHead};
-use bridgehead_server::router::Target;
+use bridgehead_server::routing::router::Target;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

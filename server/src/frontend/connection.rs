@@ -1,5 +1,5 @@
 //! One client connection, top to bottom: read the CONNECT head, open the tunnel (admission,
-//! route, dial: [`crate::open`], which forwarded tunnels share), answer, splice. Every refusal
+//! route, dial: [`crate::routing::open`], which forwarded tunnels share), answer, splice. Every refusal
 //! on the way is a [`Refusal`], counted and logged by [`open::report`] and answered with its
 //! status and reason here.
 
@@ -15,12 +15,12 @@ use tracing::{debug, info, Instrument};
 use super::head::{self, Head};
 use super::hold::Held;
 use super::ClientSocket;
-use crate::admission::ClientKey;
 use crate::context::Context;
-use crate::fallback;
-use crate::metrics::{Direction, GaugeGuard, Metrics};
-use crate::open::{self, Opened, Origin, Request, Unopened, Via};
-use crate::refusal::Refusal;
+use crate::process::metrics::{Direction, GaugeGuard, Metrics};
+use crate::routing::admission::ClientKey;
+use crate::routing::fallback;
+use crate::routing::open::{self, Opened, Origin, Request, Unopened, Via};
+use crate::routing::refusal::Refusal;
 
 /// Most bytes a client may send behind its head before it has a tunnel (kept for it while
 /// the dial is pending).

@@ -4,9 +4,9 @@
 use bytes::Bytes;
 use tokio::io::AsyncRead;
 
-use crate::http_head::{self, HeadEnd, RawHead, MAX_HEADERS, MAX_HEAD_BYTES};
-use crate::refusal::Refusal;
-use crate::router::Target;
+use crate::process::http_head::{self, HeadEnd, RawHead, MAX_HEADERS, MAX_HEAD_BYTES};
+use crate::routing::refusal::Refusal;
+use crate::routing::router::Target;
 
 /// What the first bytes of a connection turned out to be.
 #[derive(Debug)]

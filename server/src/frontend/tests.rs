@@ -28,12 +28,12 @@ use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::watch;
 
 use super::*;
-use crate::admission::Admission;
-use crate::agent_auth::AgentAuth;
-use crate::handshakes::Handshakes;
-use crate::metrics::Metrics;
-use crate::registry::{Registration, Registry};
-use crate::router::Strategy;
+use crate::agents::auth::AgentAuth;
+use crate::frontend::handshakes::Handshakes;
+use crate::process::metrics::Metrics;
+use crate::routing::admission::Admission;
+use crate::routing::registry::{Registration, Registry};
+use crate::routing::router::Strategy;
 use crate::test_util::metric;
 
 use bridgehead_test_support::{bounded, MuxPair, TEST_TIMEOUT};
@@ -150,7 +150,7 @@ fn context_with_dial_timeout(registry: Registry, dial_timeout: Duration) -> Arc<
 fn context_with_fallback(
     registry: Registry,
     dial_timeout: Duration,
-    fallback: Option<crate::fallback::Fallback>,
+    fallback: Option<crate::routing::fallback::Fallback>,
 ) -> Arc<Context> {
     let memory = bridgehead_mux::memory::TunnelMemory::unbounded();
     let metrics = Metrics::new(&memory.budget, &memory.earned);
@@ -163,7 +163,7 @@ fn context_with_fallback(
         metrics,
         agent_auth: AgentAuth::new(false, None, false),
         frontend_handshakes: Handshakes::new(16),
-        agent_admission: crate::agent_admission::AgentAdmission::new(
+        agent_admission: crate::agents::admission::HandshakeAdmission::new(
             16,
             TEST_TIMEOUT,
             TEST_TIMEOUT * 2,
@@ -174,7 +174,7 @@ fn context_with_fallback(
         shards: Shards::none(),
         fallback,
         revocation: Default::default(),
-        peers_settled: crate::peering::Settled::already(),
+        peers_settled: crate::routing::settled::Settled::already(),
     })
 }
 
@@ -646,12 +646,12 @@ async fn allowed_clients_narrow_the_tls_frontend_to_named_certificates() {
         let other = pki.issue_client("curl-on-a-laptop").unwrap();
         std::fs::write(dir.path().join("other.crt"), &other.cert_pem).unwrap();
         std::fs::write(dir.path().join("other.key"), &other.key_pem).unwrap();
-        let tls = crate::tls_config::ReloadingConfig::load(
+        let tls = crate::process::tls_config::ReloadingConfig::load(
             "frontend",
             &dir.path().join("server.crt"),
             &dir.path().join("server.key"),
             Some(&dir.path().join("frontend-ca.crt")),
-            &crate::tls_config::TlsPolicy::default(),
+            &crate::process::tls_config::TlsPolicy::default(),
         )
         .unwrap();
         let ctx = context(Registry::new(vec![Strategy::Default], 100));
@@ -733,7 +733,7 @@ async fn a_connect_that_finds_no_agent_waits_for_the_first_round_of_peers() {
         let shutdown = CancellationToken::new();
         let registry = Registry::new(vec![Strategy::Default], 100);
         let mut ctx = context(registry.clone());
-        let (settle, settled) = crate::peering::Settled::new();
+        let (settle, settled) = crate::routing::settled::Settled::new();
         Arc::get_mut(&mut ctx).unwrap().peers_settled = settled;
         let (server, mut client) = connection();
         let served = serve(server, &ctx);
@@ -771,7 +771,7 @@ async fn the_wait_for_the_first_round_of_peers_counts_against_the_dial_timeout()
         let dial_timeout = Duration::from_secs(10);
         let registry = Registry::new(vec![Strategy::Default], 100);
         let mut ctx = context_with_dial_timeout(registry.clone(), dial_timeout);
-        let (settle, settled) = crate::peering::Settled::new();
+        let (settle, settled) = crate::routing::settled::Settled::new();
         Arc::get_mut(&mut ctx).unwrap().peers_settled = settled;
         let (server, mut client) = connection();
         let started = tokio::time::Instant::now();

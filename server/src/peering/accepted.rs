@@ -1,7 +1,7 @@
 //! The peer port: servers that forward to this one connect here, under the agent port's
-//! pre-authentication admission ([`AgentAdmission`]: a few places, a stalled handshake cut for
+//! pre-authentication admission ([`HandshakeAdmission`]: a few places, a stalled handshake cut for
 //! a waiting one), with mutual TLS and a peer's certificate ([`super::identity`]); they
-//! upgrade to a WebSocket at [`PEER_PATH`] naming themselves ([`crate::upgrade`], the agent
+//! upgrade to a WebSocket at [`PEER_PATH`] naming themselves ([`crate::agents::upgrade`], the agent
 //! port's checks), and run a session in which this server takes the agent's role. Each stream
 //! they open is a tunnel for one of this server's own agents ([`super::forwarded`]), or the
 //! view stream (the first, `bridgehead-peer.v1`'s stream 1), on which this server keeps them
@@ -25,11 +25,11 @@ use tracing::{info, warn, Instrument};
 
 use super::identity::{NotAPeer, PeerPolicy};
 use super::view::{self, Sent};
-use crate::admission::ClientKey;
-use crate::agent_admission::{AgentAdmission, Place, Room};
+use crate::agents::admission::{HandshakeAdmission, Place, Room};
+use crate::agents::upgrade::{self, BadUpgrade, Expect, PreAuthTls};
 use crate::context::Context;
-use crate::http_head::{self, RawHead};
-use crate::upgrade::{self, BadUpgrade, Expect, PreAuthTls};
+use crate::process::http_head::{self, RawHead};
+use crate::routing::admission::ClientKey;
 
 /// Path of a peer's upgrade request.
 pub const PEER_PATH: &str = "/peer";
@@ -60,14 +60,14 @@ const VIEW_BATCH: Duration = Duration::from_millis(20);
 /// Accepts peers until `stop`; each session runs until the peer leaves or `end` fires.
 pub async fn serve(
     listener: TcpListener,
-    tls: Arc<crate::tls_config::ReloadingConfig>,
+    tls: Arc<crate::process::tls_config::ReloadingConfig>,
     policy: PeerPolicy,
     ctx: Arc<Context>,
     stop: CancellationToken,
     end: CancellationToken,
     tracker: TaskTracker,
 ) {
-    let admission = AgentAdmission::new(
+    let admission = HandshakeAdmission::new(
         PEER_HANDSHAKES,
         ctx.config.agent_endpoint.handshake_stall,
         ctx.config.agent_endpoint.handshake_timeout,

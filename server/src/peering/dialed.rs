@@ -36,8 +36,8 @@ use super::identity::PeerPolicy;
 use super::view::{self, Held, Update, ViewError, ViewLimits, MAX_LINE, VIEW_DIAL, VIEW_STREAM};
 use crate::config::PeeringConfig;
 use crate::context::Context;
-use crate::metrics::GaugeShare;
-use crate::registry::PeerSession;
+use crate::process::metrics::GaugeShare;
+use crate::routing::registry::PeerSession;
 
 /// Outcomes of attempts not yet recorded; attempts wait while it is full.
 const OUTCOMES: usize = 64;

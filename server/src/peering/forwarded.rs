@@ -1,5 +1,5 @@
 //! One tunnel a peer forwarded to this server: its dial request parsed, the tunnel opened by
-//! the opener the frontend uses too ([`crate::open`], as [`Origin::Peer`]: this server's own
+//! the opener the frontend uses too ([`crate::routing::open`], as [`Origin::Peer`]: this server's own
 //! agents only, never forwarded again, within the forwarding server's deadline), answered as
 //! this server would answer a CONNECT, then pumped stream to stream under both streams' flow
 //! control.
@@ -10,11 +10,11 @@ use bridgehead_mux::{DialRequest, MuxStream, StreamEnd};
 use bridgehead_proto::ErrorCode;
 use tracing::debug;
 
-use crate::admission::ClientKey;
 use crate::context::Context;
-use crate::open::{self, Opened, Origin, Request, Unopened, Via};
-use crate::refusal::Refusal;
-use crate::router::Target;
+use crate::routing::admission::ClientKey;
+use crate::routing::open::{self, Opened, Origin, Request, Unopened, Via};
+use crate::routing::refusal::Refusal;
+use crate::routing::router::Target;
 
 /// One forwarded tunnel: parsed, opened, answered, then pumped.
 pub(super) async fn forwarded(

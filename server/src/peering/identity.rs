@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use rustls::pki_types::CertificateDer;
 
-use crate::certificate::{certificate_names, CertificateNames};
 use crate::config::PeeringConfig;
+use crate::process::certificate::{certificate_names, CertificateNames};
 
 /// The names a peer's certificate must (and must not) carry.
 #[derive(Debug, Clone)]

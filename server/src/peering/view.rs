@@ -25,8 +25,8 @@ use std::sync::Arc;
 use bridgehead_proto::ident::{AgentIdentifiers, MAX_IDENTIFIERS, MAX_QUERY_BYTES};
 pub use bridgehead_proto::VIEW_STREAM;
 
-use crate::registry::LocalAgent;
-use crate::router::AgentKey;
+use crate::routing::registry::LocalAgent;
+use crate::routing::router::AgentKey;
 
 /// What the view stream's DIAL names: nothing the answering server reads (the stream's id
 /// says what it is), but a DIAL carries a host and a port.

@@ -8,7 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
 
 use super::*;
-use crate::fallback::{Fallback, FallbackConfig, FallbackDestinations};
+use crate::routing::fallback::{Fallback, FallbackConfig, FallbackDestinations};
 
 /// A fallback proxy on a Unix socket that answers every CONNECT with `answer` and then holds
 /// the connection until the server closes it; sends each request head it read on `heads`.

@@ -36,14 +36,14 @@ use bridgehead_proto::ErrorCode;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::admission::ClientKey;
 use crate::context::Context;
-use crate::dial::{self, Deadline};
-use crate::fallback::Relayed;
-use crate::metrics::DialResult;
-use crate::refusal::Refusal;
-use crate::registry::RouteError;
-use crate::router::Target;
+use crate::process::metrics::DialResult;
+use crate::routing::admission::ClientKey;
+use crate::routing::dial::{self, Deadline};
+use crate::routing::fallback::Relayed;
+use crate::routing::refusal::Refusal;
+use crate::routing::registry::RouteError;
+use crate::routing::router::Target;
 
 #[cfg(test)]
 mod tests;

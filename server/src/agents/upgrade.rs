@@ -8,15 +8,15 @@
 //!
 //! What this leaves out: what each port reads beyond the WebSocket headers (an agent's
 //! identifiers and token, a peer's server id), authentication, and the admission and time
-//! bounds around it (`agent_admission.rs`, each port's timeouts).
+//! bounds around it (`admission.rs`, each port's timeouts).
 
 use http::StatusCode;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
-use crate::agent_admission::Watched;
-use crate::http_head::{self, RawHead, MAX_HEADERS};
+use crate::agents::admission::Watched;
+use crate::process::http_head::{self, RawHead, MAX_HEADERS};
 
 /// A connection's TLS stream from its accept on: its socket reports to its admission place
 /// until the upgrade request is in ([`Watched::release`]).

@@ -1,6 +1,6 @@
 //! The strategy loop: the one place that decides which strategy, and which of several tables'
 //! agents, carries a tunnel. [`RouteTable::route`] asks it with one table; the registry with
-//! its own agents' table and then its peers' (`crate::registry`), on every CONNECT.
+//! its own agents' table and then its peers' (`crate::routing::registry`), on every CONNECT.
 
 use rand::Rng;
 

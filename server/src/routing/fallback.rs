@@ -29,9 +29,9 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use crate::dial::Deadline;
-use crate::http_head::{self, RawHead, MAX_HEADERS};
-use crate::router::Target;
+use crate::process::http_head::{self, RawHead, MAX_HEADERS};
+use crate::routing::dial::Deadline;
+use crate::routing::router::Target;
 
 mod config;
 

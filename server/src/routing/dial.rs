@@ -10,9 +10,9 @@ use bridgehead_proto::session::OpenError;
 use tokio::time::Instant;
 use tracing::debug;
 
-use crate::refusal::Refusal;
-use crate::registry::{Candidate, Candidates};
-use crate::router::Target;
+use crate::routing::refusal::Refusal;
+use crate::routing::registry::{Candidate, Candidates};
+use crate::routing::router::Target;
 
 /// A stream to the target.
 #[derive(Debug)]

@@ -9,7 +9,7 @@ use bridgehead_mux::Mux;
 use bridgehead_proto::ident::AgentIdentifiers;
 
 use super::Candidate;
-use crate::router::{AgentKey, RouteTable, Strategy};
+use crate::routing::router::{AgentKey, RouteTable, Strategy};
 
 /// One session with a peer, as registered: what its updates and its end name, so that an
 /// old session's end does not remove the one that replaced it.

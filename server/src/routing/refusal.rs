@@ -7,9 +7,9 @@ use std::time::Duration;
 use bridgehead_proto::ErrorCode;
 use http::StatusCode;
 
-use crate::metrics::DialResult;
-use crate::registry::RouteError;
-use crate::router::{BadTarget, Target};
+use crate::process::metrics::DialResult;
+use crate::routing::registry::RouteError;
+use crate::routing::router::{BadTarget, Target};
 
 /// Why a CONNECT gets no tunnel.
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +52,7 @@ pub enum Refusal {
     /// No agent matched, and the fallback proxy gave no tunnel either (or its destination
     /// policy did not let the target go there).
     #[error(transparent)]
-    Fallback(#[from] crate::fallback::FallbackError),
+    Fallback(#[from] crate::routing::fallback::FallbackError),
     #[error("agent {agent} was lost before answering the dial to {target}: {reason}")]
     AgentLost {
         agent: String,

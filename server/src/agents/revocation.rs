@@ -18,7 +18,7 @@ use bridgehead_mux::Mux;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::router::AgentKey;
+use crate::routing::router::AgentKey;
 
 /// How often every session is rechecked without a deletion.
 pub const RECHECK: Duration = Duration::from_secs(10);

@@ -12,7 +12,7 @@ use bridgehead_proto::ident::AgentIdentifiers;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::router::{self, AgentKey, NoRoute, RouteTable, Strategy, TargetHost, Unrouted};
+use crate::routing::router::{self, AgentKey, NoRoute, RouteTable, Strategy, TargetHost, Unrouted};
 
 mod peers;
 
@@ -423,7 +423,7 @@ impl Registry {
     }
 
     /// Usable agents per configured strategy, this server's and its peers'.
-    pub fn ready_backends(&self) -> Vec<(crate::router::Strategy, usize)> {
+    pub fn ready_backends(&self) -> Vec<(crate::routing::router::Strategy, usize)> {
         let state = self.lock();
         let remote = state.peers.table.ready_backends();
         let mut backends = state.local.table.ready_backends();

@@ -35,10 +35,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::debug;
 
-use crate::certificate::certificate_names;
-use crate::kubernetes::{ApiError, KubeApi, Review, ServerQuestions};
-use crate::metrics::{Metrics, TokenReviews};
-use crate::router::HostKey;
+use crate::process::certificate::certificate_names;
+use crate::process::kubernetes::{ApiError, KubeApi, Review, ServerQuestions};
+use crate::process::metrics::{Metrics, TokenReviews};
+use crate::routing::router::HostKey;
 use bridgehead_kubeapi::serviceaccount::{Outcome, TokenVerifier, Verified};
 use bridgehead_runtime::timeouts::{TOKEN_REVIEW_PATIENCE, VERIFIER_STARTUP_WAIT};
 
@@ -67,7 +67,7 @@ pub struct AgentIdentity {
     /// Who it is, for logs: the service account (and node), or the certificate.
     pub subject: String,
     /// The locally verified token it presented, to close its session if its pod or account
-    /// goes ([`crate::revocation`]).
+    /// goes ([`crate::agents::revocation`]).
     pub verified: Option<Box<Verified>>,
 }
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::refusal::Refusal;
+use crate::routing::refusal::Refusal;
 
 /// The pending-dial slots, and the gauge that shows how many are taken.
 #[derive(Debug)]

@@ -682,8 +682,9 @@ impl Metrics {
         GaugeGuard(self.anp.http_connections.clone())
     }
 
-    /// Usable agents per strategy, after a change.
-    pub fn set_ready_backends(&self, backends: &[(crate::router::Strategy, usize)]) {
+    /// Usable agents per strategy (`router::Strategy`, printed as its flag's name), after a
+    /// change. Generic, since the router is another part's and this one comes after it.
+    pub fn set_ready_backends<S: std::fmt::Display>(&self, backends: &[(S, usize)]) {
         for (strategy, count) in backends {
             self.anp
                 .ready_backends
@@ -790,7 +791,7 @@ impl Default for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::router::Strategy;
+    use crate::routing::router::Strategy;
     use bridgehead_kubeapi::leases::LeaseEvent;
 
     fn page(metrics: &Metrics) -> String {

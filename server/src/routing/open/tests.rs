@@ -13,8 +13,8 @@ use bridgehead_test_support::{bounded, MuxPair};
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::fallback::{Fallback, FallbackConfig, FallbackDestinations};
-use crate::registry::Registration;
+use crate::routing::fallback::{Fallback, FallbackConfig, FallbackDestinations};
+use crate::routing::registry::Registration;
 use crate::test_util::{metric, test_context};
 
 const PEER: Origin = Origin::Peer {
@@ -130,7 +130,7 @@ async fn a_forwarded_tunnel_is_never_forwarded_again() {
 #[tokio::test(start_paused = true)]
 async fn a_forwarded_tunnel_waits_for_no_peers_and_never_falls_back() {
     bounded(async {
-        let (settle, settled) = crate::peering::Settled::new();
+        let (settle, settled) = crate::routing::settled::Settled::new();
         let dial_timeout = Duration::from_secs(10);
         let ctx = context(dial_timeout, |ctx| {
             ctx.peers_settled = settled;

@@ -63,9 +63,10 @@ use pace::Pace;
 /// of an agent that is slow like its fleet.
 const PACE_MARGIN: f64 = 1.5;
 
-/// The handshakes in progress on the agent listener.
+/// The handshakes in progress on one listener: the agent port's, or the peer port's (each its
+/// own instance).
 #[derive(Debug, Clone)]
-pub struct AgentAdmission {
+pub struct HandshakeAdmission {
     inner: Arc<Inner>,
 }
 
@@ -104,7 +105,7 @@ struct Progress {
     waiting_since: AtomicU64,
 }
 
-/// What [`AgentAdmission::place`] did to find room.
+/// What [`HandshakeAdmission::place`] did to find room.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Room {
     /// A place was free.
@@ -122,13 +123,13 @@ pub struct Place {
     admission: Arc<Inner>,
 }
 
-impl AgentAdmission {
+impl HandshakeAdmission {
     /// At most `limit` handshakes; a peer that owes bytes for the stall time may be cut for
     /// room. The stall time is `stall` or longer when the peers that answered lately kept the
     /// server waiting longer, up to half of `backstop` (the endpoint's total bound).
-    pub fn new(limit: usize, stall: Duration, backstop: Duration) -> AgentAdmission {
+    pub fn new(limit: usize, stall: Duration, backstop: Duration) -> HandshakeAdmission {
         let now = Instant::now();
-        AgentAdmission {
+        HandshakeAdmission {
             inner: Arc::new(Inner {
                 limit: limit.max(1),
                 stall,
@@ -383,8 +384,8 @@ mod tests {
     /// The endpoint's total bound.
     const BACKSTOP: Duration = Duration::from_secs(20);
 
-    fn admission(limit: usize) -> AgentAdmission {
-        AgentAdmission::new(limit, STALL, BACKSTOP)
+    fn admission(limit: usize) -> HandshakeAdmission {
+        HandshakeAdmission::new(limit, STALL, BACKSTOP)
     }
 
     #[tokio::test(start_paused = true)]

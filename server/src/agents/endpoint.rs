@@ -1,8 +1,8 @@
 //! The agent endpoint: agents connect with a WebSocket over TLS, announce their identifiers in
 //! the upgrade URL's query string, and authenticate with a client certificate, a bearer token,
-//! or both ([`crate::agent_auth`]).
+//! or both ([`crate::agents::auth`]).
 //!
-//! The endpoint reads the upgrade request itself ([`crate::upgrade`], as the peer port does),
+//! The endpoint reads the upgrade request itself ([`crate::agents::upgrade`], as the peer port does),
 //! so that authentication — a TokenReview against kube-apiserver — can run before the answer;
 //! then it answers `101` and hands the connection to the session driver. A refusal is the
 //! status and a one-line reason (in the status line and the body), which the agent logs.
@@ -26,13 +26,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
 
-use crate::agent_admission::{Place, Room};
-use crate::agent_auth::{AgentIdentity, AuthRefusal, Presented};
+use crate::agents::admission::{Place, Room};
+use crate::agents::auth::{AgentIdentity, AuthRefusal, Presented};
+use crate::agents::upgrade::{self, Expect, PreAuthTls};
 use crate::context::Context;
-use crate::http_head::{self, RawHead};
-use crate::metrics::AgentHandshake;
-use crate::registry::{RegisterError, Registration};
-use crate::upgrade::{self, Expect, PreAuthTls};
+use crate::process::http_head::{self, RawHead};
+use crate::process::metrics::AgentHandshake;
+use crate::routing::registry::{RegisterError, Registration};
 
 pub use bridgehead_proto::ident::{MAX_IDENTIFIERS, MAX_QUERY_BYTES};
 
@@ -50,7 +50,7 @@ const AGENT_UPGRADE: Expect = Expect {
 /// is cancelled.
 pub async fn serve(
     listener: TcpListener,
-    tls: Arc<crate::tls_config::ReloadingConfig>,
+    tls: Arc<crate::process::tls_config::ReloadingConfig>,
     ctx: Arc<Context>,
     shutdown: CancellationToken,
     sessions: CancellationToken,
@@ -238,7 +238,7 @@ struct Established {
     identity: AgentIdentity,
     name: String,
     mux: Mux,
-    key: crate::router::AgentKey,
+    key: crate::routing::router::AgentKey,
 }
 
 /// Runs an established session until it ends, then takes it out of the registry.
@@ -371,7 +371,7 @@ fn register(
     identity: &AgentIdentity,
     peer: SocketAddr,
     home: Option<&Home>,
-) -> Result<(String, Mux, crate::router::AgentKey), Refused> {
+) -> Result<(String, Mux, crate::routing::router::AgentKey), Refused> {
     let name = upgrade
         .identifiers
         .id
