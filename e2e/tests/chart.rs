@@ -65,9 +65,10 @@ fn field<'a>(text: &'a str, key: &str) -> &'a str {
         .trim_matches('"')
 }
 
-/// The shapes the tests render: the default (server DaemonSet, agents DaemonSet), and agents as
-/// a Deployment with no server (a hosted control plane's) and all the monitoring.
-const SHAPES: [&[&str]; 2] = [
+/// The shapes the tests render: the default (server DaemonSet, agents DaemonSet), agents as
+/// a Deployment with no server (a hosted control plane's) and all the monitoring, and agents on
+/// the host network.
+const SHAPES: [&[&str]; 3] = [
     &["controlPlaneEndpoint=192.0.2.10"],
     &[
         "controlPlaneEndpoint=192.0.2.10",
@@ -78,6 +79,7 @@ const SHAPES: [&[&str]; 2] = [
         "monitoring.dashboard=true",
         "monitoring.labels.release=kube-prometheus-stack",
     ],
+    &["controlPlaneEndpoint=192.0.2.10", "agent.hostNetwork=true"],
 ];
 
 #[test]
@@ -122,6 +124,7 @@ fn the_chart_lints_and_names_the_image_deploy_names() {
         2,
         "{rendered}"
     );
+    agents_on_the_host_network_render_as_deploy_does(&binary);
 
     // What an install must say is refused by name, not rendered half-way.
     for (values, says) in [
@@ -134,6 +137,14 @@ fn the_chart_lints_and_names_the_image_deploy_names() {
             vec!["controlPlaneEndpoint=x", "server.shape=sidecar"],
             "server.shape: \"sidecar\" is neither daemonset nor none",
         ),
+        (
+            vec![
+                "controlPlaneEndpoint=x",
+                "agent.hostNetwork=true",
+                "agent.healthPort=8134",
+            ],
+            "agent.hostNetwork: the agents' health port 8134 and admin port 8094 bind on every node, where the server holds [8132 8133 8134]",
+        ),
     ] {
         let mut args = vec!["template", "bridgehead", chart_dir.as_str()];
         for value in &values {
@@ -145,6 +156,56 @@ fn the_chart_lints_and_names_the_image_deploy_names() {
             !out.status.success() && stderr.contains(says),
             "{values:?}: {stderr}"
         );
+    }
+}
+
+/// `agent.hostNetwork`: the agents' pod on the node's network, as deploy/agent-host-network
+/// has it: `ClusterFirstWithHostNet`, the health and admin ports moved off the server's (8093,
+/// 8094, the probes and the container port with them; given ports kept), the node's loopback
+/// denied; on the pod network, none of it.
+fn agents_on_the_host_network_render_as_deploy_does(binary: &Path) {
+    let agent = |values: &[&str]| {
+        let rendered = template(binary, values);
+        let (_, agent) = rendered
+            .split_once("# Source: bridgehead/templates/agent.yaml")
+            .unwrap_or_else(|| panic!("no agent in {rendered}"));
+        agent.split("\n---").next().unwrap_or_default().to_owned()
+    };
+    let host = agent(SHAPES[2]);
+    for needle in [
+        "\n      hostNetwork: true\n",
+        "\n      dnsPolicy: ClusterFirstWithHostNet\n",
+        "- --health-server-port=8093\n",
+        "- --admin-server-port=8094\n",
+        "- --denied-destinations=127.0.0.0/8,::1/128\n",
+        "containerPort: 8093\n",
+    ] {
+        assert!(host.contains(needle), "{needle:?} in\n{host}");
+    }
+    // The two probes.
+    assert_eq!(host.matches("port: 8093\n").count(), 2, "{host}");
+    let pod_network = agent(SHAPES[0]);
+    for needle in ["hostNetwork", "dnsPolicy", "--denied-destinations", "8093"] {
+        assert!(
+            !pod_network.contains(needle),
+            "{needle:?} in\n{pod_network}"
+        );
+    }
+    assert!(
+        pod_network.contains("- --health-server-port=8134\n"),
+        "{pod_network}"
+    );
+    let given = agent(&[
+        "controlPlaneEndpoint=192.0.2.10",
+        "agent.hostNetwork=true",
+        "agent.healthPort=9093",
+        "agent.adminPort=9094",
+    ]);
+    for needle in [
+        "- --health-server-port=9093\n",
+        "- --admin-server-port=9094\n",
+    ] {
+        assert!(given.contains(needle), "{needle:?} in\n{given}");
     }
 }
 
@@ -231,7 +292,7 @@ fn every_shape_passes_server_side_validation_and_is_hardened() {
             .unwrap();
         let mut kinds = std::collections::BTreeSet::new();
         // The server's and the agents' DaemonSets; the agents' Deployment.
-        for (shape, workloads) in SHAPES.into_iter().zip([2, 1]) {
+        for (shape, workloads) in SHAPES.into_iter().zip([2, 1, 2]) {
             let rendered = template(&binary, shape);
             let out = control_plane
                 .kubectl_as(
