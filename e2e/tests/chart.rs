@@ -5,7 +5,8 @@
 //! `kubectl apply --dry-run=server --validate=strict` against a real kube-apiserver (with the
 //! prometheus-operator's CRDs) and every pod in it hardened; the hosted-control-plane example
 //! validated; and `helm install --wait` on a real cluster whose `kubectl exec`, `kubectl logs
-//! -f` and a `failurePolicy: Fail` webhook then go through the release. Needs helm; the last
+//! -f` and a `failurePolicy: Fail` webhook then go through the release, after which the
+//! release is upgraded to agents as a Deployment (`agents_deployment`). Needs helm; the last
 //! two also root and `scripts/k8s-build.sh`, the last the node runtime; skipped loudly otherwise.
 
 use std::path::{Path, PathBuf};
@@ -17,6 +18,9 @@ use bridgehead_e2e::kubernetes::real_cluster::{Install, RealCluster, REPOSITORY}
 use bridgehead_e2e::kubernetes::{self, carried, ControlPlane, Egress};
 use bridgehead_e2e::{netns, prometheus};
 use serde_json::Value;
+
+#[path = "chart/agents_deployment.rs"]
+mod agents_deployment;
 
 /// The whole real-cluster test, cluster start included.
 const TIMEOUT: Duration = Duration::from_secs(600);
@@ -125,6 +129,19 @@ fn the_chart_lints_and_names_the_image_deploy_names() {
         "{rendered}"
     );
     agents_on_the_host_network_render_as_deploy_does(&binary);
+    // A Deployment's agents leave a drained node: they do not tolerate every taint (the
+    // cordoned node's `unschedulable` among them), a DaemonSet's do.
+    for (shape, everything) in [(SHAPES[0], true), (SHAPES[1], false)] {
+        let rendered = template(&binary, shape);
+        let (_, agent) = rendered
+            .split_once("# Source: bridgehead/templates/agent.yaml")
+            .unwrap();
+        assert_eq!(
+            agent.contains("tolerations:\n        - operator: Exists\n"),
+            everything,
+            "{shape:?}: {agent}"
+        );
+    }
 
     // What an install must say is refused by name, not rendered half-way.
     for (values, says) in [
@@ -425,5 +442,6 @@ fn helm_install_on_a_real_cluster_carries_exec_logs_and_webhooks() {
         carried::pods(&cluster, &worker).unwrap_or_else(|e| panic!("{e:#}"));
         carried::all_through_bridgehead(&cluster, &worker)
             .unwrap_or_else(|e| panic!("{e:#}\n{}", cluster.describe_pods("kube-system")));
+        agents_deployment::agents_as_a_deployment(&cluster, &binary);
     });
 }

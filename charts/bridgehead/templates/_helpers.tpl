@@ -55,7 +55,16 @@ spec:
   imagePullSecrets:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with .Values.agent.tolerations }}
+  {{- $tolerations := .Values.agent.tolerations }}
+  {{- if kindIs "invalid" $tolerations }}
+  {{- if eq .Values.agent.kind "Deployment" }}
+  {{- $tolerations = list (dict "key" "node-role.kubernetes.io/control-plane" "operator" "Exists" "effect" "NoSchedule") }}
+  {{- else }}
+  {{- $tolerations = list (dict "operator" "Exists") }}
+  {{- end }}
+  {{- end }}
+  {{- with $tolerations }}
+  # A Deployment's agents do not tolerate a cordoned node's taint (values.yaml says why).
   tolerations:
     {{- toYaml . | nindent 4 }}
   {{- end }}
