@@ -1,6 +1,8 @@
-//! The chart's agents as a Deployment (docs/ha.md, "Agents as a Deployment"), run on the
-//! release the test installed as a DaemonSet, upgraded as an operator would (`helm upgrade
-//! --reuse-values`): with one agent for three nodes, `kubectl logs` and `exec` into a pod on
+//! The chart's other agent shapes, run on the release the test installed as a DaemonSet,
+//! upgraded as an operator would (`helm upgrade --reuse-values`). First `agent.hostNetwork`
+//! (docs/install.md, "Agents on the host network"): an agent per node on its node's network,
+//! `kubectl logs` and `exec` into a pod on each worker counted by the server. Then agents as a
+//! Deployment (docs/ha.md, "Agents as a Deployment"): with one agent for three nodes, `kubectl logs` and `exec` into a pod on
 //! each worker that has no agent go through the agent on another node (the chart's
 //! `--proxy-strategies=destHost,default`: no agent claims that node, `default` takes any),
 //! counted by the server. Then two agents and their PodDisruptionBudget (`maxUnavailable:
@@ -52,10 +54,43 @@ pub(super) fn agents_as_a_deployment(cluster: &RealCluster, helm: &Path) {
     cp.kubectl_ok(&wait.iter().map(String::as_str).collect::<Vec<_>>())
         .unwrap_or_else(|e| panic!("{e:#}\n{}", cluster.describe_pods("default")));
 
+    // The chart's agent.hostNetwork first (deploy/agent-host-network's shape, which
+    // e2e/tests/ha_cluster.rs runs further): an agent per node on the node's network, the
+    // control-plane node's beside the server's DaemonSet (which holds 8133 and 8134 there),
+    // carrying `kubectl logs` and `exec` into both workers.
+    // Every agent replaced at once: the test's time (an operator keeps the chart's 10%).
     upgrade(
         cluster,
         helm,
-        &["agent.kind=Deployment", "agent.replicas=1"],
+        &["agent.hostNetwork=true", "agent.rollingMaxUnavailable=100%"],
+    );
+    let agents = agents_settle(cluster, 1 + cluster.workers.len());
+    for agent in &agents {
+        assert!(
+            agent.host_network && agent.pod_ip == agent.host_ip,
+            "{agent:?}"
+        );
+    }
+    for (pod, node) in &pods {
+        let before = carried::tunnels(cluster).unwrap();
+        logs_and_exec(cluster, pod).unwrap_or_else(|e| panic!("{e:#}"));
+        let after = carried::tunnels(cluster).unwrap();
+        assert!(
+            after >= before + 2.0,
+            "{pod} on {node}, agents on the host network: {} tunnels for a logs and an exec",
+            after - before
+        );
+    }
+    let host_network = started.elapsed();
+
+    upgrade(
+        cluster,
+        helm,
+        &[
+            "agent.kind=Deployment",
+            "agent.replicas=1",
+            "agent.hostNetwork=false",
+        ],
     );
     let agents = agents_settle(cluster, 1);
     let with_agent = &agents[0].node;
@@ -175,7 +210,7 @@ pub(super) fn agents_as_a_deployment(cluster: &RealCluster, helm: &Path) {
         cp.kubectl_ok(&["uncordon", node]).unwrap();
     }
     eprintln!(
-        "agents as a Deployment: one agent carried the nodes without one after {one:?}; of two agents, the budget let one be evicted and kept the other, {ok} execs meanwhile failed none; {:?} in all",
+        "agents on the host network (the chart's) after {host_network:?}; as a Deployment: one agent carried the nodes without one after {one:?}; of two agents, the budget let one be evicted and kept the other, {ok} execs meanwhile failed none; {:?} in all",
         started.elapsed()
     );
 }
