@@ -19,6 +19,7 @@
 //! resolver is the namespace's loopback, where nothing answers, so no query leaves the test.
 
 pub mod addons;
+pub mod agent_shapes;
 pub mod carried;
 pub mod cluster;
 pub mod control_plane;

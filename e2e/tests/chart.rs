@@ -5,7 +5,8 @@
 //! `kubectl apply --dry-run=server --validate=strict` against a real kube-apiserver (with the
 //! prometheus-operator's CRDs) and every pod in it hardened; the hosted-control-plane example
 //! validated; and `helm install --wait` on a real cluster whose `kubectl exec`, `kubectl logs
-//! -f` and a `failurePolicy: Fail` webhook then go through the release. Needs helm; the last
+//! -f` and a `failurePolicy: Fail` webhook then go through the release, after which the
+//! release is upgraded to agents as a Deployment (`agents_deployment`). Needs helm; the last
 //! two also root and `scripts/k8s-build.sh`, the last the node runtime; skipped loudly otherwise.
 
 use std::path::{Path, PathBuf};
@@ -17,6 +18,9 @@ use bridgehead_e2e::kubernetes::real_cluster::{Install, RealCluster, REPOSITORY}
 use bridgehead_e2e::kubernetes::{self, carried, ControlPlane, Egress};
 use bridgehead_e2e::{netns, prometheus};
 use serde_json::Value;
+
+#[path = "chart/agents_deployment.rs"]
+mod agents_deployment;
 
 /// The whole real-cluster test, cluster start included.
 const TIMEOUT: Duration = Duration::from_secs(600);
@@ -65,9 +69,10 @@ fn field<'a>(text: &'a str, key: &str) -> &'a str {
         .trim_matches('"')
 }
 
-/// The shapes the tests render: the default (server DaemonSet, agents DaemonSet), and agents as
-/// a Deployment with no server (a hosted control plane's) and all the monitoring.
-const SHAPES: [&[&str]; 2] = [
+/// The shapes the tests render: the default (server DaemonSet, agents DaemonSet), agents as
+/// a Deployment with no server (a hosted control plane's) and all the monitoring, and agents on
+/// the host network.
+const SHAPES: [&[&str]; 3] = [
     &["controlPlaneEndpoint=192.0.2.10"],
     &[
         "controlPlaneEndpoint=192.0.2.10",
@@ -78,6 +83,7 @@ const SHAPES: [&[&str]; 2] = [
         "monitoring.dashboard=true",
         "monitoring.labels.release=kube-prometheus-stack",
     ],
+    &["controlPlaneEndpoint=192.0.2.10", "agent.hostNetwork=true"],
 ];
 
 #[test]
@@ -122,6 +128,20 @@ fn the_chart_lints_and_names_the_image_deploy_names() {
         2,
         "{rendered}"
     );
+    agents_on_the_host_network_render_as_deploy_does(&binary);
+    // A Deployment's agents leave a drained node: they do not tolerate every taint (the
+    // cordoned node's `unschedulable` among them), a DaemonSet's do.
+    for (shape, everything) in [(SHAPES[0], true), (SHAPES[1], false)] {
+        let rendered = template(&binary, shape);
+        let (_, agent) = rendered
+            .split_once("# Source: bridgehead/templates/agent.yaml")
+            .unwrap();
+        assert_eq!(
+            agent.contains("tolerations:\n        - operator: Exists\n"),
+            everything,
+            "{shape:?}: {agent}"
+        );
+    }
 
     // What an install must say is refused by name, not rendered half-way.
     for (values, says) in [
@@ -134,6 +154,14 @@ fn the_chart_lints_and_names_the_image_deploy_names() {
             vec!["controlPlaneEndpoint=x", "server.shape=sidecar"],
             "server.shape: \"sidecar\" is neither daemonset nor none",
         ),
+        (
+            vec![
+                "controlPlaneEndpoint=x",
+                "agent.hostNetwork=true",
+                "agent.healthPort=8134",
+            ],
+            "agent.hostNetwork: the agents' health port 8134 and admin port 8094 bind on every node, where the server holds [8132 8133 8134]",
+        ),
     ] {
         let mut args = vec!["template", "bridgehead", chart_dir.as_str()];
         for value in &values {
@@ -145,6 +173,56 @@ fn the_chart_lints_and_names_the_image_deploy_names() {
             !out.status.success() && stderr.contains(says),
             "{values:?}: {stderr}"
         );
+    }
+}
+
+/// `agent.hostNetwork`: the agents' pod on the node's network, as deploy/agent-host-network
+/// has it: `ClusterFirstWithHostNet`, the health and admin ports moved off the server's (8093,
+/// 8094, the probes and the container port with them; given ports kept), the node's loopback
+/// denied; on the pod network, none of it.
+fn agents_on_the_host_network_render_as_deploy_does(binary: &Path) {
+    let agent = |values: &[&str]| {
+        let rendered = template(binary, values);
+        let (_, agent) = rendered
+            .split_once("# Source: bridgehead/templates/agent.yaml")
+            .unwrap_or_else(|| panic!("no agent in {rendered}"));
+        agent.split("\n---").next().unwrap_or_default().to_owned()
+    };
+    let host = agent(SHAPES[2]);
+    for needle in [
+        "\n      hostNetwork: true\n",
+        "\n      dnsPolicy: ClusterFirstWithHostNet\n",
+        "- --health-server-port=8093\n",
+        "- --admin-server-port=8094\n",
+        "- --denied-destinations=127.0.0.0/8,::1/128\n",
+        "containerPort: 8093\n",
+    ] {
+        assert!(host.contains(needle), "{needle:?} in\n{host}");
+    }
+    // The two probes.
+    assert_eq!(host.matches("port: 8093\n").count(), 2, "{host}");
+    let pod_network = agent(SHAPES[0]);
+    for needle in ["hostNetwork", "dnsPolicy", "--denied-destinations", "8093"] {
+        assert!(
+            !pod_network.contains(needle),
+            "{needle:?} in\n{pod_network}"
+        );
+    }
+    assert!(
+        pod_network.contains("- --health-server-port=8134\n"),
+        "{pod_network}"
+    );
+    let given = agent(&[
+        "controlPlaneEndpoint=192.0.2.10",
+        "agent.hostNetwork=true",
+        "agent.healthPort=9093",
+        "agent.adminPort=9094",
+    ]);
+    for needle in [
+        "- --health-server-port=9093\n",
+        "- --admin-server-port=9094\n",
+    ] {
+        assert!(given.contains(needle), "{needle:?} in\n{given}");
     }
 }
 
@@ -231,7 +309,7 @@ fn every_shape_passes_server_side_validation_and_is_hardened() {
             .unwrap();
         let mut kinds = std::collections::BTreeSet::new();
         // The server's and the agents' DaemonSets; the agents' Deployment.
-        for (shape, workloads) in SHAPES.into_iter().zip([2, 1]) {
+        for (shape, workloads) in SHAPES.into_iter().zip([2, 1, 2]) {
             let rendered = template(&binary, shape);
             let out = control_plane
                 .kubectl_as(
@@ -364,5 +442,6 @@ fn helm_install_on_a_real_cluster_carries_exec_logs_and_webhooks() {
         carried::pods(&cluster, &worker).unwrap_or_else(|e| panic!("{e:#}"));
         carried::all_through_bridgehead(&cluster, &worker)
             .unwrap_or_else(|e| panic!("{e:#}\n{}", cluster.describe_pods("kube-system")));
+        agents_deployment::agents_as_a_deployment(&cluster, &binary);
     });
 }

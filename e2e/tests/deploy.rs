@@ -31,7 +31,7 @@ fn every_manifest_passes_server_side_validation() {
         let control_plane =
             ControlPlane::start(&binaries, &mut net, 0, Egress::Direct, &[flag.as_str()])
                 .unwrap_or_else(|e| panic!("kube-apiserver with deploy's egress selector: {e:#}"));
-        for kustomization in ["rbac", "server-daemonset", "agent"] {
+        for kustomization in ["rbac", "server-daemonset", "agent", "agent-host-network"] {
             let dir = deploy(kustomization);
             let out = control_plane
                 .kubectl_ok(&[
@@ -75,6 +75,37 @@ fn every_manifest_passes_server_side_validation() {
         ] {
             assert!(built.contains(needle), "{needle}\n{built}");
         }
+        // deploy/agent-host-network: deploy/agent on the node's network, its ports off the
+        // server's (8133 and 8134 on control-plane nodes, where both run), the node's loopback
+        // denied (docs/install.md, "Agents on the host network").
+        let host = control_plane
+            .kubectl_ok(&[
+                "kustomize",
+                &deploy("agent-host-network").display().to_string(),
+            ])
+            .unwrap();
+        assert_eq!(
+            host.replace("8094", "8133")
+                .replace("8093", "8134")
+                .replace("      dnsPolicy: ClusterFirstWithHostNet\n", "")
+                .replace("      hostNetwork: true\n", "")
+                .replace("        - --denied-destinations=127.0.0.0/8,::1/128\n", ""),
+            built,
+            "deploy/agent-host-network is deploy/agent with more than its own changes"
+        );
+        for needle in [
+            "      hostNetwork: true\n",
+            "      dnsPolicy: ClusterFirstWithHostNet\n",
+            "- --health-server-port=8093\n",
+            "- --admin-server-port=8094\n",
+            "- --denied-destinations=127.0.0.0/8,::1/128\n",
+        ] {
+            assert!(host.contains(needle), "{needle}\n{host}");
+        }
+        // 8132 stays: the server's agent port, which the agents dial.
+        for port in ["8133", "8134"] {
+            assert!(!host.contains(port), "{port} in\n{host}");
+        }
     });
 }
 
@@ -91,7 +122,12 @@ fn every_pod_is_hardened_and_the_agents_are_restricted() {
             .apply("apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n  namespace: kube-system\n")
             .unwrap();
         let mut pods = 0;
-        for kustomization in ["server-static-pod", "server-daemonset", "agent"] {
+        for kustomization in [
+            "server-static-pod",
+            "server-daemonset",
+            "agent",
+            "agent-host-network",
+        ] {
             let out = control_plane
                 .kubectl_ok(&[
                     "apply",
@@ -113,17 +149,22 @@ fn every_pod_is_hardened_and_the_agents_are_restricted() {
             }
         }
         assert_eq!(
-            pods, 3,
-            "the static pod, the server's and the agents' DaemonSets"
+            pods, 4,
+            "the static pod, the server's and the agents' DaemonSets (on the pod network and on the host's)"
         );
 
         // Pod Security admission warns about a workload whose pods a namespace's level would
         // refuse: none for the agents at `restricted`; the server, on the host's network and
-        // files, is at `privileged` as docs/install.md says.
+        // files, and the agents on the host's network are at `privileged` as docs/install.md
+        // says.
         control_plane
             .apply("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: restricted\n  labels:\n    pod-security.kubernetes.io/enforce: restricted\n    pod-security.kubernetes.io/warn: restricted\n")
             .unwrap();
-        for (kustomization, admitted) in [("agent", true), ("server-daemonset", false)] {
+        for (kustomization, admitted) in [
+            ("agent", true),
+            ("server-daemonset", false),
+            ("agent-host-network", false),
+        ] {
             let built = control_plane
                 .kubectl_ok(&["kustomize", &deploy(kustomization).display().to_string()])
                 .unwrap()

@@ -2,8 +2,10 @@
 //! ([`RealCluster::start_ha`]: a kube-apiserver per node, each with deploy/'s server as its
 //! node's static pod on the Unix socket, the servers peering by their Leases, haproxy in front
 //! of the kube-apiservers and of the servers' agent ports, the agents' DaemonSet) and two
-//! workers. Its own test binary: it is slow (minutes). Needs root, haproxy,
-//! `scripts/k8s-build.sh` and `scripts/install-test-deps.sh`; skipped loudly otherwise.
+//! workers. Last, the agents are installed again from deploy/agent-host-network, on their
+//! nodes' network (`host_network`). Its own test binary: it is slow (minutes). Needs root,
+//! haproxy, `scripts/k8s-build.sh` and `scripts/install-test-deps.sh`; skipped loudly
+//! otherwise.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -13,6 +15,9 @@ use bridgehead_e2e::kubernetes::real_cluster::{
 };
 use bridgehead_e2e::kubernetes::{self, workload};
 use bridgehead_e2e::netns;
+
+#[path = "ha_cluster/host_network.rs"]
+mod host_network;
 
 /// The whole test, cluster start included.
 const TIMEOUT: Duration = Duration::from_secs(900);
@@ -49,7 +54,7 @@ fn three_control_planes_behind_one_endpoint_reach_every_worker_only_through_brid
         every_apiserver_in_the_kubernetes_service(&cluster);
         no_route_from_any_control_plane_host(&cluster, &kubelets(&cluster));
         control_plane_kubelets_only_through_bridgehead(&cluster);
-        servers_peer_and_hold_every_agent(&cluster);
+        servers_peer_and_hold(&cluster, CONTROL_PLANES + usize::from(WORKERS));
 
         let pods: Vec<(String, String)> = cluster
             .workers
@@ -125,6 +130,7 @@ fn three_control_planes_behind_one_endpoint_reach_every_worker_only_through_brid
             logs_and_exec(&cluster, &cp.kubeconfig, pod);
         }
         forwarded_when_a_server_holds_no_agent(&cluster, &pods);
+        host_network::agents_on_the_host_network(&cluster, &pods);
         eprintln!("HA cluster test done after {:?}", started.elapsed());
     });
 }
@@ -403,10 +409,10 @@ fn no_route_from_any_control_plane_host(cluster: &RealCluster, urls: &[String]) 
 }
 
 /// Each server sees the other two as peers (found by their Leases) and holds a session with
-/// every node's agent (the agents count three Leases and reach all three through the
-/// balancer): bounded poll, as both take a sync interval or so.
-fn servers_peer_and_hold_every_agent(cluster: &RealCluster) {
-    let agents = (CONTROL_PLANES + usize::from(WORKERS)) as f64;
+/// each of the `agents` (every node's: the agents count three Leases and reach all three
+/// through the balancer): bounded poll, as both take a sync interval or so.
+fn servers_peer_and_hold(cluster: &RealCluster, agents: usize) {
+    let agents = agents as f64;
     let peers = (CONTROL_PLANES - 1) as f64;
     let started = Instant::now();
     loop {

@@ -19,6 +19,15 @@ capabilities:
   drop: [ALL]
 {{- end }}
 
+{{/* The agents' health and admin ports: as given, else 8134 and 8133 on the pod network and
+8093 and 8094 on the host's, where the server holds 8133 and 8134 on control-plane nodes. */}}
+{{- define "bridgehead.agentHealthPort" -}}
+{{ .Values.agent.healthPort | default (ternary 8093 8134 .Values.agent.hostNetwork) }}
+{{- end }}
+{{- define "bridgehead.agentAdminPort" -}}
+{{ .Values.agent.adminPort | default (ternary 8094 8133 .Values.agent.hostNetwork) }}
+{{- end }}
+
 {{/* The agent's pod template, for a DaemonSet or a Deployment. */}}
 {{- define "bridgehead.agentPod" -}}
 metadata:
@@ -28,7 +37,14 @@ metadata:
 spec:
   priorityClassName: {{ .Values.priorityClassName }}
   serviceAccountName: bridgehead-agent
+  {{- if .Values.agent.hostNetwork }}
+  # Up before the pod network; Service names still resolve through the cluster DNS once it
+  # runs (IP targets, kubelets and pods, need none). The privileged Pod Security level.
+  hostNetwork: true
+  dnsPolicy: ClusterFirstWithHostNet
+  {{- else }}
   # The restricted Pod Security level: no host file, no privileged port.
+  {{- end }}
   securityContext:
     runAsNonRoot: true
     runAsUser: 65532
@@ -39,7 +55,16 @@ spec:
   imagePullSecrets:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with .Values.agent.tolerations }}
+  {{- $tolerations := .Values.agent.tolerations }}
+  {{- if kindIs "invalid" $tolerations }}
+  {{- if eq .Values.agent.kind "Deployment" }}
+  {{- $tolerations = list (dict "key" "node-role.kubernetes.io/control-plane" "operator" "Exists" "effect" "NoSchedule") }}
+  {{- else }}
+  {{- $tolerations = list (dict "operator" "Exists") }}
+  {{- end }}
+  {{- end }}
+  {{- with $tolerations }}
+  # A Deployment's agents do not tolerate a cordoned node's taint (values.yaml says why).
   tolerations:
     {{- toYaml . | nindent 4 }}
   {{- end }}
@@ -76,8 +101,8 @@ spec:
     - --ca-cert=/var/run/secrets/kubernetes.io/serviceaccount/ca.crt
     - --proxy-server-host={{ required "controlPlaneEndpoint: the address the agents dial (the control plane's load balancer or endpoint)" .Values.controlPlaneEndpoint }}
     - --proxy-server-port={{ .Values.server.agentPort }}
-    - --admin-server-port={{ .Values.agent.adminPort }}
-    - --health-server-port={{ .Values.agent.healthPort }}
+    - --admin-server-port={{ include "bridgehead.agentAdminPort" . }}
+    - --health-server-port={{ include "bridgehead.agentHealthPort" . }}
     - --service-account-token-path=/var/run/secrets/tokens/bridgehead-agent-token
     # kubelet expands $(VAR) from env. A Deployment may put two agents on one node.
     - --agent-id=$({{ if eq .Values.agent.kind "Deployment" }}POD_NAME{{ else }}NODE_NAME{{ end }})
@@ -85,6 +110,10 @@ spec:
     - --count-server-leases
     - --lease-namespace={{ .Release.Namespace }}
     - --drain-grace-period={{ .Values.agent.drainGracePeriod }}
+    {{- if .Values.agent.hostNetwork }}
+    # The node's loopback is the agent's (etcd on a control-plane node, kubelet's local ports).
+    - --denied-destinations=127.0.0.0/8,::1/128
+    {{- end }}
     {{- range .Values.agent.extraArgs }}
     - {{ . }}
     {{- end }}
@@ -105,18 +134,18 @@ spec:
       {{- toYaml .Values.agent.resources | nindent 6 }}
     ports:
     - name: health
-      containerPort: {{ .Values.agent.healthPort }}
+      containerPort: {{ include "bridgehead.agentHealthPort" . }}
     livenessProbe:
       httpGet:
         path: /healthz
-        port: {{ .Values.agent.healthPort }}
+        port: {{ include "bridgehead.agentHealthPort" . }}
       initialDelaySeconds: 10
       timeoutSeconds: 5
     # Ready while it holds a session with at least one server.
     readinessProbe:
       httpGet:
         path: /readyz
-        port: {{ .Values.agent.healthPort }}
+        port: {{ include "bridgehead.agentHealthPort" . }}
       periodSeconds: 5
     securityContext:
       {{- include "bridgehead.containerSecurity" . | nindent 6 }}

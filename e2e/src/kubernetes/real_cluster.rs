@@ -244,11 +244,23 @@ impl RealCluster {
     /// docs/kubernetes.md tells an operator), and replaces each of `args` (`--flag=value`)
     /// that the DaemonSet already gives with that value; waits for the rollout.
     pub fn install_agents(&self, args: &[&str]) -> anyhow::Result<()> {
+        self.install_agents_from("agent", args, "")
+    }
+
+    /// [`RealCluster::install_agents`] from deploy/`base` (deploy/agent or an overlay of it
+    /// that keeps its arguments' places), adding `patch` (JSON patch operations of the
+    /// DaemonSet, indented as an item of the overlay's patch list) after the overlay's own.
+    pub fn install_agents_from(
+        &self,
+        base: &str,
+        args: &[&str],
+        patch: &str,
+    ) -> anyhow::Result<()> {
         let overlay = tempfile::Builder::new()
             .prefix("bh-agent-overlay-")
             .tempdir()?;
         // kustomize takes a base only by a relative path.
-        let agent = relative_to(overlay.path(), &deploy().join("agent").canonicalize()?);
+        let agent = relative_to(overlay.path(), &deploy().join(base).canonicalize()?);
         let daemonset = std::fs::read_to_string(deploy().join("agent/daemonset.yaml"))?;
         let given: Vec<&str> = daemonset
             .lines()
@@ -268,7 +280,7 @@ impl RealCluster {
         std::fs::write(
             overlay.path().join("kustomization.yaml"),
             format!(
-                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {agent}\nimages:\n- name: {DEPLOY_IMAGE}\n  newName: {image}\n  newTag: \"{version}\"\npatches:\n- target:\n    kind: DaemonSet\n    name: bridgehead-agent\n  patch: |-\n    - op: test\n      path: /spec/template/spec/containers/0/args/1\n      value: --proxy-server-host=control-plane.example.internal\n    - op: replace\n      path: /spec/template/spec/containers/0/args/1\n      value: --proxy-server-host={address}\n{replaced}",
+                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {agent}\nimages:\n- name: {DEPLOY_IMAGE}\n  newName: {image}\n  newTag: \"{version}\"\npatches:\n- target:\n    kind: DaemonSet\n    name: bridgehead-agent\n  patch: |-\n    - op: test\n      path: /spec/template/spec/containers/0/args/1\n      value: --proxy-server-host=control-plane.example.internal\n    - op: replace\n      path: /spec/template/spec/containers/0/args/1\n      value: --proxy-server-host={address}\n{replaced}{patch}",
                 agent = agent.display(),
                 address = self.control_plane.address,
                 image = self.registry.image(REPOSITORY),
