@@ -41,12 +41,17 @@ use std::time::{Duration, Instant};
 
 use bridgehead_e2e::haproxy::ServerState;
 use bridgehead_e2e::kubernetes::drill::{self, Kind, Report};
-use bridgehead_e2e::kubernetes::node_host::NodeHost;
 use bridgehead_e2e::kubernetes::real_cluster::{
     control_plane_name, next_version, RealCluster, ReleaseImage, POD_READY,
 };
 use bridgehead_e2e::kubernetes::{self, workload};
 use bridgehead_e2e::netns;
+
+// A test file is a crate root: its modules' files are named.
+#[path = "ha_drills/kubelet.rs"]
+mod kubelet;
+#[path = "ha_drills/upgrade.rs"]
+mod upgrade;
 
 /// The whole test, cluster start included.
 const TIMEOUT: Duration = Duration::from_secs(1800);
@@ -72,14 +77,6 @@ const RECOVER: Duration = Duration::from_secs(40);
 /// How soon a cut worker's open streams must end: the server gives a silent agent up after
 /// three 5 s keepalives, with room for a loaded machine.
 const KEEPALIVE_BOUND: Duration = Duration::from_secs(25);
-/// How long a restarted kubelet may take to answer on its port.
-const KUBELET_BACK: Duration = Duration::from_secs(60);
-/// How long a server's replacement may take, from the manifest's edit to the new server peered:
-/// kubelet stops the old one (which lets open tunnels finish for up to its 30 s
-/// `--shutdown-grace-period`, within the pod's 40 s), then starts the new one.
-const SERVER_REPLACED: Duration = Duration::from_secs(120);
-/// How long the agents' rollout may take (five nodes, one at a time).
-const AGENT_ROLLOUT: Duration = Duration::from_secs(300);
 
 #[test]
 fn drills_under_a_client_loop_through_the_balancer() {
@@ -125,7 +122,7 @@ fn drills_under_a_client_loop_through_the_balancer() {
             worker_cut_off(&cluster, &pods);
         }
         if chosen("kubelet-restart") {
-            kubelet_and_containerd_restarted(&mut cluster, &pods);
+            kubelet::kubelet_and_containerd_restarted(&mut cluster, &pods);
         }
         if let Some(next) = next {
             let waited = Instant::now();
@@ -139,7 +136,7 @@ fn drills_under_a_client_loop_through_the_balancer() {
                 image.took,
                 waited.elapsed()
             );
-            rolling_upgrade_of_bridgehead(&mut cluster, &pods, &image);
+            upgrade::rolling_upgrade_of_bridgehead(&mut cluster, &pods, &image);
         }
         eprintln!("HA drills done after {:?}", started.elapsed());
     });
@@ -293,199 +290,6 @@ fn worker_cut_off(cluster: &RealCluster, pods: &[String]) {
         "the cut pod's followed stream ended at {first_end:?}, cut at {cut_at:?}: {report}"
     );
     assert_eq!(report.of(Kind::Follow).failed, 0, "{report}");
-}
-
-/// The first worker's kubelet and containerd restarted under the loop: both killed (kubelet
-/// first, so that it sees no container go), containerd started again, then kubelet. Pods run
-/// on (containerd's shims hold them); the agent on that worker may restart or not (counted).
-fn kubelet_and_containerd_restarted(cluster: &mut RealCluster, pods: &[String]) {
-    let (pod, other_pod) = (&pods[0], &pods[1]);
-    let name = cluster.workers[0].name.clone();
-    let agent_before = agent_on(cluster, &name);
-    let run = start_loop(cluster, pods);
-    std::thread::sleep(Duration::from_secs(5)); // the loop's lead, not a wait for anything
-    let down_at = run.now();
-    let worker = &mut cluster.workers[0];
-    worker.kill_kubelet();
-    worker.restart_containerd().unwrap();
-    worker.start_kubelet().unwrap();
-    let serving = wait_kubelet_serving(worker, KUBELET_BACK);
-    let up_at = run.now();
-    // Long enough after it is back for the bound to pass and a few rounds to run.
-    std::thread::sleep(KEEPALIVE_BOUND + Duration::from_secs(10)); // the drill's length after
-    let report = run.stop();
-    let agent_after = agent_on(cluster, &name);
-    let last_failure = report
-        .failures
-        .iter()
-        .filter(|failure| &failure.pod == pod && failure.kind != Kind::Follow)
-        .map(|failure| failure.at)
-        .max();
-    eprintln!(
-        "drill: {name}'s kubelet and containerd restarted from {:.1} s, its kubelet answering {serving:?} after its start ({:.1} s); its pod's last failed request ended {:?} s; its agent pod (name, restarts) before {agent_before:?}, after {agent_after:?}: {report}",
-        down_at.as_secs_f64(),
-        up_at.as_secs_f64(),
-        last_failure.map(|at| at.as_secs_f64()),
-    );
-    assert_every_kind_ran(&report);
-    let other: Vec<_> = report
-        .failures
-        .iter()
-        .filter(|failure| &failure.pod == other_pod)
-        .collect();
-    assert!(
-        other.is_empty(),
-        "the other worker's pod failed: {other:#?}\n{report}"
-    );
-    // Into its pod: only what ran while it was down, nothing before, nothing started once the
-    // bound after its return had passed.
-    let outside: Vec<_> = report
-        .failures
-        .iter()
-        .filter(|failure| {
-            failure.at < down_at
-                || (failure.kind != Kind::Follow && failure.started > up_at + KEEPALIVE_BOUND)
-        })
-        .collect();
-    assert!(
-        outside.is_empty(),
-        "failures outside the restart (down from {down_at:?}, back at {up_at:?}): {outside:#?}\n{report}"
-    );
-    assert_eq!(report.of(Kind::Follow).failed, 0, "{report}");
-}
-
-/// The rolling upgrade of Bridgehead to `image`'s version, as docs/operations.md's "Upgrading
-/// Bridgehead" gives it, under the loop: no request fails.
-fn rolling_upgrade_of_bridgehead(cluster: &mut RealCluster, pods: &[String], image: &ReleaseImage) {
-    let version = &image.version;
-    let before = cluster.server_versions();
-    assert!(
-        before.iter().all(|v| v == &cluster.version),
-        "servers before the upgrade: {before:?}"
-    );
-    cluster.publish_release(image).unwrap();
-    let run = start_loop(cluster, pods);
-    let started = Instant::now();
-    for host in 0..CONTROL_PLANES {
-        let name = control_plane_name(host);
-        let drained = Instant::now();
-        cluster.balance_apiserver(host, ServerState::Drain).unwrap();
-        cluster
-            .balance_agent_port(host, ServerState::Drain)
-            .unwrap();
-        run.wait_started_before(drained, DRAIN).unwrap();
-        let finished = drained.elapsed();
-        cluster.upgrade_server_of(host, version).unwrap();
-        let peered = cluster
-            .wait_server_upgraded(host, version, SERVER_REPLACED)
-            .unwrap_or_else(|e| panic!("{e:#}"));
-        cluster.balance_apiserver(host, ServerState::Ready).unwrap();
-        cluster
-            .balance_agent_port(host, ServerState::Ready)
-            .unwrap();
-        let settled = cluster.wait_servers_settled(SETTLE).unwrap();
-        eprintln!(
-            "drill: {name}: requests on it done {finished:?} after the drain; its server on {version} and peered {peered:?} after the manifest's edit; every agent on it {settled:?} after the undrain; {:?} in all",
-            drained.elapsed()
-        );
-    }
-    let servers = started.elapsed();
-    let rolled = Instant::now();
-    cluster
-        .roll_agents_to(version, AGENT_ROLLOUT)
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let rollout = rolled.elapsed();
-    // The old agents gone (each drains its tunnels first): every server holds exactly one
-    // session per node again.
-    let settled = cluster.wait_servers_settled(SETTLE).unwrap();
-    let report = run.stop();
-    cluster.version.clone_from(version);
-    let agents = cluster.agent_versions().unwrap();
-    let servers_now = cluster.server_versions();
-    eprintln!(
-        "drill: rolling upgrade to {version}: servers {servers:?}, agents' rollout {rollout:?} and their old sessions gone {settled:?} later; servers on {servers_now:?}, agents on {agents:?}: {report}"
-    );
-    assert!(
-        servers_now.iter().all(|v| v == version),
-        "servers on {servers_now:?}"
-    );
-    assert_eq!(
-        agents.len(),
-        CONTROL_PLANES + cluster.workers.len(),
-        "{agents:?}"
-    );
-    assert!(
-        agents.iter().all(|(_, v)| v == version),
-        "agents on {agents:?}"
-    );
-    assert_every_kind_ran(&report);
-    assert_eq!(report.failed(), 0, "the upgrade failed requests: {report}");
-    // A followed stream ends when a server or agent it runs through is replaced (kubectl
-    // cannot resume it), and starts again: each stream at most once per server replaced and
-    // once for its worker's agent.
-    let follow = report.of(Kind::Follow);
-    assert_eq!(follow.failed, 0, "{report}");
-    let bound = pods.len() as u64 * (CONTROL_PLANES as u64 + 1);
-    assert!(
-        follow.ended_loudly + follow.ended_silently <= bound,
-        "followed streams ended more than {bound} times: {report}"
-    );
-}
-
-/// The agent pod on node `node`: its name and its container's restart count.
-fn agent_on(cluster: &RealCluster, node: &str) -> String {
-    cluster
-        .control_plane
-        .kubectl_ok(&[
-            "-n",
-            "kube-system",
-            "get",
-            "pods",
-            "-l",
-            "app.kubernetes.io/name=bridgehead-agent",
-            "--field-selector",
-            &format!("spec.nodeName={node}"),
-            "-o",
-            "jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[0].restartCount}{end}",
-        ])
-        .unwrap_or_else(|e| format!("{e:#}"))
-}
-
-/// Waits (bounded poll: kubelet logs no line that says it serves) until `worker`'s kubelet
-/// answers HTTPS on its port, at most `within`; how long that took.
-fn wait_kubelet_serving(worker: &NodeHost, within: Duration) -> Duration {
-    let started = Instant::now();
-    let url = format!("https://{}:10250/healthz", worker.node_ip);
-    loop {
-        let code = worker
-            .run(&[
-                "curl",
-                "-sk",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-                "--max-time",
-                "2",
-                &url,
-            ])
-            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
-            .unwrap_or_default();
-        // Any status (401 without credentials) is kubelet serving; 000 is no answer.
-        if code.len() == 3 && code != "000" {
-            return started.elapsed();
-        }
-        if started.elapsed() > within {
-            let log = worker.kubelet_log();
-            let tail: Vec<&str> = log.lines().rev().take(20).collect();
-            panic!(
-                "{}'s kubelet does not answer after {within:?}; its last lines, newest first:\n{}",
-                worker.name,
-                tail.join("\n")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// Whether drill `name` runs: all of them, unless `BRIDGEHEAD_DRILLS` lists some.
