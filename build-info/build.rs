@@ -1,6 +1,11 @@
 //! Sets `BRIDGEHEAD_COMMIT` for the crate: the environment's `BRIDGEHEAD_COMMIT` when set (a
 //! build from a source tarball, or `scripts/release.sh` marking a dirty tree), else the first
 //! 12 hex digits of `git rev-parse HEAD`, else `unknown` (no git, no repository).
+//!
+//! And `BRIDGEHEAD_VERSION`: the environment's when set (`scripts/release.sh --version`, a
+//! release candidate or the upgrade drill's second build), else the workspace's version. An
+//! override beside the commit, rather than an edit of `Cargo.toml`, so that only the crates
+//! above this one build again, not every dependency (whose metadata the version would change).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,6 +24,30 @@ fn main() {
         }
     };
     println!("cargo:rustc-env=BRIDGEHEAD_COMMIT={commit}");
+
+    println!("cargo:rerun-if-env-changed=BRIDGEHEAD_VERSION");
+    let version = match std::env::var("BRIDGEHEAD_VERSION") {
+        Ok(version) if !version.trim().is_empty() => version.trim().to_owned(),
+        _ => std::env::var("CARGO_PKG_VERSION").unwrap_or_default(),
+    };
+    // It becomes a Prometheus label value, an image tag and part of `--version`: refuse what
+    // would not fit them, with the reason, rather than build a binary that prints it.
+    if !valid_version(&version) {
+        panic!(
+            "BRIDGEHEAD_VERSION={version:?} is not a version: digits, letters, '.', '-' and '+', starting with a digit"
+        );
+    }
+    println!("cargo:rustc-env=BRIDGEHEAD_VERSION={version}");
+}
+
+/// A SemVer-shaped version (`0.1.1`, `0.2.0-rc.1`, `0.1.1-drill+build.5`): what a tag and a
+/// label value take without quoting.
+fn valid_version(version: &str) -> bool {
+    version.len() <= 64
+        && version.starts_with(|c: char| c.is_ascii_digit())
+        && version
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+'))
 }
 
 /// The commit of HEAD, and a rerun of this script whenever HEAD moves: the HEAD file (a

@@ -12,12 +12,19 @@
 #   SHA256SUMS                over every other file (`cd DIR && sha256sum -c SHA256SUMS`)
 #
 #   scripts/release.sh [--out DIR] [--platform linux/amd64|linux/arm64]... [--image-only]
+#                      [--version VERSION]
 #
 # --platform (repeatable) builds only those platforms (default both); --image-only writes only
-# the binaries and bridgehead.oci.tar (the test nodes' image). Reproducible: two runs from one
-# commit write the same binaries, layers and archives (docs/release.md: how, and what was
-# compared). The commit is `git rev-parse HEAD`, with `-dirty` when tracked files differ from it;
-# times come from SOURCE_DATE_EPOCH (default: the commit's time).
+# the binaries and bridgehead.oci.tar (the test nodes' image). --version names the release
+# something other than the workspace's version (a release candidate, `0.2.0-rc.1`; the upgrade
+# drill's next version): the binaries' `--version` and `bridgehead_build_info`, the image's tag
+# and label, the file names. It reaches the binaries through build-info's `BRIDGEHEAD_VERSION`,
+# so only Bridgehead's own crates build again, not their dependencies.
+#
+# Reproducible: two runs from one commit (and version) write the same binaries, layers and
+# archives (docs/release.md: how, and what was compared). The commit is `git rev-parse HEAD`,
+# with `-dirty` when tracked files differ from it; times come from SOURCE_DATE_EPOCH (default:
+# the commit's time).
 #
 # Needs: the Rust toolchain with the aarch64-unknown-linux-gnu target, gcc-aarch64-linux-gnu,
 # buildah, apt-get and dpkg-deb (the image's base), python3, git; Go for the Helm chart
@@ -29,14 +36,22 @@ cd "$root"
 out="$root/dist"
 platforms=()
 image_only=""
+version=""
 while (($#)); do
   case "$1" in
     --out) out="$2"; shift 2 ;;
     --platform) platforms+=("$2"); shift 2 ;;
     --image-only) image_only=1; shift ;;
-    *) echo "release: unknown argument $1 (usage: release.sh [--out DIR] [--platform P]... [--image-only])" >&2; exit 64 ;;
+    --version) version="$2"; shift 2 ;;
+    *) echo "release: unknown argument $1 (usage: release.sh [--out DIR] [--platform P]... [--image-only] [--version V])" >&2; exit 64 ;;
   esac
 done
+# What build-info accepts (build-info/build.rs): refused here with the same reason, before
+# anything builds.
+if [[ -n "$version" && ! "$version" =~ ^[0-9][0-9A-Za-z.+-]{0,63}$ ]]; then
+  echo "release: --version $version: digits, letters, '.', '-' and '+', starting with a digit" >&2
+  exit 64
+fi
 ((${#platforms[@]})) || platforms=(linux/amd64 linux/arm64)
 for platform in "${platforms[@]}"; do
   case "$platform" in
@@ -48,8 +63,14 @@ for tool in cargo git buildah python3 apt-get dpkg-deb; do
   command -v "$tool" >/dev/null || { echo "release: needs $tool (scripts/install-test-deps.sh)" >&2; exit 1; }
 done
 
-version="$(cargo metadata --no-deps --format-version 1 --locked |
-  python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "bridgehead-server"))')"
+if [[ -n "$version" ]]; then
+  export BRIDGEHEAD_VERSION="$version"
+else
+  # The workspace's version; one left in the environment would name the binaries otherwise.
+  unset BRIDGEHEAD_VERSION
+  version="$(cargo metadata --no-deps --format-version 1 --locked |
+    python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "bridgehead-server"))')"
+fi
 commit="$(git rev-parse HEAD | cut -c1-12)"
 if [[ -n "$(git status --porcelain --untracked-files=no)" ]]; then
   commit="$commit-dirty"

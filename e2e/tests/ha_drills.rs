@@ -17,22 +17,44 @@
 //!   requests into the other worker's pod never fail, nor does its followed stream end; the
 //!   cut pod's followed stream ends within the keepalive bound (kubectl may see that end as a
 //!   clean one: kube-apiserver's doing, see `worker_cut_off`); requests into the cut pod that
-//!   start [`RECOVER`] after the heal work.
+//!   start [`RECOVER`] after the heal work;
+//! - a worker's kubelet and containerd restarted (both killed, started again): its pods keep
+//!   running; requests into the other worker's pod never fail; requests into its pod fail only
+//!   while it is down, and those that start [`KEEPALIVE_BOUND`] after its kubelet answers again
+//!   work;
+//! - a rolling upgrade of Bridgehead to the next version (its release image built with
+//!   `scripts/release.sh --version` while the drills above run), docs/operations.md's
+//!   "Upgrading Bridgehead" step by step: each control-plane node drained from both of the
+//!   balancer's frontends, its server's static pod manifest pointed at the new image, the new
+//!   server reporting the new version and peered, the node back in the balancer and every agent
+//!   on its server; then the agents' DaemonSet rolled with surge. No request fails; followed
+//!   streams end only with a server or agent they ran through, at most once each.
 //!
 //! Each drill prints its counts and times (docs/testing.md records them). Its own test binary:
-//! it is slow (minutes). Needs root, haproxy, `scripts/k8s-build.sh`, `scripts/coredns-build.sh`
-//! and `scripts/install-test-deps.sh`; skipped loudly otherwise.
+//! it is slow (minutes). `BRIDGEHEAD_DRILLS=worker-cut,upgrade` (a comma-separated list of
+//! `apiserver-restart`, `node-lost`, `worker-cut`, `kubelet-restart`, `upgrade`) runs only
+//! those after the control run, for work on one drill. Needs root, haproxy,
+//! `scripts/k8s-build.sh`, `scripts/coredns-build.sh` and `scripts/install-test-deps.sh`;
+//! skipped loudly otherwise.
 
 use std::time::{Duration, Instant};
 
 use bridgehead_e2e::haproxy::ServerState;
 use bridgehead_e2e::kubernetes::drill::{self, Kind, Report};
-use bridgehead_e2e::kubernetes::real_cluster::{control_plane_name, RealCluster, POD_READY};
+use bridgehead_e2e::kubernetes::real_cluster::{
+    control_plane_name, next_version, RealCluster, ReleaseImage, POD_READY,
+};
 use bridgehead_e2e::kubernetes::{self, workload};
 use bridgehead_e2e::netns;
 
+// A test file is a crate root: its modules' files are named.
+#[path = "ha_drills/kubelet.rs"]
+mod kubelet;
+#[path = "ha_drills/upgrade.rs"]
+mod upgrade;
+
 /// The whole test, cluster start included.
-const TIMEOUT: Duration = Duration::from_secs(1200);
+const TIMEOUT: Duration = Duration::from_secs(1800);
 const CONTROL_PLANES: usize = 3;
 const WORKERS: u8 = 2;
 /// How long the servers may take to find each other and the agents to hold every server.
@@ -82,9 +104,40 @@ fn drills_under_a_client_loop_through_the_balancer() {
         assert_eq!(quiet.of(Kind::Follow).ended_loudly, 0, "{quiet}");
         assert_eq!(quiet.of(Kind::Follow).ended_silently, 0, "{quiet}");
 
-        rolling_restart_of_kube_apiserver(&mut cluster, &pods);
-        control_plane_node_lost(&mut cluster, &pods);
-        worker_cut_off(&cluster, &pods);
+        // The next version's image builds while the drills before the upgrade run (it
+        // relinks Bridgehead's crates, minutes of CPU): after the cluster's own image, which
+        // the same target folder holds.
+        let next = chosen("upgrade").then(|| {
+            let version = next_version(&cluster.version);
+            std::thread::spawn(move || ReleaseImage::build(&version))
+        });
+
+        if chosen("apiserver-restart") {
+            rolling_restart_of_kube_apiserver(&mut cluster, &pods);
+        }
+        if chosen("node-lost") {
+            control_plane_node_lost(&mut cluster, &pods);
+        }
+        if chosen("worker-cut") {
+            worker_cut_off(&cluster, &pods);
+        }
+        if chosen("kubelet-restart") {
+            kubelet::kubelet_and_containerd_restarted(&mut cluster, &pods);
+        }
+        if let Some(next) = next {
+            let waited = Instant::now();
+            let image = next
+                .join()
+                .expect("the release build panicked")
+                .unwrap_or_else(|e| panic!("{e:#}"));
+            eprintln!(
+                "drill: release image {} built in {:?} (waited {:?} for it after the other drills)",
+                image.version,
+                image.took,
+                waited.elapsed()
+            );
+            upgrade::rolling_upgrade_of_bridgehead(&mut cluster, &pods, &image);
+        }
         eprintln!("HA drills done after {:?}", started.elapsed());
     });
 }
@@ -237,6 +290,13 @@ fn worker_cut_off(cluster: &RealCluster, pods: &[String]) {
         "the cut pod's followed stream ended at {first_end:?}, cut at {cut_at:?}: {report}"
     );
     assert_eq!(report.of(Kind::Follow).failed, 0, "{report}");
+}
+
+/// Whether drill `name` runs: all of them, unless `BRIDGEHEAD_DRILLS` lists some.
+fn chosen(name: &str) -> bool {
+    std::env::var("BRIDGEHEAD_DRILLS").map_or(true, |list| {
+        list.split(',').any(|chosen| chosen.trim() == name)
+    })
 }
 
 /// The client loop through the balancer's kubeconfig.

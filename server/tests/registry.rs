@@ -1,11 +1,12 @@
-//! The registry's rules for who may register: one live session per agent id (replaced only by
-//! the same identity), and a cap on sessions per identity.
+//! The registry's rules for who may register: one routable session per agent id (replaced
+//! only by the same identity, the replaced one kept draining), and a cap on sessions per
+//! identity.
 
 use std::net::SocketAddr;
 
 use bridgehead_mux::Mux;
 use bridgehead_proto::ident::AgentIdentifiers;
-use bridgehead_server::routing::registry::{RegisterError, Registration, Registry};
+use bridgehead_server::routing::registry::{RegisterError, Registration, Registry, Replaced};
 use bridgehead_server::routing::router::Strategy;
 
 fn registration(name: &str, identity: &str) -> Registration {
@@ -22,6 +23,15 @@ fn names(registry: &Registry) -> Vec<String> {
     registry.views().into_iter().map(|view| view.id).collect()
 }
 
+/// Each session's id and whether it drains, in key order.
+fn draining(registry: &Registry) -> Vec<(String, bool)> {
+    registry
+        .views()
+        .into_iter()
+        .map(|view| (view.id, view.draining))
+        .collect()
+}
+
 #[test]
 fn an_id_is_replaced_only_by_the_same_identity() {
     let registry = Registry::new(vec![Strategy::Default], 100);
@@ -34,14 +44,15 @@ fn an_id_is_replaced_only_by_the_same_identity() {
     assert!(matches!(error, RegisterError::IdTaken { .. }), "{error}");
     assert!(error.to_string().contains("cert A"), "{error}");
     assert_eq!(names(&registry), ["node-a"]);
-    // The same agent reconnecting before its old session died: the new one replaces it.
+    // The same agent again (a surge pod of its DaemonSet, or a reconnect before its old
+    // session's death was noticed): the new one takes the id, the old one drains.
     let (second, replaced) = registry.register(registration("node-a", "cert A")).unwrap();
-    assert!(
-        replaced.is_some(),
-        "the old session is handed back to be closed"
-    );
+    assert!(matches!(replaced, Some(Replaced::Draining)), "{replaced:?}");
     assert_ne!(first, second);
-    assert_eq!(names(&registry), ["node-a"]);
+    assert_eq!(
+        draining(&registry),
+        [("node-a".to_owned(), true), ("node-a".to_owned(), false)]
+    );
     // The old session's end does not unregister its replacement, nor free its id.
     registry.unregister(first);
     assert_eq!(names(&registry), ["node-a"]);

@@ -131,7 +131,7 @@ pub struct NodeHost {
     host: Host,
     kubelet: Option<Process>,
     kubelet_command: Vec<String>,
-    _containerd: Process,
+    containerd: Process,
     /// Removed on drop, after the host's processes ([`NodeHost`]'s `Drop` ends them).
     cgroups: Cgroups,
     kubectl: PathBuf,
@@ -222,21 +222,8 @@ fn start_containerd(
     config: &Path,
     images: &Images,
 ) -> anyhow::Result<Process> {
-    let containerd = host.spawn(&["containerd", "--config", &config.to_string_lossy()], &[])?;
-    let ctr = |args: &[&str]| {
-        let mut command = vec![
-            "ctr".to_owned(),
-            "--address".to_owned(),
-            socket.to_string_lossy().into_owned(),
-        ];
-        command.extend(args.iter().map(|a| (*a).to_owned()));
-        command
-    };
-    wait_until(CONTAINERD_STARTUP, || {
-        host.run(&strs(&ctr(&["version"])))
-            .is_ok_and(|out| out.status.success())
-    })
-    .with_context(|| format!("containerd did not start:\n{}", containerd.stderr()))?;
+    let containerd = spawn_containerd(host, socket, config)?;
+    let ctr = |args: &[&str]| ctr_command(socket, args);
     let archives = [
         Some(&images.pause),
         Some(&images.busybox),
@@ -259,6 +246,29 @@ fn start_containerd(
             );
         }
     }
+    Ok(containerd)
+}
+
+/// `ctr --address SOCKET ARGS`.
+fn ctr_command(socket: &Path, args: &[&str]) -> Vec<String> {
+    let mut command = vec![
+        "ctr".to_owned(),
+        "--address".to_owned(),
+        socket.to_string_lossy().into_owned(),
+    ];
+    command.extend(args.iter().map(|a| (*a).to_owned()));
+    command
+}
+
+/// Starts containerd in `host` with `config` and waits until it answers on `socket`.
+fn spawn_containerd(host: &Host, socket: &Path, config: &Path) -> anyhow::Result<Process> {
+    let containerd = host.spawn(&["containerd", "--config", &config.to_string_lossy()], &[])?;
+    let ctr = |args: &[&str]| ctr_command(socket, args);
+    wait_until(CONTAINERD_STARTUP, || {
+        host.run(&strs(&ctr(&["version"])))
+            .is_ok_and(|out| out.status.success())
+    })
+    .with_context(|| format!("containerd did not start:\n{}", containerd.stderr()))?;
     Ok(containerd)
 }
 
@@ -341,7 +351,7 @@ impl NodeHost {
             host,
             kubelet: Some(kubelet),
             kubelet_command,
-            _containerd: containerd,
+            containerd,
             cgroups,
             kubectl: control_plane.binaries.kubectl.clone(),
             admin_kubeconfig: control_plane.kubeconfig.clone(),
@@ -403,6 +413,19 @@ impl NodeHost {
     pub fn start_kubelet(&mut self) -> anyhow::Result<()> {
         self.kill_kubelet();
         self.kubelet = Some(self.host.spawn(&strs(&self.kubelet_command), &[])?);
+        Ok(())
+    }
+
+    /// Restarts containerd: killed (SIGKILL, as a crash or the OOM killer ends it; the shims,
+    /// and so the containers, go on) and started again with its configuration, answering on
+    /// its socket. Images and containers are where it left them (its root is the node's).
+    pub fn restart_containerd(&mut self) -> anyhow::Result<()> {
+        kill_inner(&mut self.containerd);
+        let socket = self.dir.path().join("containerd.sock");
+        // The killed process's socket file: nothing answers on it any more.
+        let _ = std::fs::remove_file(&socket);
+        let config = self.dir.path().join("containerd.toml");
+        self.containerd = spawn_containerd(&self.host, &socket, &config)?;
         Ok(())
     }
 

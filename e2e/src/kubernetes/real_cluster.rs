@@ -28,7 +28,8 @@ use crate::netns::TestNet;
 
 mod ha;
 pub use ha::{
-    control_plane_name, ControlPlaneNode, Endpoint, AGENT_ENDPOINT_PORT, ENDPOINT_PORT, PEER_PORT,
+    control_plane_name, next_version, ControlPlaneNode, Endpoint, ReleaseImage,
+    AGENT_ENDPOINT_PORT, ENDPOINT_PORT, PEER_PORT,
 };
 
 /// The control plane's test host in [`RealCluster::net`].

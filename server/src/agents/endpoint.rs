@@ -32,7 +32,7 @@ use crate::agents::upgrade::{self, Expect, PreAuthTls};
 use crate::context::Context;
 use crate::process::http_head::{self, RawHead};
 use crate::process::metrics::AgentHandshake;
-use crate::routing::registry::{RegisterError, Registration};
+use crate::routing::registry::{RegisterError, Registration, Replaced};
 
 pub use bridgehead_proto::ident::{MAX_IDENTIFIERS, MAX_QUERY_BYTES};
 
@@ -364,7 +364,8 @@ async fn establish(
 
 /// The agent's session made (on `home`, the thread it will run on) and registered under its
 /// id: its name, the session and its registry key; a session of the same agent it replaces
-/// is closed. Refused when the id is another identity's or the identity has its limit.
+/// drains (closed only where the identity's limit leaves no room for both). Refused when the
+/// id is another identity's or the identity has its limit.
 fn register(
     ctx: &Context,
     upgrade: &Upgrade,
@@ -400,9 +401,16 @@ fn register(
         };
         Refused::Answered(status, error.to_string())
     })?;
-    if let Some(old) = replaced {
-        info!(agent = %name, "a new session of the same agent replaces the old one");
-        old.close("replaced by a new session of the same agent");
+    match replaced {
+        Some(Replaced::Draining) => info!(
+            agent = %name,
+            "a new session of the same agent takes its place; the old one drains"
+        ),
+        Some(Replaced::Close(old)) => {
+            info!(agent = %name, "a new session of the same agent replaces the old one");
+            old.close("replaced by a new session of the same agent");
+        }
+        None => {}
     }
     Ok((name, mux, key))
 }

@@ -22,9 +22,12 @@ use peers::Peers;
 /// Every connected agent, shared by the agent endpoint (which registers sessions) and the
 /// frontend (which routes tunnels). The lock is held only for table updates and lookups.
 ///
-/// One live session per agent id: a new session with the id of a live one replaces it when it
-/// proves the same identity (a reconnect that came before the old session's death was noticed)
-/// and is refused otherwise. Sessions per identity are capped.
+/// One routable session per agent id: a new session with the id of a live one takes its place
+/// when it proves the same identity and is refused otherwise. The session it replaces is kept,
+/// draining, while the identity has room under its cap: it may be a rolling update's old pod
+/// (a DaemonSet rolled with `maxSurge` starts the new one first), whose open tunnels must
+/// finish, or a connection that died unnoticed, which its keepalive ends. Sessions per
+/// identity are capped, the draining ones included.
 ///
 /// Routing tries the strategies in order; within each, this server's own agents come first,
 /// then its peers' (a tunnel forwarded to the peer that holds the agent, one hop).
@@ -96,6 +99,17 @@ pub struct Registration {
     pub identifiers: AgentIdentifiers,
     pub peer: SocketAddr,
     pub mux: Mux,
+}
+
+/// What became of the session a new one of the same agent replaced ([`Registry::register`]).
+#[derive(Debug)]
+pub enum Replaced {
+    /// Kept, draining: routed nothing new, its open tunnels go on until its agent ends the
+    /// session (an old pod, once told to stop) or its keepalive gives up on it.
+    Draining,
+    /// To be closed by the caller: keeping it would pass the identity's session cap, and a
+    /// reconnect is never refused for its own predecessor.
+    Close(Mux),
 }
 
 /// Why a session was not registered.
@@ -206,26 +220,25 @@ impl Registry {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Adds a connected agent; returns its key for [`Registry::unregister`] and the session it
-    /// replaced (same id, same identity), which the caller closes.
+    /// Adds a connected agent; returns its key for [`Registry::unregister`] and what became of
+    /// the session it replaced (same id, same identity).
     pub fn register(
         &self,
         registration: Registration,
-    ) -> Result<(AgentKey, Option<Mux>), RegisterError> {
+    ) -> Result<(AgentKey, Option<Replaced>), RegisterError> {
         let mut guard = self.lock();
         let state = &mut *guard;
         let local = &mut state.local;
         let replaced = match local.by_name.get(&registration.name) {
-            Some(old) => {
-                let existing = &local.agents[old];
+            Some(&old) => {
+                let existing = &local.agents[&old];
                 if existing.identity != registration.identity {
                     return Err(RegisterError::IdTaken {
                         id: registration.name,
                         existing: format!("{} from {}", existing.identity, existing.peer),
                     });
                 }
-                let old = *old;
-                local.remove(old).map(|agent| agent.mux)
+                Some(old)
             }
             None => None,
         };
@@ -234,12 +247,21 @@ impl Registry {
             .get(&registration.identity)
             .copied()
             .unwrap_or(0);
-        if sessions >= self.max_sessions_per_identity {
+        // The session it replaces makes room for it, if need be (closed below).
+        if sessions - usize::from(replaced.is_some()) >= self.max_sessions_per_identity {
             return Err(RegisterError::TooManySessions {
                 identity: registration.identity,
                 limit: self.max_sessions_per_identity,
             });
         }
+        let replaced = replaced.and_then(|old| {
+            if sessions < self.max_sessions_per_identity {
+                local.drain(old);
+                Some(Replaced::Draining)
+            } else {
+                local.remove(old).map(|agent| Replaced::Close(agent.mux))
+            }
+        });
         let key = state.next_key;
         state.next_key += 1;
         local.table.insert(key, &registration.identifiers);
@@ -275,12 +297,7 @@ impl Registry {
 
     /// The agent announced DRAIN: route nothing new to it.
     pub fn set_draining(&self, key: AgentKey) {
-        let mut state = self.lock();
-        state.local.table.set_draining(key, true);
-        if let Some(agent) = state.local.agents.get_mut(&key) {
-            agent.draining = true;
-        }
-        drop(state);
+        self.lock().local.drain(key);
         self.changed();
     }
 
@@ -527,6 +544,14 @@ impl Local {
             mux: agent.mux.clone(),
             via: None,
         })
+    }
+
+    /// Routes nothing new to `key`; its open tunnels go on.
+    fn drain(&mut self, key: AgentKey) {
+        self.table.set_draining(key, true);
+        if let Some(agent) = self.agents.get_mut(&key) {
+            agent.draining = true;
+        }
     }
 
     fn remove(&mut self, key: AgentKey) -> Option<Agent> {

@@ -48,8 +48,10 @@ use crate::netns::TestNet;
 
 mod drills;
 mod peering;
+mod upgrade;
 pub use peering::PEER_PORT;
 use peering::{install_peer_files, with_peering};
+pub use upgrade::{next_version, ReleaseImage};
 
 /// Where the load balancer serves kube-apiserver, on the first control-plane node's address.
 pub const ENDPOINT_PORT: u16 = 8443;

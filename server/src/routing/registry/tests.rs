@@ -292,6 +292,66 @@ async fn the_end_of_a_replaced_session_leaves_the_new_one_registered() {
     .await
 }
 
+/// A new session of a live agent (a DaemonSet's surge pod, same id, same identity) takes every
+/// new tunnel; the one it replaced stays, draining, with its tunnel, until it ends. Where the
+/// identity's cap leaves no room for both, the replaced one is handed back to be closed.
+#[tokio::test]
+async fn a_replaced_session_drains_with_its_tunnels_while_the_cap_leaves_room() {
+    bounded(async {
+        let shutdown = CancellationToken::new();
+        let registry = Registry::with_limits(vec![Strategy::DestHost], 10, 2, 10);
+        let registration = |mux: Mux| Registration {
+            name: "node-a".into(),
+            identity: "cert A".into(),
+            identifiers: ids("host=node-a"),
+            peer: peer(1),
+            mux,
+        };
+        let (old, _) = session(&shutdown).await;
+        let (first, _) = registry.register(registration(old.clone())).unwrap();
+        let held = tunnel(&old).await;
+        let (new, _) = session(&shutdown).await;
+        let (second, replaced) = registry.register(registration(new)).unwrap();
+        assert!(matches!(replaced, Some(Replaced::Draining)), "{replaced:?}");
+        let route = registry.route(&target("node-a")).unwrap();
+        assert_eq!(
+            route.agents.iter().map(|c| c.key).collect::<Vec<_>>(),
+            vec![second]
+        );
+        let views = registry.views();
+        assert_eq!(
+            views
+                .iter()
+                .map(|v| (v.key, v.draining, v.open_tunnels))
+                .collect::<Vec<_>>(),
+            vec![(first, true, 1), (second, false, 0)]
+        );
+        // The cap (2) holds both: a third session of the same agent closes its predecessor
+        // rather than be refused.
+        let (third, _) = session(&shutdown).await;
+        let (third, replaced) = registry.register(registration(third)).unwrap();
+        assert!(matches!(replaced, Some(Replaced::Close(_))), "{replaced:?}");
+        let draining = |registry: &Registry| -> Vec<(AgentKey, bool)> {
+            registry
+                .views()
+                .iter()
+                .map(|v| (v.key, v.draining))
+                .collect()
+        };
+        assert_eq!(draining(&registry), vec![(first, true), (third, false)]);
+        // The drained session's end leaves the newest registered under the id.
+        drop(held);
+        registry.unregister(first);
+        assert_eq!(draining(&registry), vec![(third, false)]);
+        assert_eq!(
+            names(&registry.route(&target("node-a")).unwrap()),
+            vec!["node-a"]
+        );
+        shutdown.cancel();
+    })
+    .await
+}
+
 /// A peer's agents: routed strategy by strategy after this server's own (so a peer's
 /// `destHost` match beats an own agent that only `default` finds, and an own agent beats a
 /// peer's for the same strategy), never for a peer's forwarded tunnel, kept current by the

@@ -14,6 +14,8 @@ use crate::kubernetes::node_host::NodeHost;
 
 /// The balancer's frontend in front of the kube-apiservers (its backends in host order).
 const APISERVERS: &str = "apiservers";
+/// The balancer's frontend in front of the servers' agent ports (its backends in host order).
+const AGENTS: &str = "agents";
 /// deploy/server-static-pod's container.
 const SERVER_CONTAINER: &str = "konnectivity-server-container";
 
@@ -29,6 +31,12 @@ impl RealCluster {
     /// Sets control-plane host `host`'s kube-apiserver to `state` in the load balancer.
     pub fn balance_apiserver(&self, host: usize, state: ServerState) -> anyhow::Result<()> {
         self.balancer()?.set_state(APISERVERS, host, state)
+    }
+
+    /// Sets control-plane host `host`'s server (its agent port) to `state` in the load
+    /// balancer: drained, agents' new sessions go to the other servers.
+    pub fn balance_agent_port(&self, host: usize, state: ServerState) -> anyhow::Result<()> {
+        self.balancer()?.set_state(AGENTS, host, state)
     }
 
     /// Stops host `host`'s kube-apiserver (SIGTERM, SIGKILL after `grace`, as kubelet stops a
@@ -124,7 +132,7 @@ fn kill_container(node: &NodeHost, name: &str) -> anyhow::Result<()> {
 }
 
 /// The server's health port on each control-plane node (deploy/server-static-pod).
-const SERVER_HEALTH_PORT: u16 = 8134;
+pub(super) const SERVER_HEALTH_PORT: u16 = 8134;
 
 impl RealCluster {
     /// Waits (bounded poll: the servers' metrics are what tells) until every control-plane
