@@ -69,3 +69,10 @@ fi
 if [[ ! -e /dev/net/tun && "$(id -u)" == 0 ]]; then
   mkdir -p /dev/net && mknod /dev/net/tun c 10 200 && chmod 0666 /dev/net/tun
 fi
+
+# Each real cluster's kubelets, containerds and kube-apiservers take about 60 inotify instances
+# of root's; Debian's default of 128 leaves room for two clusters at once, and a test binary
+# runs its cluster tests side by side (a run here failed with "too many open files" at 128).
+if [[ "$(id -u)" == 0 ]] && (($(cat /proc/sys/fs/inotify/max_user_instances) < 512)); then
+  sysctl -qw fs.inotify.max_user_instances=512 || echo "install-test-deps: could not raise fs.inotify.max_user_instances" >&2
+fi
