@@ -115,14 +115,16 @@ impl Suite {
         let skip = pattern(&std::fs::read_to_string(lists().join("skip.txt"))?);
         let report = dir.join("report.json");
         let log = std::fs::File::create(dir.join("e2e.log"))?;
+        let repo_list = lists().join("repo-list.yaml");
         let status = Command::new(&self.e2e_test)
+            // Read when the suite's packages initialise, before its flags are parsed: images
+            // named in package variables (kubectl's manifests' busybox, ...) see only this;
+            // with the flag alone they name registry.k8s.io, which no node has.
+            .env("KUBE_TEST_REPO_LIST", &repo_list)
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--kubectl-path={}", kubectl.display()))
             .arg("--provider=skeleton")
-            .arg(format!(
-                "--kube-test-repo-list={}",
-                lists().join("repo-list.yaml").display()
-            ))
+            .arg(format!("--kube-test-repo-list={}", repo_list.display()))
             .arg(format!("--report-dir={}", dir.display()))
             .arg(format!("--ginkgo.focus={focus}"))
             .arg(format!("--ginkgo.skip={skip}"))
