@@ -62,6 +62,19 @@ add_busybox() {
   done
   printf 'root:x:0:0:root:/root:/bin/sh\n' >"$image/etc/passwd"
   printf 'root:x:0:\n' >"$image/etc/group"
+  # Debian's busybox has no printenv applet; alpine's, under upstream's images, has, and the
+  # tests run it ("kubectl exec ... printenv KUBERNETES_SERVICE_HOST").
+  cat >"$image/bin/printenv" <<'SCRIPT'
+#!/bin/sh
+# printenv [NAME]...: every variable, or each NAME's value; status 1 when one is unset.
+[ $# -eq 0 ] && exec env
+status=0
+for name in "$@"; do
+  awk -v name="$name" 'BEGIN { if (name in ENVIRON) print ENVIRON[name]; else exit 1 }' || status=1
+done
+exit $status
+SCRIPT
+  chmod 755 "$image/bin/printenv"
 }
 
 # agnhost: the tests that check an image's own user and group (run as "the user defined in
