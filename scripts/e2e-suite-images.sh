@@ -27,7 +27,8 @@ done
 
 # The registries of e2e/upstream/repo-list.yaml and the versions of the module's manifest.go.
 registry() { sed -n "s/^$1: *//p" "$root/e2e/upstream/repo-list.yaml"; }
-manifest="$(cd "$root/e2e/go/suite" && GOWORK=off GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' k8s.io/kubernetes)/test/utils/image/manifest.go"
+kubernetes="$(cd "$root/e2e/go/suite" && GOWORK=off GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' k8s.io/kubernetes)"
+manifest="$kubernetes/test/utils/image/manifest.go"
 # `configs[Agnhost] = Config{list.PromoterE2eRegistry, "agnhost", "2.66.1"}` -> 2.66.1
 version() { sed -n "s/^\s*configs\[$1\] = Config{list\.[A-Za-z0-9]*, \"[^\"]*\", \"\([^\"]*\)\"}.*/\1/p" "$manifest"; }
 promoter="$(registry promoterE2eRegistry)"
@@ -84,6 +85,9 @@ add_busybox "$image"
 cp "$bin/agnhost" "$image/agnhost"
 ln -s agnhost "$image/agnhost-2"
 mkdir -p "$image/uploads"
+# porter's TLS ports (the Proxy tests' https: paths) serve the certificate upstream's image adds
+# from the module's test/images/agnhost/porter (a test certificate for 127.0.0.1 and ::1).
+cp "$kubernetes/test/images/agnhost/porter/localhost.crt" "$kubernetes/test/images/agnhost/porter/localhost.key" "$image/"
 copy_libraries "$image" "$bin/agnhost"
 printf 'user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n' >>"$image/etc/passwd"
 printf 'user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n' >>"$image/etc/group"
