@@ -13,8 +13,8 @@
 use std::collections::BTreeMap;
 
 use bridgehead_e2e::client::{echo_round_trip, open_tunnel};
-use bridgehead_e2e::process::wait_until;
-use bridgehead_e2e::{target, Agent, AgentOptions, Pki, Server, ServerOptions};
+use bridgehead_e2e::process::{start_pair, wait_until};
+use bridgehead_e2e::{target, Pki, ServerOptions};
 
 /// The page as kept: `e2e/tests/metrics_page/server.txt`.
 fn kept() -> String {
@@ -79,9 +79,7 @@ fn canonical(page: &str) -> String {
 #[test]
 fn the_servers_metrics_page_is_the_one_kept() {
     let pki = Pki::new().unwrap();
-    let server = Server::start(&pki, ServerOptions::default()).unwrap();
-    let _agent = Agent::start(&pki, &server, AgentOptions::default()).unwrap();
-    server.wait_agents(1).unwrap();
+    let (server, _agent) = start_pair(&pki, ServerOptions::default()).unwrap();
     let echo = target::echo("127.0.0.1:0").unwrap();
     let mut conn = open_tunnel(&pki, server.frontend_addr(), &echo.to_string());
     echo_round_trip(conn.as_mut(), b"hello");
