@@ -4,7 +4,10 @@
 //! one user reads it; one nobody needs to move is a constant here, with why it has its value.
 //! [`DEADLINES`] lists them all, each with what it bounds, which binary keeps it, its flag or
 //! constant and its default: docs/architecture.md's Deadlines table is tested against it
-//! (`e2e/tests/docs.rs`), and so are the flags' defaults in each binary's `--help`.
+//! (`e2e/tests/deadlines.rs`), and so are the flags' defaults in each binary's `--help` and
+//! the `Duration` constants of the binaries' code (a deadline written as a constant anywhere
+//! else fails that test). Why a module and a list rather than a struct both `Config`s carry:
+//! docs/architecture.md, Bounds.
 //!
 //! Left out on purpose, because they pace work rather than bound a wait on a peer: the
 //! intervals (`--sync-interval`, `--peer-sync-interval`, certificate reloads, revocation
