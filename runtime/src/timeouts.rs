@@ -116,7 +116,9 @@ pub enum Source {
     Flag(&'static str),
     /// A flag's value times a constant (the keepalive's silence).
     FlagTimes(&'static str, &'static str, u32),
-    /// A constant of this module (or, for the session driver below it, of `bridgehead_mux`).
+    /// A constant of this module (or, for the session driver below it, of `bridgehead_mux`; for
+    /// the Kubernetes client, which this crate does not use, `bridgehead_kubeapi`'s, its value
+    /// held to the row's by `e2e/tests/deadlines.rs`).
     Constant(&'static str),
 }
 
@@ -190,6 +192,7 @@ pub const DEADLINES: &[Deadline] = &[
     deadline("a closing session's last frames", Both, Constant("CLOSE_FLUSH"), bridgehead_mux::CLOSE_FLUSH),
     deadline("what is left after the grace period", Both, Constant("CLOSE"), CLOSE),
     deadline("a health or admin client's request head", Both, Constant("HEALTH_HEADER_READ"), HEALTH_HEADER_READ),
+    deadline("one answer from kube-apiserver (TokenReview, Nodes, Leases)", Both, Constant("REQUEST_TIMEOUT"), Duration::from_secs(5)),
 ];
 
 #[cfg(test)]
