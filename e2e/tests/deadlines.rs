@@ -237,7 +237,13 @@ fn duration_constants(root: &std::path::Path, dir: &str, out: &mut Vec<(String, 
 fn every_duration_constant_is_a_listed_deadline_or_no_deadline() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut found = Vec::new();
-    for dir in ["agent/src", "server/src", "runtime/src", "mux/src", "kubeapi/src"] {
+    for dir in [
+        "agent/src",
+        "server/src",
+        "runtime/src",
+        "mux/src",
+        "kubeapi/src",
+    ] {
         duration_constants(&root, dir, &mut found);
     }
     let listed = |name: &str| {
