@@ -36,9 +36,12 @@ if [[ -z "${BRIDGEHEAD_COMMIT:-}" ]]; then
   [[ -z "$(git status --porcelain --untracked-files=no)" ]] || BRIDGEHEAD_COMMIT+="-dirty"
 fi
 export BRIDGEHEAD_COMMIT
-# Set as scripts/release.sh sets it (the commit's time) for the same reason: a crate that reads
-# it would otherwise rebuild, and all above it, each time the release and a test take turns.
-export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}"
+# One value for every build, whoever calls: cc's build scripts (ring's, jemalloc's, psm's) rerun
+# when SOURCE_DATE_EPOCH changes, and everything above them rebuilds (about ten minutes of CPU).
+# scripts/release.sh sets it to the commit's time for its archives and layers; given to the
+# compiler it would change nothing (no C file of these crates reads __DATE__ or __TIME__), so
+# the compilers get a constant rather than a new time at every commit.
+export SOURCE_DATE_EPOCH=0
 cargo_home="${CARGO_HOME:-$HOME/.cargo}"
 var="$(echo "$triple" | tr 'a-z-' 'A-Z_')"
 # The target named even for this machine's own: RUSTFLAGS then reach only the binaries, not

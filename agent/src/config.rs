@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use bridgehead_kubeapi::args::KubeArgs;
 use bridgehead_kubeapi::labels::check_selector;
-use bridgehead_kubeapi::leases::{DEFAULT_LABEL, DEFAULT_NAMESPACE};
+use bridgehead_kubeapi::leases::DEFAULT_LABEL;
 use bridgehead_mux::Keepalive;
 use bridgehead_proto::host::{strip_brackets, HostPort};
 use bridgehead_proto::ident::AgentIdentifiers;
@@ -234,9 +235,9 @@ pub struct Cli {
     )]
     pub count_server_leases: Option<bool>,
 
-    /// Namespace of the servers' Leases.
-    #[arg(long, env = "BRIDGEHEAD_LEASE_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
-    pub lease_namespace: String,
+    // `--kubeconfig` and `--lease-namespace`, which the server takes too (worded below).
+    #[command(flatten)]
+    pub kube: KubeArgs,
 
     /// Label selector of the Leases counted (`key=value,...`).
     #[arg(long, env = "BRIDGEHEAD_LEASE_LABEL_SELECTOR", default_value = DEFAULT_LABEL)]
@@ -245,10 +246,6 @@ pub struct Cli {
     /// Old name of --lease-label-selector (ANP deprecated it); given, it wins.
     #[arg(long, hide = true)]
     pub lease_label: Option<String>,
-
-    /// kubeconfig for counting Leases; empty: the pod's in-cluster configuration.
-    #[arg(long, env = "BRIDGEHEAD_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
 
     /// How the counts from Leases and from the servers' answers combine: `default` takes
     /// one (Leases with --count-server-leases, else the servers'), `max` the larger.
@@ -261,9 +258,13 @@ pub struct Cli {
     pub server_count_source: String,
 }
 
-/// How the agent words the flags it shares with the server ([`ProcessArgs`]): the same flags,
-/// said of the agent's side, the addresses named as ANP's agent names them.
+/// How the agent words the flags it shares with the server ([`ProcessArgs`], [`KubeArgs`]):
+/// the same flags, said of the agent's side, the addresses named as ANP's agent names them.
 const WORDINGS: &[Wording] = &[
+    Wording::help(
+        "kubeconfig",
+        "kubeconfig for counting Leases; empty: the pod's in-cluster configuration",
+    ),
     Wording::help(
         "session_threads",
         "Threads of their own for the sessions with servers: each session, and every tunnel \
@@ -582,16 +583,10 @@ impl Cli {
             .trim()
             .to_owned();
         check_selector(&selector).map_err(|e| anyhow::anyhow!("--lease-label-selector: {e}"))?;
-        if self.lease_namespace.trim().is_empty() {
-            bail!("--lease-namespace is empty");
-        }
         Ok(Some(LeaseCounting {
-            namespace: self.lease_namespace.trim().to_owned(),
+            namespace: self.kube.lease_namespace().map_err(anyhow::Error::msg)?,
             selector,
-            kubeconfig: self
-                .kubeconfig
-                .take()
-                .filter(|path| !path.as_os_str().is_empty()),
+            kubeconfig: self.kube.kubeconfig(),
             max_with_answers: self.server_count_source == "max",
         }))
     }

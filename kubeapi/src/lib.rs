@@ -3,13 +3,14 @@
 //! Leases that count the servers ([`leases`]: the server's own, renewed, the expired ones of
 //! others removed; the agent's count of the valid ones), and the local verification of agents'
 //! ServiceAccount tokens ([`serviceaccount`]: issuer keys, claims, and watches of the pods the
-//! tokens are bound to).
+//! tokens are bound to), and the client's flags both binaries take ([`args`]).
 //!
 //! The client is built from a kubeconfig, or from the pod's in-cluster configuration when there
 //! is none (as client-go does). Requests are paced by a token bucket (`--kubeconfig-qps`,
 //! `--kubeconfig-burst`, as client-go's rate limiter) and each one is bounded by
 //! [`REQUEST_TIMEOUT`]: kube-apiserver being slow or gone is an [`ApiError`], never a hang.
 
+pub mod args;
 pub mod labels;
 pub mod leases;
 pub mod requests;

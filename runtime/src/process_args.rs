@@ -7,7 +7,8 @@
 //! the agent's servers) and the flag tables in docs/flags.md quote it: a binary words a flag
 //! with a [`Wording`], applied to its command by [`ProcessArgs::word`]. `--kubeconfig` and
 //! `--lease-namespace` are shared as well but belong with the Kubernetes client, which this
-//! crate does not use.
+//! crate does not use: they are `bridgehead_kubeapi::args::KubeArgs`, worded by the same
+//! `Wording`s (the wording applies to every flag of the command).
 
 use std::net::IpAddr;
 use std::time::Duration;

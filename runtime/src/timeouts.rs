@@ -4,7 +4,10 @@
 //! one user reads it; one nobody needs to move is a constant here, with why it has its value.
 //! [`DEADLINES`] lists them all, each with what it bounds, which binary keeps it, its flag or
 //! constant and its default: docs/architecture.md's Deadlines table is tested against it
-//! (`e2e/tests/docs.rs`), and so are the flags' defaults in each binary's `--help`.
+//! (`e2e/tests/deadlines.rs`), and so are the flags' defaults in each binary's `--help` and
+//! the `Duration` constants of the binaries' code (a deadline written as a constant anywhere
+//! else fails that test). Why a module and a list rather than a struct both `Config`s carry:
+//! docs/architecture.md, Bounds.
 //!
 //! Left out on purpose, because they pace work rather than bound a wait on a peer: the
 //! intervals (`--sync-interval`, `--peer-sync-interval`, certificate reloads, revocation
@@ -113,7 +116,9 @@ pub enum Source {
     Flag(&'static str),
     /// A flag's value times a constant (the keepalive's silence).
     FlagTimes(&'static str, &'static str, u32),
-    /// A constant of this module (or, for the session driver below it, of `bridgehead_mux`).
+    /// A constant of this module (or, for the session driver below it, of `bridgehead_mux`; for
+    /// the Kubernetes client, which this crate does not use, `bridgehead_kubeapi`'s, its value
+    /// held to the row's by `e2e/tests/deadlines.rs`).
     Constant(&'static str),
 }
 
@@ -187,6 +192,7 @@ pub const DEADLINES: &[Deadline] = &[
     deadline("a closing session's last frames", Both, Constant("CLOSE_FLUSH"), bridgehead_mux::CLOSE_FLUSH),
     deadline("what is left after the grace period", Both, Constant("CLOSE"), CLOSE),
     deadline("a health or admin client's request head", Both, Constant("HEALTH_HEADER_READ"), HEALTH_HEADER_READ),
+    deadline("one answer from kube-apiserver (TokenReview, Nodes, Leases)", Both, Constant("REQUEST_TIMEOUT"), Duration::from_secs(5)),
 ];
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use bridgehead_kubeapi::args::KubeArgs;
 use bridgehead_kubeapi::labels::parse_labels;
 use bridgehead_kubeapi::leases::{self, LeaseSettings};
 use bridgehead_proto::servers::{check_server_id, MAX_SERVER_COUNT};
@@ -164,12 +165,9 @@ pub struct Cli {
     /// token's `audience`).
     #[arg(long, env = "BRIDGEHEAD_AUTHENTICATION_AUDIENCE")]
     pub authentication_audience: Option<String>,
-    /// kubeconfig for the server's calls to kube-apiserver (TokenReview, Nodes, Leases); empty:
-    /// the pod's in-cluster configuration. Its identity needs `system:auth-delegator` (and `get
-    /// nodes` with --bind-agent-identifiers, and Leases in --lease-namespace with
-    /// --enable-lease-controller).
-    #[arg(long, env = "BRIDGEHEAD_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    // `--kubeconfig` and `--lease-namespace`, which the agent takes too (worded below).
+    #[command(flatten)]
+    pub kube: KubeArgs,
     /// Most requests a second to kube-apiserver; 0 = 5.
     #[arg(long, env = "BRIDGEHEAD_KUBECONFIG_QPS", default_value_t = 0.0)]
     pub kubeconfig_qps: f32,
@@ -223,9 +221,6 @@ pub struct Cli {
         value_name = "BOOL"
     )]
     pub enable_lease_controller: Option<bool>,
-    /// Namespace of the servers' Leases.
-    #[arg(long, env = "BRIDGEHEAD_LEASE_NAMESPACE", default_value = leases::DEFAULT_NAMESPACE)]
-    pub lease_namespace: String,
     /// Labels of this server's Lease (`key=value,...`); agents count the Leases that match.
     #[arg(long, env = "BRIDGEHEAD_LEASE_LABEL", default_value = leases::DEFAULT_LABEL)]
     pub lease_label: String,
@@ -403,9 +398,16 @@ pub struct Cli {
     pub mode: String,
 }
 
-/// How the server words the flags it shares with the agent ([`ProcessArgs`]): the same flags,
-/// said of the server's side.
+/// How the server words the flags it shares with the agent ([`ProcessArgs`], [`KubeArgs`]):
+/// the same flags, said of the server's side.
 const WORDINGS: &[Wording] = &[
+    Wording::help(
+        "kubeconfig",
+        "kubeconfig for the server's calls to kube-apiserver (TokenReview, Nodes, Leases); \
+         empty: the pod's in-cluster configuration. Its identity needs \
+         `system:auth-delegator` (and `get nodes` with --bind-agent-identifiers, and Leases in \
+         --lease-namespace with --enable-lease-controller)",
+    ),
     Wording::help("log_format", "Log format: text or json"),
     Wording::help(
         "session_threads",
@@ -736,7 +738,7 @@ impl Cli {
             limits,
             kubernetes: KubernetesConfig {
                 client: KubeClientConfig {
-                    kubeconfig: self.kubeconfig.filter(|path| !path.as_os_str().is_empty()),
+                    kubeconfig: self.kube.kubeconfig(),
                     qps: self.kubeconfig_qps,
                     burst: self.kubeconfig_burst,
                 },
@@ -997,10 +999,7 @@ impl Cli {
         if self.lease_duration < Duration::from_secs(3) {
             bail!("--lease-duration must be at least 3s (it is renewed every third)");
         }
-        let namespace = self.lease_namespace.trim().to_owned();
-        if namespace.is_empty() {
-            bail!("--lease-namespace is empty");
-        }
+        let namespace = self.kube.lease_namespace().map_err(anyhow::Error::msg)?;
         let labels =
             parse_labels(&self.lease_label).map_err(|e| anyhow::anyhow!("--lease-label: {e}"))?;
         if labels.is_empty() {

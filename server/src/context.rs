@@ -67,6 +67,7 @@ impl Context {
         metrics.watch_certificates(config.certificate_files());
         let limits = &config.limits;
         metrics
+            .routing
             .dials_pending_limit
             .set(i64::try_from(limits.max_pending_dials).unwrap_or(i64::MAX));
         Context {
@@ -79,7 +80,7 @@ impl Context {
             admission: Admission::new(
                 limits.max_pending_dials,
                 limits.max_pending_dials_per_client,
-                metrics.dials_pending.clone(),
+                metrics.routing.dials_pending.clone(),
             ),
             metrics,
             agent_auth,

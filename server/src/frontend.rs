@@ -129,7 +129,7 @@ pub async fn serve_tcp(
         // the oldest cut to make room.
         let (handshaking, evicted) = ctx.frontend_handshakes.begin();
         if evicted {
-            ctx.metrics.handshake_refused("frontend");
+            ctx.metrics.process.handshake_refused("frontend");
             if let Some(suppressed) = ctx.refusal_log.admit() {
                 warn!(
                     suppressed,

@@ -243,7 +243,7 @@ fn hold_lease(
         config.routing.server_id.clone(),
         name,
         lifecycle.stop().clone(),
-        move |event| lease_ctx.metrics.lease(event),
+        move |event| lease_ctx.metrics.process.lease(event),
     ));
     Ok(())
 }
@@ -367,6 +367,7 @@ async fn start(
         ctx.metrics.watch_kube_requests(kube.requests());
     }
     ctx.metrics
+        .routing
         .set_ready_backends(&ctx.registry.ready_backends());
     Ok((Arc::new(ctx), kube, verifier))
 }

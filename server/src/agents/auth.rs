@@ -37,7 +37,7 @@ use tracing::debug;
 
 use crate::process::certificate::certificate_names;
 use crate::process::kubernetes::{ApiError, KubeApi, Review, ServerQuestions};
-use crate::process::metrics::{Metrics, TokenReviews};
+use crate::process::metrics::{Agents, TokenReviews};
 use crate::routing::router::HostKey;
 use bridgehead_kubeapi::serviceaccount::{Outcome, TokenVerifier, Verified};
 use bridgehead_runtime::timeouts::{TOKEN_REVIEW_PATIENCE, VERIFIER_STARTUP_WAIT};
@@ -207,7 +207,7 @@ impl AgentAuth {
         &self,
         presented: Presented<'_>,
         identifiers: &AgentIdentifiers,
-        metrics: &Metrics,
+        metrics: &Agents,
     ) -> Result<AgentIdentity, AuthRefusal> {
         let mut subject = Vec::new();
         let mut owned = Owned::default();
@@ -256,7 +256,7 @@ impl AgentAuth {
 impl Tokens {
     /// The review of `token`, from the cache, from a review under way or from a new one;
     /// an error unless it is valid for the audience and names the expected account.
-    async fn review(&self, token: &str, metrics: &Metrics) -> Result<Answer, AuthRefusal> {
+    async fn review(&self, token: &str, metrics: &Agents) -> Result<Answer, AuthRefusal> {
         if let Some(verifier) = &self.policy.verifier {
             match verifier
                 .verify_after_startup(token, VERIFIER_STARTUP_WAIT)
@@ -345,7 +345,7 @@ impl Tokens {
 
     /// The cached answer for `token`, or the review that will give it (started here if none
     /// is under way).
-    fn lookup(&self, token: &str, metrics: &Metrics) -> Result<Lookup, AuthRefusal> {
+    fn lookup(&self, token: &str, metrics: &Agents) -> Result<Lookup, AuthRefusal> {
         let key = digest(token);
         let now = Instant::now();
         let mut reviews = lock(&self.reviews);

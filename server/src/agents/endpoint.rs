@@ -75,7 +75,7 @@ pub async fn serve(
             () = shutdown.cancelled() => return,
         };
         if room == Room::Cut {
-            ctx.metrics.handshake_refused("agent");
+            ctx.metrics.process.handshake_refused("agent");
             if let Some(suppressed) = ctx.refusal_log.admit() {
                 warn!(
                     suppressed,
@@ -215,7 +215,7 @@ async fn session(
         }
         Err(refused) => Err(refused),
     };
-    ctx.metrics.agent_handshake(match &outcome {
+    ctx.metrics.agents.agent_handshake(match &outcome {
         Ok(_) => AgentHandshake::Ok,
         Err(refused) => refused.label(),
     });
@@ -255,22 +255,25 @@ async fn serve_session(established: Established, ctx: &Arc<Context>, sessions: C
     if let Some(verified) = identity.verified.clone() {
         ctx.revocation.watch(key, *verified, mux.clone());
     }
-    ctx.metrics.agents_connected.inc();
+    ctx.metrics.agents.agents_connected.inc();
     ctx.metrics
+        .routing
         .set_ready_backends(&ctx.registry.ready_backends());
     info!(identifiers = %identifiers, identity = %identity.subject, "agent connected");
     let on_drain = async {
         info!("agent drains: routing no new tunnels to it");
         ctx.registry.set_draining(key);
         ctx.metrics
+            .routing
             .set_ready_backends(&ctx.registry.ready_backends());
     };
     let serve = Serve::new(ctx.config.agent_endpoint.keepalive(), sessions).on_peer_drain(on_drain);
     let result = mux.serve(ws, serve).await;
     ctx.registry.unregister(key);
     ctx.revocation.forget(key);
-    ctx.metrics.agents_connected.dec();
+    ctx.metrics.agents.agents_connected.dec();
     ctx.metrics
+        .routing
         .set_ready_backends(&ctx.registry.ready_backends());
     match result {
         Ok(()) => {
@@ -321,7 +324,7 @@ async fn establish(
     };
     let identity = match ctx
         .agent_auth
-        .check(presented, &upgrade.identifiers, &ctx.metrics)
+        .check(presented, &upgrade.identifiers, &ctx.metrics.agents)
         .await
     {
         Ok(identity) => identity,

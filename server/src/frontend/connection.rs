@@ -16,7 +16,7 @@ use super::head::{self, Head};
 use super::hold::Held;
 use super::ClientSocket;
 use crate::context::Context;
-use crate::process::metrics::{Direction, GaugeGuard, Metrics};
+use crate::process::metrics::{Direction, Frontend, GaugeGuard};
 use crate::routing::admission::ClientKey;
 use crate::routing::fallback;
 use crate::routing::open::{self, Opened, Origin, Request, Unopened, Via};
@@ -37,7 +37,7 @@ struct Unanswered {
 }
 
 /// Counts a tunnel's bytes in the server's metrics as they flow.
-struct BytesMeter<'a>(&'a Metrics);
+struct BytesMeter<'a>(&'a Frontend);
 
 impl Meter for BytesMeter<'_> {
     fn moved(&self, up: u64, down: u64) {
@@ -64,7 +64,7 @@ pub(super) async fn serve<S: ClientSocket>(
     client: ClientKey,
     ctx: Arc<Context>,
 ) {
-    let connection = ctx.metrics.http_connection();
+    let connection = ctx.metrics.frontend.http_connection();
     let unanswered = match open(&mut *socket, client, &ctx).await {
         Ok(unanswered) => unanswered,
         Err(Unopened::Gone) => return,
@@ -223,13 +223,13 @@ async fn tunnel<S: ClientSocket>(
             }
         },
     };
-    ctx.metrics.tunnels_open.inc();
+    ctx.metrics.frontend.tunnels_open.inc();
     let started = Instant::now();
     let mut moved = Moved::default();
     // A target that speaks first waits for the client's first byte, or the hold time (unless
     // the client already sent bytes behind its head).
     let hold = Some(ctx.config.frontend.target_bytes_hold).filter(|_| early.is_empty());
-    let meter = BytesMeter(&ctx.metrics);
+    let meter = BytesMeter(&ctx.metrics.frontend);
     let result = match via {
         Via::Agent(stream) => {
             let held = Held::new(&mut *socket, hold);
@@ -244,7 +244,7 @@ async fn tunnel<S: ClientSocket>(
                 .map_err(|error| error.to_string())
         }
         Via::Fallback(relayed) => {
-            let _open = GaugeGuard::inc(&ctx.metrics.fallback_tunnels_open);
+            let _open = GaugeGuard::inc(&ctx.metrics.frontend.fallback_tunnels_open);
             let mut held = Held::new(&mut *socket, hold);
             let (up, down, result) = fallback::splice(&mut held, relayed, early).await;
             (moved.up, moved.down) = (up, down);
@@ -252,9 +252,9 @@ async fn tunnel<S: ClientSocket>(
             result.map_err(|error| error.to_string())
         }
     };
-    ctx.metrics.tunnels_open.dec();
+    ctx.metrics.frontend.tunnels_open.dec();
     let duration = started.elapsed();
-    ctx.metrics.tunnel_ended(duration.as_secs_f64());
+    ctx.metrics.frontend.tunnel_ended(duration.as_secs_f64());
     let ended = match &result {
         Ok(()) => "closed".to_owned(),
         Err(error) => {

@@ -159,7 +159,7 @@ fn context_with_fallback(
     Arc::new(Context {
         config,
         registry,
-        admission: Admission::new(16, 16, metrics.dials_pending.clone()),
+        admission: Admission::new(16, 16, metrics.routing.dials_pending.clone()),
         metrics,
         agent_auth: AgentAuth::new(false, None, false),
         frontend_handshakes: Handshakes::new(16),

@@ -90,7 +90,7 @@ pub async fn serve(
             () = stop.cancelled() => return,
         };
         if room == Room::Cut {
-            ctx.metrics.handshake_refused("peer");
+            ctx.metrics.process.handshake_refused("peer");
             if let Some(suppressed) = ctx.refusal_log.admit() {
                 warn!(
                     suppressed,
@@ -320,7 +320,7 @@ pub(super) async fn accept_loop(mux: &Mux, ctx: &Arc<Context>, peer: &str, strea
             streams.spawn(tell(request, ctx.clone()));
             continue;
         }
-        ctx.metrics.peer_tunnel(peer);
+        ctx.metrics.peering.peer_tunnel(peer);
         let span = tracing::debug_span!(
             "tunnel",
             stream = request.id(),

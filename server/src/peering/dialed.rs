@@ -393,7 +393,7 @@ async fn run(
     if let Some(old) = replaced {
         old.close("replaced by a new session with the same peer");
     }
-    ctx.metrics.peers_connected.inc();
+    ctx.metrics.peering.peers_connected.inc();
     info!(server = %id, "forwarding to peer: tunnels to its agents go through it");
     let watch_view = async {
         let limits = ViewLimits::default();
@@ -405,15 +405,15 @@ async fn run(
     let on_drain = async {
         info!(server = %id, "peer drains: forwarding nothing new to it");
         ctx.registry.remove_peer(id, session);
-        ctx.metrics.peer_agents.set(count(ctx));
+        ctx.metrics.peering.peer_agents.set(count(ctx));
     };
     let serve = Serve::new(ctx.config.agent_endpoint.keepalive(), end)
         .on_peer_drain(on_drain)
         .beside(watch_view);
     let result = mux.serve(ws, serve).await;
     ctx.registry.remove_peer(id, session);
-    ctx.metrics.peer_agents.set(count(ctx));
-    ctx.metrics.peers_connected.dec();
+    ctx.metrics.peering.peer_agents.set(count(ctx));
+    ctx.metrics.peering.peers_connected.dec();
     match result {
         Ok(()) => {
             let reason = mux.closed().await;
@@ -453,7 +453,7 @@ pub(super) async fn follow(
     }
     let mut pending = BytesMut::new();
     let mut held = Held::default();
-    let mut counted = GaugeShare::new(&ctx.metrics.peer_view_bytes);
+    let mut counted = GaugeShare::new(&ctx.metrics.peering.peer_view_bytes);
     loop {
         let chunk = match stream.read().await {
             Ok(Some(chunk)) => chunk,
@@ -478,7 +478,7 @@ pub(super) async fn follow(
         });
         // The bytes first: whoever sees the agents counted sees their bytes too.
         counted.set(held.bytes());
-        ctx.metrics.peer_agents.set(count(ctx));
+        ctx.metrics.peering.peer_agents.set(count(ctx));
         applied.map_err(|error| error.to_string())?;
     }
 }

@@ -33,7 +33,7 @@ async fn follow_lines(lines: String, limits: ViewLimits) -> (Result<(), String>,
     let (synced, _) = oneshot::channel();
     let followed = super::dialed::follow(&server, "hostile", session, &ctx, synced, limits).await;
     assert_eq!(
-        ctx.metrics.peer_view_bytes.get(),
+        ctx.metrics.peering.peer_view_bytes.get(),
         0,
         "counted after the view ended"
     );

@@ -154,7 +154,7 @@ pub async fn open<G: Future<Output = ()>>(
         Ok(opened) => {
             span.record("agent", tracing::field::display(&opened.agent));
             if origin.counted_here() {
-                ctx.metrics.dial(DialResult::Ok);
+                ctx.metrics.routing.dial(DialResult::Ok);
             }
         }
         Err(Unopened::Refused(refusal)) => report(ctx, origin, refusal),
@@ -169,7 +169,7 @@ pub fn report(ctx: &Context, origin: Origin, refusal: &Refusal) {
     if !origin.counted_here() {
         return debug!(error = %refusal, "forwarded tunnel refused");
     }
-    ctx.metrics.dial(refusal.result());
+    ctx.metrics.routing.dial(refusal.result());
     let status = refusal.status();
     if status.is_server_error() {
         info!(%status, error = %refusal, "CONNECT failed");
@@ -225,7 +225,7 @@ async fn admit_and_dial<G: Future<Output = ()>>(
             };
             let dialed = dialed.map_err(Unopened::Refused)?;
             if let Some(peer) = dialed.via.as_deref().filter(|_| origin.counted_here()) {
-                ctx.metrics.forwarded(peer);
+                ctx.metrics.peering.forwarded(peer);
             }
             Opened {
                 via: Via::Agent(dialed.stream),
@@ -242,9 +242,9 @@ async fn admit_and_dial<G: Future<Output = ()>>(
                 () = gone.as_mut() => return Err(left(ctx, origin, Wait::Fallback)),
             };
             let relayed = relayed
-                .inspect_err(|error| ctx.metrics.fallback_dial(error.label()))
+                .inspect_err(|error| ctx.metrics.routing.fallback_dial(error.label()))
                 .map_err(|error| Unopened::Refused(error.into()))?;
-            ctx.metrics.fallback_dial("ok");
+            ctx.metrics.routing.fallback_dial("ok");
             Opened {
                 via: Via::Fallback(relayed),
                 agent: format!("fallback {}", fallback.url()),
@@ -253,7 +253,7 @@ async fn admit_and_dial<G: Future<Output = ()>>(
         }
     };
     if origin.counted_here() {
-        ctx.metrics.dialed(started.elapsed().as_secs_f64());
+        ctx.metrics.routing.dialed(started.elapsed().as_secs_f64());
     }
     Ok(opened)
 }
@@ -272,7 +272,7 @@ fn left(ctx: &Context, origin: Origin, wait: Wait) -> Unopened {
         return Unopened::Gone;
     }
     if let Wait::Dial = wait {
-        ctx.metrics.anp_dial_failure("frontend_close");
+        ctx.metrics.routing.anp_dial_failure("frontend_close");
     }
     debug!("client left {during}");
     Unopened::Gone
