@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes a one-layer OCI image archive (an OCI image layout in a tar) from a directory.
 
-    oci-archive.py ROOT NAME OUT.tar [--user UID:GID] [--entrypoint PATH]... [--env K=V]...
+    oci-archive.py ROOT NAME OUT.tar [--user UID:GID] [--entrypoint PATH]... [--cmd ARG]...
+                   [--env K=V]...
 
 ROOT becomes the image's only layer, every entry owned by root, times zeroed and entries
 sorted, so the same files give the same digests. NAME is the full reference
@@ -65,17 +66,22 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--user", default="")
     parser.add_argument("--entrypoint", action="append", default=[])
+    parser.add_argument("--cmd", action="append", default=[])
     parser.add_argument("--env", action="append", default=[])
     args = parser.parse_args()
     if not os.path.isdir(args.root):
         sys.exit(f"oci-archive: {args.root} is not a directory")
 
     layer = layer_tar(args.root)
+    image_config = {"User": args.user, "Entrypoint": args.entrypoint or None,
+                    "Env": args.env or ["PATH=/usr/local/bin:/usr/bin:/bin"]}
+    # Only when given: the archives written without one keep their digests.
+    if args.cmd:
+        image_config["Cmd"] = args.cmd
     config = json.dumps({
         "architecture": "amd64",
         "os": "linux",
-        "config": {"User": args.user, "Entrypoint": args.entrypoint or None,
-                   "Env": args.env or ["PATH=/usr/local/bin:/usr/bin:/bin"]},
+        "config": image_config,
         "rootfs": {"type": "layers",
                    "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]},
     }, sort_keys=True).encode()

@@ -34,6 +34,9 @@ if command -v go >/dev/null; then
   # CoreDNS, the HA cluster's DNS add-on (e2e/tests/ha_cluster.rs), cached under
   # target/coredns: built here rather than inside that test's time limit.
   scripts/coredns-build.sh
+  # The upstream Kubernetes e2e suite's egress-path tests and the programs of their images
+  # (e2e/tests/upstream_suite.rs), cached under target/e2e-suite: likewise.
+  scripts/e2e-suite-build.sh
 fi
 # Prometheus and promtool from Debian's package, unpacked under target/prometheus (not
 # installed: no service starts), for the monitoring tests.

@@ -32,6 +32,7 @@ pub mod manifests;
 pub mod node;
 pub mod node_host;
 pub mod real_cluster;
+pub mod upstream;
 pub mod workload;
 
 use std::path::PathBuf;

@@ -22,8 +22,10 @@
 //! - the control-plane nodes labelled and tainted as `kubeadm init` and `kubeadm join
 //!   --control-plane` mark them; the workers linked to the first control-plane node's
 //!   namespace (the one router between node hosts), the other control-plane nodes reaching
-//!   the first through the test net and nothing else: no control-plane host has a route to a
-//!   worker's kubelet or pods; and each control-plane node's kubelet refuses what comes over
+//!   the first through the test net and nothing else: no control-plane host reaches a
+//!   worker's kubelet or pods (the other nodes' pods, their agents, reach the workers' pods
+//!   through the first, as a pod network carries pod to pod; the nodes' own processes are
+//!   refused there); and each control-plane node's kubelet refuses what comes over
 //!   the test net (the other control-plane nodes), so every kube-apiserver reaches every
 //!   kubelet through Bridgehead only. The first node's own pods (its agent, as on the single
 //!   control-plane node) sit on a bridge in kube-apiserver's namespace: the taint keeps every
@@ -44,7 +46,7 @@ use crate::kubernetes::controllers::Controllers;
 use crate::kubernetes::images::Images;
 use crate::kubernetes::node_host::{Network, NodeHost, NodeOptions};
 use crate::kubernetes::{Binaries, ControlPlane, Egress};
-use crate::netns::TestNet;
+use crate::netns::{ip, TestNet};
 
 mod drills;
 mod peering;
@@ -302,6 +304,7 @@ impl RealCluster {
             }
             worker_hosts.push(worker);
         }
+        reach_workers_pods_from_control_plane_pods(&net, control_planes)?;
         let mut nodes = nodes.into_iter();
         let control_plane_node = nodes.next().context("no control-plane node")?;
         let mut etcs = etcs.into_iter();
@@ -397,6 +400,73 @@ const POD_NETWORK: &str = "10.244.0.0/16";
 fn test_net(first: Ipv4Addr) -> String {
     let [a, b, c, _] = first.octets();
     format!("{a}.{b}.{c}.0/24")
+}
+
+/// Lets the pods on the control-plane nodes past the first (their agents) reach every worker's
+/// pods, as a pod network lets any pod reach any other: the `default` strategy may choose any
+/// node's agent for a pod's address. Each such node `i` gets a link of its own to the first,
+/// the workers' router (`10.201.<250 + i>.0/30`, among the workers' links, which the workers
+/// route back through the first), and routes the pod network over it; what its pods send is
+/// masqueraded as the node's end of the link (the CNI bridge's `ipMasq`). What the node's own
+/// processes (its kube-apiserver) send over the link is refused in its OUTPUT chain, as on the
+/// first: they reach pods through Bridgehead only.
+fn reach_workers_pods_from_control_plane_pods(
+    net: &TestNet,
+    control_planes: usize,
+) -> anyhow::Result<()> {
+    let router = net.host(0).ns_name();
+    for host in 1..control_planes {
+        let ns = net.host(host).ns_name();
+        let subnet = 250 + u8::try_from(host)?;
+        let (near, far) = (format!("10.201.{subnet}.1"), format!("10.201.{subnet}.2"));
+        // Made inside the two namespaces: the names never meet another test's.
+        let name = format!("cp{host}");
+        ip(&[
+            "-n", router, "link", "add", &name, "type", "veth", "peer", "name", "pods", "netns", ns,
+        ])?;
+        ip(&[
+            "-n",
+            router,
+            "addr",
+            "add",
+            &format!("{near}/30"),
+            "dev",
+            &name,
+        ])?;
+        ip(&["-n", router, "link", "set", &name, "up"])?;
+        ip(&["-n", ns, "addr", "add", &format!("{far}/30"), "dev", "pods"])?;
+        ip(&["-n", ns, "link", "set", "pods", "up"])?;
+        ip(&[
+            "-n",
+            ns,
+            "route",
+            "add",
+            POD_NETWORK,
+            "via",
+            &near,
+            "dev",
+            "pods",
+        ])?;
+        for command in [
+            vec![
+                "iptables",
+                "-A",
+                "OUTPUT",
+                "-o",
+                "pods",
+                "-p",
+                "tcp",
+                "-j",
+                "REJECT",
+                "--reject-with",
+                "tcp-reset",
+            ],
+            vec!["iptables", "-A", "OUTPUT", "-o", "pods", "-j", "DROP"],
+        ] {
+            net.run_in(host, &command)?;
+        }
+    }
+    Ok(())
 }
 
 /// Lets the workers reach every control-plane node, as nodes reach the control plane in a
